@@ -1,0 +1,32 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Both create .venv, install the pinned CPU torch wheel first (a bare `torch` requirement would pull
+# a multi-GB CUDA build), then the project with its dev extras.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/otb-diag rollouts inspect
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

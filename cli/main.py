@@ -1,0 +1,55 @@
+"""`otb-diag`: the Typer app. Parses options, calls `otb_diag`, prints and writes; no maths here.
+
+Heavy imports (torch, transformers) happen inside the commands so `--help` stays instant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli import energy, lab, rollouts
+
+app = typer.Typer(
+    name="otb-diag",
+    help=(
+        "Gradient-variance diagnostics for RL of language models: realized energy, the Optimal "
+        "Token Baseline and the variance of the policy gradient, on your checkpoint and rollouts "
+        "or on the embedded toy default.\n\n"
+        "Example: otb-diag rollouts inspect my_rollouts.jsonl --ckpt ./checkpoint-200"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(rollouts.app, name="rollouts")
+app.add_typer(lab.app, name="lab")
+app.command("energy")(energy.energy)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from otb_diag import __version__
+
+        typer.echo(f"otb-diag {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Gradient-variance diagnostics for RL of language models."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""`otb-diag rollouts`: read, validate and summarise a rollouts file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import friendly_errors, note, or_default, print_json
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Read, validate and summarise rollouts.\n\n"
+    "Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200",
+)
+
+
+@app.command("inspect")
+@friendly_errors
+def inspect(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Rollouts (JSONL, Parquet or a verl dump). Default: the embedded ones."
+        ),
+    ] = None,
+    ckpt: Annotated[
+        Path | None,
+        typer.Option(
+            "--ckpt",
+            help="Checkpoint whose tokenizer tokenizes text-only rows and whose vocabulary bounds "
+            "the token ids. Default: the embedded checkpoint, when one is needed.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Allow a tokenizer that needs remote code.")
+    ] = False,
+) -> None:
+    """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
+    rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
+    and the share of masked (tool-output) tokens. Every row is validated; bad input stops with the
+    file, line and field.
+
+    Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
+    """
+    from otb_diag.checkpoint import load_tokenizer
+    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.rollout_stats import format_summary, summarize
+    from otb_diag.rollouts import check_vocab, read_rollouts, tokenize_rollouts
+
+    path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
+    data = read_rollouts(path)
+    needs_tokenizer = any(r.response_ids is None or r.prompt_ids is None for r in data.responses)
+    issues = []
+    if ckpt is not None or needs_tokenizer or file is None:
+        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
+        tokenizer, vocab_size = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
+        data, issues = tokenize_rollouts(data, tokenizer)
+        check_vocab(data, vocab_size)
+    summary = summarize(data)
+    summary["round_trip_issues"] = [str(issue) for issue in issues]
+    if as_json:
+        print_json(summary)
+        return
+    typer.echo(format_summary(summary))
+    for issue in issues[:10]:
+        note(f"round trip: {issue}")
+    if len(issues) > 10:
+        note(f"... and {len(issues) - 10} more rows whose text does not round-trip")

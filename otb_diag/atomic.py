@@ -1,0 +1,47 @@
+"""Write files so that a crash or a bad input never leaves a half-written output behind:
+everything goes to a temporary file in the destination's directory, then `os.replace`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `dest`; on success it is renamed onto `dest`, else removed."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, dest)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(dest: str | Path, text: str) -> None:
+    with atomic_path(dest) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(dest: str | Path, data: Any) -> None:
+    write_text(dest, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def write_jsonl(dest: str | Path, rows: list[dict[str, Any]]) -> None:
+    lines = (json.dumps(row, separators=(",", ":"), allow_nan=False) for row in rows)
+    write_text(dest, "".join(line + "\n" for line in lines))
+
+
+def write_with(dest: str | Path, writer: Callable[[Path], None]) -> None:
+    """Atomic version of any `writer(path)`, e.g. `lambda p: frame.to_parquet(p)`."""
+    with atomic_path(dest) as tmp:
+        writer(tmp)

@@ -1,0 +1,44 @@
+"""One error type for bad user input, so the CLI can print it as one paragraph and exit non-zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(Exception):
+    """Bad input from the user: names the file, the line or row, and the field.
+
+    `line` is 1-based for JSONL files (the text line) and 0-based for Parquet rows (`row`);
+    `where` overrides both with free text (for example "checkpoint directory").
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        line: int | None = None,
+        row: int | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = Path(path) if path is not None else None
+        self.line = line
+        self.row = row
+        self.field = field
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = []
+        if self.path is not None:
+            where.append(str(self.path))
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.field is not None:
+            where.append(f"field '{self.field}'")
+        text = (", ".join(where) + ": " if where else "") + self.message
+        return text + (f" {self.hint}" if self.hint else "")

@@ -1,0 +1,61 @@
+"""How differently the responses of one group accumulate energy (paper figures 3 and 4).
+
+Inputs are per-response cumulative energy paths `W` (theory.md §2: `W_t = Σ_{j≤t} mask_j·w_j`),
+one 1-D array per group member, each as long as its response. A finished response keeps its
+total: for t beyond its length its W is frozen at `W_T`, which is how it enters later rankings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import kendalltau
+
+QUANTILES = (0.25, 0.50, 0.75)
+
+
+def quantile_positions(lengths: Sequence[int], quantiles: Sequence[float] = QUANTILES) -> list[int]:
+    """0-based positions at the given fractions of the shortest member's length."""
+    shortest = min(lengths)
+    return [max(0, min(shortest - 1, math.ceil(q * shortest) - 1)) for q in quantiles]
+
+
+def frozen_paths(paths: Sequence[np.ndarray]) -> np.ndarray:
+    """`[N, T_max]` matrix of the paths, each padded with its own final value."""
+    t_max = max(len(p) for p in paths)
+    return np.stack([np.pad(p, (0, t_max - len(p)), mode="edge") for p in paths])
+
+
+def rank_changes(paths: Sequence[np.ndarray]) -> int:
+    """Number of steps t at which the ordering of the members by W_t differs from that at t−1.
+
+    Orderings use a stable argsort, so exact ties keep input order and do not count as changes."""
+    order = np.argsort(frozen_paths(paths), axis=0, kind="stable")  # [N, T_max]
+    return int(np.any(order[:, 1:] != order[:, :-1], axis=0).sum())
+
+
+def group_heterogeneity(paths: Sequence[np.ndarray]) -> dict[str, float]:
+    """Energy heterogeneity of one group.
+
+    Returns the coefficient of variation (population std / mean) and the max/min ratio of the
+    sequence energies W(τ_i) = W_T; Kendall τ between the ranking by W_t at 25/50/75 % of the
+    shortest member's length and the ranking by total energy (1: the early ranking already
+    predicts the final one; low or negative: rankings reshuffle along t, which a sequence-level
+    baseline cannot see); and the number of rank changes along t. NaN where undefined
+    (a group of one, zero mean energy, constant rankings)."""
+    totals = np.array([float(p[-1]) for p in paths])
+    mean = totals.mean()
+    out: dict[str, float] = {
+        "energy_cv": float(totals.std() / mean) if mean > 0 else math.nan,
+        "energy_max_min_ratio": float(totals.max() / totals.min())
+        if totals.min() > 0
+        else math.nan,
+    }
+    positions = quantile_positions([len(p) for p in paths])
+    for q, pos in zip(QUANTILES, positions, strict=True):
+        early = np.array([float(p[pos]) for p in paths])
+        tau = kendalltau(early, totals).statistic if len(paths) > 1 else math.nan
+        out[f"kendall_tau_{round(q * 100)}"] = float(tau)
+    out["rank_changes"] = float(rank_changes(paths))
+    return out

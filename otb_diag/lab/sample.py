@@ -1,0 +1,156 @@
+"""Sampling rollouts from a lab checkpoint: groups of N responses per prompt, scored by the verifier.
+
+Sampling is plain ancestral sampling from ``softmax(z / temperature)`` (``top_k=0``,
+``top_p=1.0``), the policy the diagnostics assume. Randomness comes from torch's global RNG:
+seed it (`torch.manual_seed`) before a call and the rows are a function of the seed.
+
+The tool-use (TIR) variant stops generation at ``<call>``, splices the tool's output into the
+response with mask 0 and lets the model continue, as multi-turn RL frameworks do.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from otb_diag.lab.task import CALL, parse_prompt, tool_output, verify
+
+
+def sample_continuations(
+    model: GPT2LMHeadModel,
+    contexts: list[list[int]],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+) -> list[list[int]]:
+    """One sampled continuation per context, each cut after its first stop token.
+
+    All contexts must have the same length, so the batch needs no padding (GPT-2 positions stay
+    exact). A continuation without a stop token ran out of `max_new_tokens`.
+    """
+    if len({len(c) for c in contexts}) != 1:
+        raise ValueError("contexts of one batch must have equal length")
+    input_ids = torch.tensor(contexts, dtype=torch.long)  # [B, P]
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+        )  # [B, P + L]
+    continuations = []
+    for row in out[:, input_ids.shape[1] :].tolist():
+        stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
+        continuations.append(row if stop is None else row[: stop + 1])
+    return continuations
+
+
+def sample_group(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    prompt: str,
+    n: int,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+) -> list[list[int]]:
+    """Token ids of `n` responses to `prompt`, each ending at `<end>` unless it ran out of tokens."""
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    return sample_continuations(
+        model,
+        [prompt_ids] * n,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        stop_ids=[tokenizer.eos_token_id],
+        pad_id=tokenizer.pad_token_id,
+    )
+
+
+def sample_tool_group(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    prompt: str,
+    n: int,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+) -> list[tuple[list[int], list[int]]]:
+    """`n` multi-turn responses to `prompt` as (response ids, mask) pairs.
+
+    Each turn generates until `<end>` or `<call>`; after `<call>` the tool's output (sorted digits
+    in brackets) is appended with mask 0 and the next turn starts. `max_new_tokens` bounds the
+    whole response, tool output included. Contexts of equal length continue as one batch.
+    """
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    call_id = tokenizer.convert_tokens_to_ids(CALL)
+    tool_ids = tokenizer.encode(tool_output(parse_prompt(prompt).digits), add_special_tokens=False)
+    responses: list[list[int]] = [[] for _ in range(n)]
+    masks: list[list[int]] = [[] for _ in range(n)]
+    active = list(range(n))  # responses whose last turn ended with a tool call (or not started)
+    while active:
+        by_length: dict[int, list[int]] = {}
+        for i in active:
+            by_length.setdefault(len(responses[i]), []).append(i)
+        active = []
+        for length in sorted(by_length):
+            members = by_length[length]
+            budget = max_new_tokens - length
+            if budget <= 0:
+                continue
+            turns = sample_continuations(
+                model,
+                [prompt_ids + responses[i] for i in members],
+                temperature=temperature,
+                max_new_tokens=budget,
+                stop_ids=[tokenizer.eos_token_id, call_id],
+                pad_id=tokenizer.pad_token_id,
+            )
+            for i, turn in zip(members, turns):
+                responses[i] += turn
+                masks[i] += [1] * len(turn)
+                if turn and turn[-1] == call_id:
+                    responses[i] += tool_ids
+                    masks[i] += [0] * len(tool_ids)
+                    active.append(i)
+    return list(zip(responses, masks))
+
+
+def rollout_rows(
+    tokenizer: PreTrainedTokenizerFast,
+    group: str,
+    prompt: str,
+    responses: list[list[int]],
+    *,
+    temperature: float,
+    step: int,
+    masks: list[list[int]] | None = None,
+) -> list[dict]:
+    """Rollout rows (the project's JSONL format) for one group, rewards from the verifier."""
+    problem = parse_prompt(prompt)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    rows = []
+    for j, response_ids in enumerate(responses):
+        response = tokenizer.decode(response_ids, skip_special_tokens=False)
+        row = {
+            "group": group,
+            "prompt": prompt,
+            "response": response,
+            "prompt_ids": prompt_ids,
+            "response_ids": response_ids,
+            "reward": verify(prompt, response),
+            "temperature": temperature,
+            "step": step,
+            "op": problem.op,
+            "digits": len(problem.digits),
+        }
+        if masks is not None:
+            row["mask"] = masks[j]
+        rows.append(row)
+    return rows

@@ -1,0 +1,106 @@
+"""Supervised fine-tuning of the lab model on fresh task problems, saving checkpoints on the way.
+
+Training is deliberately short: the lab wants a policy with intermediate pass rates (short answers
+mostly right, long ones often wrong), because groups with mixed rewards are the ones whose
+gradient variance a baseline can reduce.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from otb_diag.lab.task import CALL, TOOL_OP, Problem, make_problems, target, tool_output
+
+IGNORE = -100  # label value that torch's cross-entropy skips
+
+
+def encode_example(
+    tokenizer: PreTrainedTokenizerFast, problem: Problem
+) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + target response, and labels that train on generated tokens only.
+
+    Prompt tokens and tool-output tokens get `IGNORE`: the policy never produces them, so it is
+    neither trained nor (later) scored on them.
+    """
+    prompt_ids = tokenizer.encode(problem.prompt, add_special_tokens=False)
+    response = target(problem)
+    response_ids = tokenizer.encode(response, add_special_tokens=False)
+    labels = list(response_ids)
+    if problem.op == TOOL_OP:
+        start = len(tokenizer.encode(CALL, add_special_tokens=False))
+        n_tool = len(tokenizer.encode(tool_output(problem.digits), add_special_tokens=False))
+        labels[start : start + n_tool] = [IGNORE] * n_tool
+    return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + labels
+
+
+def collate(
+    examples: list[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad a batch: `input_ids`, `attention_mask`, `labels`, each `[B, T]`."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    for row, (ids, labs) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        labels[row, : len(labs)] = torch.tensor(labs)
+    return input_ids, attention_mask, labels
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of `lr` (a calm end for the last checkpoint)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def train(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    rng: np.random.Generator,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    save_steps: tuple[int, ...],
+    out_dir: Path,
+    bar: tqdm | None = None,
+) -> list[float]:
+    """Train for `steps` AdamW steps on fresh problems; save `out_dir/checkpoint-<step>/` at each
+    of `save_steps` (steps counted from 1). Returns the per-step training loss.
+
+    Each checkpoint holds the model (safetensors), its generation config and the tokenizer, so it
+    loads with `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` like a real one.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses = []
+    model.train()
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step - 1, steps, lr, warmup)
+        batch = [encode_example(tokenizer, p) for p in make_problems(rng, batch_size)]
+        input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if step in save_steps:
+            checkpoint = out_dir / f"checkpoint-{step}"
+            model.save_pretrained(str(checkpoint), safe_serialization=True)
+            tokenizer.save_pretrained(str(checkpoint))
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            bar.update(1)
+    model.eval()
+    return losses

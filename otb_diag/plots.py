@@ -1,0 +1,195 @@
+"""Paper-style figures. One shared style: colour-blind-safe Okabe–Ito palette, the same colour for a
+baseline in every figure, labelled axes with units, sized for a single column (3.4 in wide).
+
+Each figure function takes tidy tables (pandas) and returns a matplotlib Figure; `save_figure`
+writes PNG and PDF atomically. No maths beyond what a plot needs lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from otb_diag.atomic import write_with
+
+# Okabe & Ito (2008), safe for the common colour-vision deficiencies.
+OKABE_ITO = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+}
+
+# A baseline keeps its colour in every figure of the project.
+BASELINE_COLORS = {
+    "none": OKABE_ITO["black"],
+    "mean": OKABE_ITO["sky"],
+    "grpo": OKABE_ITO["blue"],
+    "rloo": OKABE_ITO["green"],
+    "optseq": OKABE_ITO["orange"],
+    "otb": OKABE_ITO["vermillion"],
+}
+PASS_COLOR, FAIL_COLOR = OKABE_ITO["green"], OKABE_ITO["vermillion"]
+
+COLUMN_WIDTH_IN = 3.4
+
+STYLE = {
+    "figure.figsize": (COLUMN_WIDTH_IN, 2.5),
+    "figure.dpi": 200,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 6.5,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "lines.linewidth": 1.2,
+    "pdf.fonttype": 42,  # embed TrueType so reviewers can select the text
+}
+
+
+def baseline_color(name: str) -> str:
+    """Colour of a baseline; variants such as `otb-loo` or `otb-true` share their family's."""
+    return BASELINE_COLORS.get(name, BASELINE_COLORS.get(name.split("-")[0], OKABE_ITO["purple"]))
+
+
+def new_figure(height_in: float = 2.5, width_in: float = COLUMN_WIDTH_IN) -> tuple[Figure, Axes]:
+    """A bare Figure (no pyplot state, so no GUI backend is ever touched) in the shared style."""
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(width_in, height_in))
+        ax = fig.subplots()
+    return fig, ax
+
+
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
+    """Write `name.png` and `name.pdf` into `out_dir`; returns the paths."""
+    paths = []
+    with mpl.rc_context(STYLE):
+        for ext in ("png", "pdf"):
+            path = Path(out_dir) / f"{name}.{ext}"
+            write_with(path, lambda p, ext=ext: fig.savefig(p, format=ext))
+            paths.append(path)
+    return paths
+
+
+def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
+    """Total realized energy W(τ) of each response in one group, bars coloured by reward.
+
+    `sequences`: one row per response with columns group, sample, energy, reward, length."""
+    seqs = sequences[sequences["group"].astype(str) == str(group)].sort_values("sample")
+    fig, ax = new_figure()
+    with mpl.rc_context(STYLE):
+        colors = [PASS_COLOR if r > 0 else FAIL_COLOR for r in seqs["reward"]]
+        ax.bar(seqs["sample"].astype(str), seqs["energy"], color=colors, width=0.8)
+        ax.set_xlabel("response in group (sample index)")
+        ax.set_ylabel(r"total energy $W(\tau)=\sum_t w_t$")
+        ax.set_title(f"Sequence energy within group {group}")
+        ax.tick_params(axis="x", labelrotation=90 if len(seqs) > 16 else 0)
+        handles = [
+            Rectangle((0, 0), 1, 1, color=PASS_COLOR, label="reward > 0"),
+            Rectangle((0, 0), 1, 1, color=FAIL_COLOR, label="reward ≤ 0"),
+        ]
+        ax.legend(handles=handles, loc="upper left", frameon=False)
+    return fig
+
+
+def fig4_cumulative_energy(
+    tokens: pd.DataFrame, group: str, positions: Sequence[int], max_lines: int = 8
+) -> Figure:
+    """Cumulative realized energy W_t against t for responses of one group, with the energy
+    ranking (lowest → highest) printed at each of `positions` (0-based t).
+
+    `tokens`: one row per response token with columns group, sample, t, W."""
+    toks = tokens[tokens["group"].astype(str) == str(group)]
+    samples = sorted(toks["sample"].unique())[:max_lines]
+    palette = list(OKABE_ITO.values())[1:] + [OKABE_ITO["black"]]
+    fig, ax = new_figure(height_in=2.8)
+    with mpl.rc_context(STYLE):
+        curves = {}
+        for k, s in enumerate(samples):
+            curve = toks[toks["sample"] == s].sort_values("t")
+            curves[s] = curve.set_index("t")["W"]
+            ax.plot(curve["t"], curve["W"], color=palette[k % len(palette)], label=f"seq {s}")
+        ymax = max(float(c.max()) for c in curves.values())
+        for pos in positions:
+            alive = {s: float(c.loc[pos]) for s, c in curves.items() if pos in c.index}
+            order = " < ".join(str(s) for s, _ in sorted(alive.items(), key=lambda kv: kv[1]))
+            ax.axvline(pos, color="0.5", linestyle=":", linewidth=0.8)
+            ax.text(pos, ymax, f"t={pos}\n{order}", fontsize=5, ha="center", va="bottom")
+        ax.set_xlabel("response position t (tokens)")
+        ax.set_ylabel(r"realized energy $W_t=\sum_{j\leq t} m_j w_j$")
+        ax.set_title(f"Energy profiles in group {group}", pad=16)
+        ax.legend(loc="lower right", frameon=False, ncol=2)
+    return fig
+
+
+def envelope(p: np.ndarray, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of w at τ = 1 for a token of probability p (theory.md §2):
+    lower (1−p)² + (1−p)²/(V−1) (other mass spread uniformly; V unknown → V → ∞),
+    upper 2(1−p)² (all other mass on one token)."""
+    q = (1.0 - p) ** 2
+    return q + (q / (vocab_size - 1) if vocab_size else 0.0), 2.0 * q
+
+
+def fig5_probability_vs_gradient(tokens: pd.DataFrame, vocab_size: int | None) -> Figure:
+    """Token probability against the logit-gradient norm w over all generated tokens (hexbin, log
+    colour), with the analytic envelope. w is scaled to τ = 1 (w·τ²) so the envelope applies.
+
+    `tokens`: columns prob, w, mask and (optionally) temperature."""
+    toks = tokens[tokens["mask"] > 0]
+    tau = toks["temperature"].to_numpy() if "temperature" in toks else 1.0
+    w_unit = toks["w"].to_numpy() * np.square(tau)
+    fig, ax = new_figure(height_in=2.7)
+    with mpl.rc_context(STYLE):
+        hb = ax.hexbin(
+            toks["prob"],
+            w_unit,
+            gridsize=40,
+            bins="log",
+            cmap="viridis",
+            mincnt=1,
+            extent=(0, 1, 0, 2),
+        )
+        fig.colorbar(hb, ax=ax, label="tokens (log scale)")
+        p = np.linspace(0, 1, 200)
+        lower, upper = envelope(p, vocab_size)
+        ax.plot(p, upper, color=OKABE_ITO["vermillion"], linestyle="--", label=r"$2(1-p)^2$")
+        ax.plot(p, lower, color=OKABE_ITO["orange"], linestyle="--", label=r"$(1-p)^2\,V/(V-1)$")
+        ax.set_xlabel(r"token probability $p_t$")
+        ax.set_ylabel(r"$w_t=\|\partial \log p_t/\partial z_t\|^2$ (τ=1 units)")
+        ax.set_title(f"Confidence vs. logit-gradient norm ({len(toks):,} tokens)")
+        ax.legend(loc="upper right", frameon=False)
+    return fig
+
+
+def fig_energy_by_step(sequences: pd.DataFrame) -> Figure:
+    """Distribution of sequence energy W(τ) at each checkpoint step (box plot, log scale).
+
+    `sequences`: columns step, energy."""
+    steps = sorted(sequences["step"].unique())
+    data = [sequences.loc[sequences["step"] == s, "energy"].to_numpy() for s in steps]
+    fig, ax = new_figure()
+    with mpl.rc_context(STYLE):
+        ax.boxplot(
+            data, tick_labels=[str(s) for s in steps], showfliers=True, flierprops={"markersize": 2}
+        )
+        ax.set_yscale("log")
+        ax.set_xlabel("training step of the checkpoint")
+        ax.set_ylabel(r"sequence energy $W(\tau)$")
+        ax.set_title("Realized energy across checkpoints")
+    return fig

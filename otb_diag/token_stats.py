@@ -1,0 +1,329 @@
+"""Per-token statistics of the tempered policy from a forward pass (theory.md, sections 1 and 2).
+
+With `π_t = softmax(z_t / τ)` and `p_t = π_t(y_t)`, every response token gets
+`logprob = log p_t`, `prob = p_t`, `sum_pi2 = Σ_v π_t(v)²`, `entropy = −Σ_v π_t(v) log π_t(v)`,
+the logit-gradient proxy `w = (1 − 2 p_t + sum_pi2) / τ² = ‖∂ log p_t / ∂z_t‖²` and, from a model,
+`h_sq = ‖h_t‖²` of the final hidden state, so that `w · h_sq` is the exact squared norm of the
+gradient of `log p_t` with respect to an untied, bias-free output layer.
+
+Alignment: the logits at 0-based position `P + t − 2` are the distribution of the 1-based response
+token `y_t`, which sits at position `P + t − 1` (`P` = prompt length).
+Memory: the logits are rebuilt from the final hidden states through the output embedding in chunks
+of tokens, so the extra memory is `O(chunk · V)` and `[B, T, V]` never exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor, nn
+
+from otb_diag.errors import InputError
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per-token statistics, every field of the same shape `[...]` (e.g. `[B, T]`), fp32.
+
+    `h_sq` is `‖h_t‖²` of the final hidden state (as it enters the output layer); it is `None`
+    when the statistics come from logits alone.
+    """
+
+    logprob: Tensor
+    prob: Tensor
+    sum_pi2: Tensor
+    entropy: Tensor
+    w: Tensor
+    h_sq: Tensor | None = None
+
+
+def stats_from_logits(
+    logits: Tensor, targets: Tensor, temperature: float | Tensor = 1.0
+) -> TokenStats:
+    """Statistics of `softmax(logits / τ)` at `targets`, computed in fp32 whatever the input dtype.
+
+    logits: `[..., V]` raw logits (may hold `-inf`; at least one entry per row must be finite).
+    targets: `[...]` long, the sampled tokens `y_t`.
+    temperature: a float or a tensor broadcastable to `targets`' shape `[...]`.
+    Returns `TokenStats` of shape `[...]` (`h_sq` is None).
+    """
+    tau = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    z = logits.float() / tau[..., None]  # z_t / τ
+    # Every statistic is shift-invariant; shifting by the max (exact in floating point) keeps the
+    # log-normaliser small, so log p keeps its digits for logits of ±1e4.
+    z = z - z.amax(-1, keepdim=True)
+    y = targets[..., None]
+    lse = torch.logsumexp(z, dim=-1)
+    logprob = z.gather(-1, y)[..., 0] - lse  # log p_t
+    log_pi = z - lse[..., None]
+    pi = log_pi.exp()
+    sum_pi2 = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * lse)  # Σ π² = exp(lse(2z) − 2 lse(z))
+    # 0 · log 0 = 0: tokens with -inf logits contribute nothing (and must not give 0 · -inf = NaN).
+    entropy = -(pi * torch.where(pi > 0, log_pi, 0.0)).sum(-1)  # −Σ π log π
+    # 1 − 2p + Σπ² = (1 − p)² + Σ_{v≠y} π_v²; the right side has no cancellation as p → 1, where
+    # the left side in fp32 loses every digit (and can even turn negative).
+    z_rest = z.scatter(-1, y, float("-inf"))  # the target removed
+    one_minus_p = torch.exp(torch.logsumexp(z_rest, dim=-1) - lse)  # Σ_{v≠y} π_v
+    rest_pi2 = torch.exp(torch.logsumexp(2 * z_rest, dim=-1) - 2 * lse)  # Σ_{v≠y} π_v²
+    # The gradient of log p_t w.r.t. the raw logits is (e_y − π_t) / τ, hence the 1/τ².
+    w = (one_minus_p**2 + rest_pi2) / tau**2  # w = (1 − 2p + Σπ²) / τ²
+    return TokenStats(logprob, logprob.exp(), sum_pi2, entropy, w)
+
+
+def proxy_from_probs(prob: Tensor, sum_pi2: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
+    """`w = (1 − 2p + Σπ²) / τ²` from a logged probability and `sum_pi2` (model-free mode).
+
+    Only the closed form is available without the logits, so it is clamped at 0 where rounding
+    near p → 1 would make it negative (the exact value is ≥ (1 − p)²)."""
+    return (1 - 2 * prob + sum_pi2).clamp_min(0) / torch.as_tensor(temperature) ** 2
+
+
+def cumulative_energy(w: Tensor, mask: Tensor, is_weights: Tensor | None = None) -> Tensor:
+    """Realized energy `W_t = Σ_{j ≤ t} mask_j · w_j` (inclusive of t).
+
+    w: `[B, T]`; mask: `[B, T]` (bool or 0/1, 0 for tool output and padding). Returns `[B, T]`.
+    is_weights: `[B, T]` truncated importance weights ρ: off-policy, `w_j ρ_j²` replaces `w_j`
+    (theory.md §3; verl weights each token before accumulating).
+    """
+    if is_weights is not None:
+        w = w * is_weights**2
+    return torch.cumsum(w * mask.to(w.dtype), dim=-1)
+
+
+def sequence_energy(w: Tensor, mask: Tensor) -> Tensor:
+    """Total realized energy `W(τ) = W_T` of each response: `[B, T], [B, T] -> [B]`.
+
+    Masked positions add nothing, so `W_T` equals W at the last valid position whatever the padding.
+    """
+    return cumulative_energy(w, mask)[..., -1]
+
+
+def pack_by_tokens(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Group sequence indices into batches whose padded size `n_rows · max_len` ≤ `batch_tokens`.
+
+    Longest first (ties by index), so padding stays small and the order is deterministic; a
+    sequence longer than the budget gets a batch of its own. Every index appears exactly once.
+    """
+    if batch_tokens < 1:
+        raise InputError(f"batch_tokens must be at least 1, got {batch_tokens}")
+    if any(n < 0 for n in lengths):
+        raise InputError("sequence lengths must be non-negative")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        # Longest first: the first row of a batch sets its padded length.
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad `prompt ⧺ response` rows: returns `input_ids [B, L]` long (pad id 0, never read),
+    `attention_mask [B, L]` long and `response_start [B]` long (= P, the prompt lengths)."""
+    if len(prompts) != len(responses):
+        raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
+    rows = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+    width = max((len(r) for r in rows), default=0)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, : len(row)] = 1
+    return input_ids, attention_mask, torch.tensor([len(p) for p in prompts], dtype=torch.long)
+
+
+def _output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float | None]:
+    """The output layer as `(U [V, d], bias [V] or None, hidden scale s, softcap c or None)`.
+
+    The logits are `c · tanh((U (s·h) + b) / c)` (no tanh when c is None). s folds the final
+    logit scaling some architectures apply (Cohere `logit_scale`, Granite and MiniCPM3
+    `logits_scaling`) into the hidden state, exact because their heads have no bias; c is Gemma-2's
+    `final_logit_softcapping`.
+    """
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
+        raise InputError(f"{type(model).__name__} has no output embedding with a weight matrix")
+    config = model.config
+    scale = 1.0
+    if getattr(config, "logit_scale", None) is not None:
+        scale *= float(config.logit_scale)
+    if getattr(config, "logits_scaling", None) is not None:
+        scale /= float(config.logits_scaling)
+    bias = getattr(head, "bias", None)
+    if bias is not None and scale != 1.0:
+        raise InputError(f"{type(model).__name__}: a logit scale on a biased head is unsupported")
+    return head.weight, bias, scale, getattr(config, "final_logit_softcapping", None)
+
+
+def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None) -> Tensor:
+    """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` (fp32)."""
+    z = h @ weight.T
+    if bias is not None:
+        z = z + bias.float()
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    return z
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Dropout off while measuring (the rollout policy had none); the caller's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Final hidden states `[B, L, d]` of the backbone (`model.base_model`), the LM head not run.
+
+    Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows.
+    """
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    out = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    return out[0]  # last_hidden_state
+
+
+def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
+    """Raise InputError unless the logits rebuilt from the final hidden states match the model's.
+
+    Catches heads this module does not know (an extra scaling, a transform, a backbone whose last
+    hidden state is not what the head reads) on a short probe sequence.
+    """
+    if model.base_model is model:
+        raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
+    weight, bias, scale, softcap = _output_layer(model)
+    ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
+    with torch.no_grad(), _eval_mode(model):
+        ref = model(input_ids=ids, use_cache=False).logits[0].float()
+        h = _final_hidden(model, ids, None)[0].float() * scale
+        z = _logits(h, weight.float(), bias, softcap)
+    # Half precision rounds the model's own logits to ~3 significant digits.
+    tol = 1e-4 if weight.dtype == torch.float32 else 3e-2
+    err = (z - ref).abs().max().item()
+    if err > tol * (1.0 + ref.abs().max().item()):
+        raise InputError(
+            f"{type(model).__name__}: logits rebuilt from the final hidden states and the output "
+            f"embedding differ from the model's own by {err:.3g}; its head applies a transform "
+            "otb-diag does not support"
+        )
+
+
+def response_token_stats(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: Tensor,
+    temperature: float | Tensor = 1.0,
+    chunk_size: int = 256,
+    check_head: bool = True,
+) -> TokenStats:
+    """Statistics of every response token of a right-padded batch, `[B, T]` with `T = max_i T_i`.
+
+    model: a Hugging Face causal LM (`*ForCausalLM`); run under no_grad, in eval mode.
+    input_ids: `[B, L]` long, rows `prompt ⧺ response` then padding (see `pad_batch`).
+    attention_mask: `[B, L]`, 1 on the `P_i + T_i` real tokens, which come first in each row.
+    response_start: `[B]` long, the prompt length `P_i ≥ 1` of each row.
+    temperature: a float or a `[B]` tensor of per-row sampling temperatures.
+    chunk_size: tokens whose `[chunk, V]` logits exist at once.
+    check_head: verify first that the logits can be rebuilt (`check_output_layer`).
+    Returns fp32 `TokenStats [B, T]` on the model's device, `h_sq` included; entry `[i, t]` is
+    response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
+    Memory beyond the forward pass: a few `[chunk, V]` fp32 tensors, plus an fp32 copy of the
+    output embedding (`V · d · 4` bytes) when the model is in half precision.
+    """
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise InputError("input_ids and attention_mask must both be [B, L]")
+    if chunk_size < 1:
+        raise InputError(f"chunk_size must be at least 1, got {chunk_size}")
+    if check_head:
+        check_output_layer(model)
+    weight, bias, scale, softcap = _output_layer(model)
+    device = weight.device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    start = response_start.to(device=device, dtype=torch.long)
+    n_real = attention_mask.sum(-1)
+    positions = torch.arange(input_ids.shape[1], device=device)
+    if (attention_mask.bool() != (positions[None] < n_real[:, None])).any():
+        raise InputError("attention_mask must be right-padded: each row's 1s come first")
+    if (start < 1).any() or (start > n_real).any():
+        raise InputError("response_start must lie in [1, number of real tokens] for every row")
+    tau = torch.as_tensor(temperature, dtype=torch.float32, device=device).expand(len(start))
+    if (tau <= 0).any():
+        raise InputError("temperature must be positive")
+
+    length = n_real - start  # T_i
+    t = torch.arange(int(length.max()), device=device)
+    rows, cols = (t[None] < length[:, None]).nonzero(as_tuple=True)  # the N valid (i, t) pairs
+    target_pos = start[rows] + cols  # 0-based position of response token t + 1 (1-based)
+
+    parts = []
+    with torch.no_grad(), _eval_mode(model):
+        hidden = _final_hidden(model, input_ids, attention_mask)
+        h = hidden[rows, target_pos - 1]  # [N, d]: the logits at P + t − 2 predict y_t (1-based t)
+        targets = input_ids[rows, target_pos]  # [N]
+        weight32 = weight.float()  # fp32 logit maths even for half-precision models
+        for lo in range(0, len(rows), chunk_size):
+            chunk = slice(lo, lo + chunk_size)
+            h32 = h[chunk].float() * scale
+            z = _logits(h32, weight32, bias, softcap)  # [chunk, V], never [N, V]
+            s = stats_from_logits(z, targets[chunk], tau[rows[chunk]])
+            parts.append(replace(s, h_sq=h32.square().sum(-1)))  # ‖h_t‖²
+
+    def to_grid(name: str) -> Tensor:
+        grid = torch.zeros(len(start), len(t), device=device)
+        if parts:
+            grid[rows, cols] = torch.cat([getattr(p, name) for p in parts])
+        return grid
+
+    return TokenStats(**{f.name: to_grid(f.name) for f in fields(TokenStats)})
+
+
+def stats_for_sequences(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    temperature: float | Sequence[float] = 1.0,
+    chunk_size: int = 256,
+    batch_tokens: int = 16384,
+    progress: Callable[[int], None] | None = None,
+) -> list[TokenStats]:
+    """`response_token_stats` over many `(prompt, response)` token-id pairs, batched by tokens.
+
+    temperature: one float or one per sequence.
+    progress: called with the number of response tokens of each finished batch.
+    Returns, in input order, one `TokenStats [T_i]` per response, on the CPU.
+    """
+    if len(prompts) != len(responses):
+        raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
+    taus = torch.as_tensor(temperature, dtype=torch.float32).expand(len(prompts))
+    check_output_layer(model)
+    result: dict[int, TokenStats] = {}
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    for batch in pack_by_tokens(lengths, batch_tokens):
+        ids, mask, start = pad_batch([prompts[i] for i in batch], [responses[i] for i in batch])
+        stats = response_token_stats(
+            model, ids, mask, start, taus[batch], chunk_size, check_head=False
+        )
+        for row, i in enumerate(batch):
+            n = len(responses[i])
+            result[i] = TokenStats(
+                **{f.name: getattr(stats, f.name)[row, :n].cpu() for f in fields(TokenStats)}
+            )
+        if progress is not None:
+            progress(sum(len(responses[i]) for i in batch))
+    return [result[i] for i in range(len(prompts))]

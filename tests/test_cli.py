@@ -1,0 +1,51 @@
+"""The command line as a user meets it: help, the embedded default, bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("args", [[], ["rollouts"], ["rollouts", "inspect"], ["lab", "build"]])
+def test_help_teaches_with_an_example(args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output
+
+
+def test_inspect_json_on_a_file_with_ids(tmp_path: Path) -> None:
+    rows = [
+        {"uid": "p", "prompt_ids": [1], "response_ids": [2, 3], "reward": 1.0},
+        {"uid": "p", "prompt_ids": [1], "response_ids": [2, 3, 4, 5], "reward": 0.0},
+        {"uid": "q", "prompt_ids": [1], "response_ids": [2], "reward": 0.0, "mask": [0]},
+    ]
+    result = runner.invoke(
+        app, ["rollouts", "inspect", str(write(tmp_path / "r.jsonl", rows)), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["rows"] == 3
+    assert summary["groups"] == 2
+    assert summary["singleton_groups"] == ["q"]
+    assert summary["response_tokens"]["max"] == 4
+    assert summary["masked_tokens"]["count"] == 1
+
+
+def test_inspect_bad_input_exits_2_naming_file_line_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"group": 1, "prompt_ids": [1], "response_ids": [2], "reward": 1}\n{"group"\n')
+    result = runner.invoke(app, ["rollouts", "inspect", str(path)])
+    assert result.exit_code == 2
+    assert str(path) in result.stderr
+    assert "line 2" in result.stderr
+    assert "Traceback" not in result.stderr
