@@ -19,10 +19,14 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/otb-diag rollouts inspect
+	$(BIN)/otb-diag energy --out out/energy
 
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_stats.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -90,6 +90,7 @@ def energy(
     from otb_diag.checkpoint import find_checkpoints
     from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
     from otb_diag.energy_run import EnergySettings, format_summary, run_energy
+    from otb_diag.inputs import LoadOptions
 
     rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
     if model_free:
@@ -102,14 +103,11 @@ def energy(
     settings = EnergySettings(
         baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
         temperature=temperature,
-        device=device,
-        dtype=dtype,
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
         group=group,
         handle_zero_tail=handle_zero_tail,
-        allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
     )
     summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
     if as_json:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli import energy, lab, rollouts
+from cli import energy, lab, rollouts, variance
 
 app = typer.Typer(
     name="otb-diag",
@@ -25,6 +25,7 @@ app = typer.Typer(
 app.add_typer(rollouts.app, name="rollouts")
 app.add_typer(lab.app, name="lab")
 app.command("energy")(energy.energy)
+app.command("variance-compare")(variance.variance_compare)
 
 
 def _version(value: bool) -> None:

@@ -5,7 +5,7 @@ all the measuring is done, so a bad input never leaves a half-written output dir
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ from tqdm.auto import tqdm
 from otb_diag import plots
 from otb_diag.atomic import write_json, write_with
 from otb_diag.batch import make_batch
-from otb_diag.checkpoint import load_checkpoint
 from otb_diag.energy import (
     DEFAULT_BASELINES,
     EnergyTables,
@@ -27,8 +26,16 @@ from otb_diag.energy import (
 )
 from otb_diag.errors import InputError
 from otb_diag.heterogeneity import quantile_positions
-from otb_diag.provenance import directory_sha256, file_sha256, library_versions
-from otb_diag.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
+from otb_diag.inputs import (
+    LoadOptions,
+    checkpoint_batch,
+    checkpoint_record,
+    load_rollouts,
+    response_tokens,
+    rollouts_record,
+)
+from otb_diag.provenance import library_versions
+from otb_diag.rollouts import Rollouts
 
 
 @dataclass(frozen=True)
@@ -37,15 +44,12 @@ class EnergySettings:
 
     baselines: tuple[str, ...] = DEFAULT_BASELINES
     temperature: float | None = None  # overrides the rollouts' own τ when set
-    device: str = "cpu"
-    dtype: str = "auto"
     batch_tokens: int = 16384
     chunk_size: int = 256
     group: str | None = None
     handle_zero_tail: bool = True
     tir: bool | None = None  # None: on when any response holds tool output (mask 0)
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
+    load: LoadOptions = LoadOptions()
 
 
 @dataclass
@@ -70,10 +74,8 @@ def run_energy(
     tokens.parquet, sequences.csv, groups.csv, proxies.json, the figures and summary.json into
     `out`, and return the summary."""
     started = time.perf_counter()
-    rollouts = read_rollouts(rollouts_path)
-    if settings.temperature is not None:
-        rollouts = _with_temperature(rollouts, settings.temperature)
-    tokens_per_pass = _response_tokens(rollouts)
+    rollouts = load_rollouts(rollouts_path, settings.temperature)
+    tokens_per_pass = response_tokens(rollouts)
     bar = tqdm(
         total=tokens_per_pass * max(1, len(checkpoints)) if tokens_per_pass else None,
         unit="tok",
@@ -114,30 +116,10 @@ def run_energy(
     return summary
 
 
-def _with_temperature(rollouts: Rollouts, tau: float) -> Rollouts:
-    if tau <= 0:
-        raise InputError(f"temperature must be positive, got {tau}", field="temperature")
-    return replace(rollouts, responses=[replace(r, temperature=tau) for r in rollouts.responses])
-
-
-def _response_tokens(rollouts: Rollouts) -> int | None:
-    lengths = [len(r.response_ids) for r in rollouts.responses if r.response_ids is not None]
-    return sum(lengths) if len(lengths) == len(rollouts.responses) else None
-
-
 def _measure_checkpoint(
     path: Path, index: int, rollouts: Rollouts, settings: EnergySettings, update
 ) -> _StepResult:
-    ckpt = load_checkpoint(
-        path,
-        device=settings.device,
-        dtype=settings.dtype,
-        allow_pickle=settings.allow_pickle,
-        trust_remote_code=settings.trust_remote_code,
-    )
-    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer)
-    check_vocab(tokenized, ckpt.vocab_size)
-    batch = make_batch(tokenized)
+    ckpt, batch, issues = checkpoint_batch(path, rollouts, settings.load)
     stats = checkpoint_stats(
         ckpt.model,
         batch,
@@ -154,13 +136,12 @@ def _measure_checkpoint(
         handle_zero_tail=settings.handle_zero_tail,
         tir=tir,
     )
-    info = {"path": str(ckpt.path), "sha256": directory_sha256(ckpt.path), "step": ckpt.step}
     step = ckpt.step if ckpt.step is not None else index
-    return _StepResult(step, info, tables, ckpt.vocab_size, tir, len(issues))
+    return _StepResult(step, checkpoint_record(ckpt), tables, ckpt.vocab_size, tir, issues)
 
 
 def _measure_model_free(rollouts: Rollouts, settings: EnergySettings) -> _StepResult:
-    if _response_tokens(rollouts) is None:
+    if response_tokens(rollouts) is None:
         raise InputError(
             "model-free mode needs token ids (prompt_ids, response_ids) on every row; "
             "this file has text only.",
@@ -236,11 +217,7 @@ def _summary(
         "command": "energy",
         "mode": "model" if results[0].checkpoint else "model-free",
         "inputs": {
-            "rollouts": {
-                "path": str(Path(rollouts.path).resolve()),
-                "sha256": file_sha256(rollouts.path),
-                "format": rollouts.format,
-            },
+            "rollouts": rollouts_record(rollouts),
             "checkpoints": [r.checkpoint for r in results if r.checkpoint],
         },
         "settings": {**asdict(settings), "tir": results[-1].tir},
@@ -299,4 +276,3 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     lines += ["", f"wrote {len(summary['outputs'])} files to {summary['out']}"]
     return "\n".join(lines)
-

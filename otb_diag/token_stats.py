@@ -48,29 +48,53 @@ def stats_from_logits(
     logits: `[..., V]` raw logits (may hold `-inf`; at least one entry per row must be finite).
     targets: `[...]` long, the sampled tokens `y_t`.
     temperature: a float or a tensor broadcastable to `targets`' shape `[...]`.
-    Returns `TokenStats` of shape `[...]` (`h_sq` is None).
+    Returns `TokenStats` of shape `[...]` (`h_sq` is None). The caller's `logits` are not modified.
     """
     tau = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
-    z = logits.float() / tau[..., None]  # z_t / τ
-    # Every statistic is shift-invariant; shifting by the max (exact in floating point) keeps the
-    # log-normaliser small, so log p keeps its digits for logits of ±1e4.
-    z = z - z.amax(-1, keepdim=True)
+    z = logits.to(torch.float32, copy=True)  # worked on in place below
+    return _stats_in_place(z, targets, None if bool((tau == 1).all()) else tau, torch.empty_like(z))
+
+
+def _stats_in_place(z: Tensor, targets: Tensor, tau: Tensor | None, e: Tensor) -> TokenStats:
+    """`stats_from_logits` on fp32 logits `z [..., V]` that it may overwrite, as may it `e`.
+
+    e: scratch of `z`'s shape and dtype (its contents are ignored); passing it lets a caller reuse
+    one buffer across chunks, as a fresh multi-megabyte tensor costs page faults on first touch.
+    tau: broadcastable to `targets`' shape, or None for τ = 1 (saves a pass over z).
+    Eight passes over `[..., V]` (nine for τ ≠ 1), none allocating; the rest works on `[...]`.
+    """
+    if tau is not None:
+        z.div_(tau[..., None])  # z_t / τ
+    # Every statistic is shift-invariant; shifting by the max (exact in floating point) makes the
+    # largest exp(z) equal 1, so nothing overflows and the normaliser s lies in [1, V]: log p keeps
+    # its digits for logits of ±1e4.
+    z.sub_(z.amax(-1, keepdim=True))
+    torch.exp(z, out=e)
     y = targets[..., None]
-    lse = torch.logsumexp(z, dim=-1)
-    logprob = z.gather(-1, y)[..., 0] - lse  # log p_t
-    log_pi = z - lse[..., None]
-    pi = log_pi.exp()
-    sum_pi2 = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * lse)  # Σ π² = exp(lse(2z) − 2 lse(z))
-    # 0 · log 0 = 0: tokens with -inf logits contribute nothing (and must not give 0 · -inf = NaN).
-    entropy = -(pi * torch.where(pi > 0, log_pi, 0.0)).sum(-1)  # −Σ π log π
+    z_y, e_y = z.gather(-1, y)[..., 0], e.gather(-1, y)[..., 0]
+    # The sums without the target: 1 − p and Σ_{v≠y} π_v² come out directly, without cancellation.
+    e.scatter_(-1, y, 0.0)
+    s_rest = e.sum(-1)  # s · (1 − p)
+    # Σ_{v≠y} e_v z_v for the entropy. The only NaN is 0 · −inf from a −inf logit, a token of
+    # probability 0 that adds nothing to −Σ π log π; nansum drops it (a NaN logit would still
+    # spread through s to every statistic).
+    ez_rest = z.mul_(e).nansum(-1)
+    q_rest = e.square_().sum(-1)  # s² · Σ_{v≠y} π_v²
+    s = s_rest + e_y  # Σ_v exp(z_v)
+    log_s = s.log()
+    logprob = z_y - log_s  # log p_t = z_y − logsumexp(z)
+    prob = e_y / s
+    sum_pi2 = (q_rest + e_y.square()) / s.square()  # Σ π² (= exp(lse(2z) − 2 lse(z)))
+    # 0 · log 0 = 0 for a target of probability 0 (z_y = −inf).
+    ez_y = torch.where(e_y > 0, e_y * z_y, 0.0)
+    entropy = log_s - (ez_rest + ez_y) / s  # −Σ π log π = log s − Σ e_v z_v / s
     # 1 − 2p + Σπ² = (1 − p)² + Σ_{v≠y} π_v²; the right side has no cancellation as p → 1, where
     # the left side in fp32 loses every digit (and can even turn negative).
-    z_rest = z.scatter(-1, y, float("-inf"))  # the target removed
-    one_minus_p = torch.exp(torch.logsumexp(z_rest, dim=-1) - lse)  # Σ_{v≠y} π_v
-    rest_pi2 = torch.exp(torch.logsumexp(2 * z_rest, dim=-1) - 2 * lse)  # Σ_{v≠y} π_v²
-    # The gradient of log p_t w.r.t. the raw logits is (e_y − π_t) / τ, hence the 1/τ².
-    w = (one_minus_p**2 + rest_pi2) / tau**2  # w = (1 − 2p + Σπ²) / τ²
-    return TokenStats(logprob, logprob.exp(), sum_pi2, entropy, w)
+    w = (s_rest / s).square() + q_rest / s.square()
+    if tau is not None:
+        # The gradient of log p_t w.r.t. the raw logits is (e_y − π_t) / τ, hence the 1/τ².
+        w = w / tau.square()  # w = (1 − 2p + Σπ²) / τ²
+    return TokenStats(logprob, prob, sum_pi2, entropy, w)
 
 
 def proxy_from_probs(prob: Tensor, sum_pi2: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
@@ -162,13 +186,19 @@ def _output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float
     return head.weight, bias, scale, getattr(config, "final_logit_softcapping", None)
 
 
-def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None) -> Tensor:
-    """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` (fp32)."""
-    z = h @ weight.T
-    if bias is not None:
-        z = z + bias.float()
+def _logits(
+    h: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None, out: Tensor | None = None
+) -> Tensor:
+    """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` and an fp32 `weight`.
+
+    out: an `[N, V]` fp32 buffer to write them into (default: a new tensor).
+    """
+    if bias is None:
+        z = torch.matmul(h, weight.T, out=out)
+    else:
+        z = torch.addmm(bias.float(), h, weight.T, out=out)  # U h + b in one pass
     if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
+        z.div_(softcap).tanh_().mul_(softcap)  # c · tanh(z / c)
     return z
 
 
@@ -243,7 +273,7 @@ def response_token_stats(
     check_head: verify first that the logits can be rebuilt (`check_output_layer`).
     Returns fp32 `TokenStats [B, T]` on the model's device, `h_sq` included; entry `[i, t]` is
     response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
-    Memory beyond the forward pass: a few `[chunk, V]` fp32 tensors, plus an fp32 copy of the
+    Memory beyond the forward pass: two `[chunk, V]` fp32 buffers, plus an fp32 copy of the
     output embedding (`V · d · 4` bytes) when the model is in half precision.
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
@@ -265,6 +295,7 @@ def response_token_stats(
     tau = torch.as_tensor(temperature, dtype=torch.float32, device=device).expand(len(start))
     if (tau <= 0).any():
         raise InputError("temperature must be positive")
+    tempered = bool((tau != 1).any())
 
     length = n_real - start  # T_i
     t = torch.arange(int(length.max()), device=device)
@@ -276,12 +307,17 @@ def response_token_stats(
         hidden = _final_hidden(model, input_ids, attention_mask)
         h = hidden[rows, target_pos - 1]  # [N, d]: the logits at P + t − 2 predict y_t (1-based t)
         targets = input_ids[rows, target_pos]  # [N]
-        weight32 = weight.float()  # fp32 logit maths even for half-precision models
+        weight32 = weight.float()  # fp32 logit maths even for half-precision models (no-op if fp32)
+        # The logits and the statistics' scratch, [chunk, V] each, reused by every chunk.
+        z_buf = torch.empty(min(chunk_size, len(rows)), weight.shape[0], device=device)
+        e_buf = torch.empty_like(z_buf)
         for lo in range(0, len(rows), chunk_size):
             chunk = slice(lo, lo + chunk_size)
             h32 = h[chunk].float() * scale
-            z = _logits(h32, weight32, bias, softcap)  # [chunk, V], never [N, V]
-            s = stats_from_logits(z, targets[chunk], tau[rows[chunk]])
+            n = len(h32)
+            z = _logits(h32, weight32, bias, softcap, out=z_buf[:n])  # [chunk, V], never [N, V]
+            chunk_tau = tau[rows[chunk]] if tempered else None
+            s = _stats_in_place(z, targets[chunk], chunk_tau, e_buf[:n])
             parts.append(replace(s, h_sq=h32.square().sum(-1)))  # ‖h_t‖²
 
     def to_grid(name: str) -> Tensor:

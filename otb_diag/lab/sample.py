@@ -1,4 +1,4 @@
-"""Sampling rollouts from a lab checkpoint: groups of N responses per prompt, scored by the verifier.
+"""Sampling rollouts from a lab checkpoint: groups of N responses per prompt, verifier-scored.
 
 Sampling is plain ancestral sampling from ``softmax(z / temperature)`` (``top_k=0``,
 ``top_p=1.0``), the policy the diagnostics assume. Randomness comes from torch's global RNG:
@@ -52,20 +52,19 @@ def sample_continuations(
     return continuations
 
 
-def sample_group(
+def sample_responses(
     model: GPT2LMHeadModel,
     tokenizer: PreTrainedTokenizerFast,
-    prompt: str,
-    n: int,
+    prompts: list[str],
     *,
     temperature: float,
     max_new_tokens: int,
 ) -> list[list[int]]:
-    """Token ids of `n` responses to `prompt`, each ending at `<end>` unless it ran out of tokens."""
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    """Token ids of one response per prompt (a group: the same prompt N times), each ending at
+    `<end>` unless it ran out of tokens. Prompts must tokenize to the same length."""
     return sample_continuations(
         model,
-        [prompt_ids] * n,
+        [tokenizer.encode(p, add_special_tokens=False) for p in prompts],
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         stop_ids=[tokenizer.eos_token_id],
@@ -73,27 +72,30 @@ def sample_group(
     )
 
 
-def sample_tool_group(
+def sample_tool_responses(
     model: GPT2LMHeadModel,
     tokenizer: PreTrainedTokenizerFast,
-    prompt: str,
-    n: int,
+    prompts: list[str],
     *,
     temperature: float,
     max_new_tokens: int,
 ) -> list[tuple[list[int], list[int]]]:
-    """`n` multi-turn responses to `prompt` as (response ids, mask) pairs.
+    """One multi-turn response per prompt as (response ids, mask) pairs.
 
-    Each turn generates until `<end>` or `<call>`; after `<call>` the tool's output (sorted digits
-    in brackets) is appended with mask 0 and the next turn starts. `max_new_tokens` bounds the
-    whole response, tool output included. Contexts of equal length continue as one batch.
+    Each turn generates until `<end>` or `<call>`; after `<call>` the tool's output (the prompt's
+    digits sorted, in brackets) is appended with mask 0 and the next turn starts.
+    `max_new_tokens` bounds the whole response, tool output included. Contexts of equal length
+    continue as one batch; prompts must tokenize to the same length.
     """
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     call_id = tokenizer.convert_tokens_to_ids(CALL)
-    tool_ids = tokenizer.encode(tool_output(parse_prompt(prompt).digits), add_special_tokens=False)
-    responses: list[list[int]] = [[] for _ in range(n)]
-    masks: list[list[int]] = [[] for _ in range(n)]
-    active = list(range(n))  # responses whose last turn ended with a tool call (or not started)
+    prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    tool_ids = [
+        tokenizer.encode(tool_output(parse_prompt(p).digits), add_special_tokens=False)
+        for p in prompts
+    ]
+    responses: list[list[int]] = [[] for _ in prompts]
+    masks: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))  # responses not yet ended (no turn yet, or a tool call)
     while active:
         by_length: dict[int, list[int]] = {}
         for i in active:
@@ -106,20 +108,23 @@ def sample_tool_group(
                 continue
             turns = sample_continuations(
                 model,
-                [prompt_ids + responses[i] for i in members],
+                [prompt_ids[i] + responses[i] for i in members],
                 temperature=temperature,
                 max_new_tokens=budget,
                 stop_ids=[tokenizer.eos_token_id, call_id],
                 pad_id=tokenizer.pad_token_id,
             )
-            for i, turn in zip(members, turns):
+            for i, turn in zip(members, turns, strict=True):
                 responses[i] += turn
                 masks[i] += [1] * len(turn)
-                if turn and turn[-1] == call_id:
-                    responses[i] += tool_ids
-                    masks[i] += [0] * len(tool_ids)
+                # A tool reply that would not fit ends the response (unfinished, so wrong):
+                # prompt + response must stay within the model's positions.
+                room = max_new_tokens - len(responses[i]) - len(tool_ids[i])
+                if turn and turn[-1] == call_id and room > 0:
+                    responses[i] += tool_ids[i]
+                    masks[i] += [0] * len(tool_ids[i])
                     active.append(i)
-    return list(zip(responses, masks))
+    return list(zip(responses, masks, strict=True))
 
 
 def rollout_rows(

@@ -94,13 +94,8 @@ def make_problem(rng: np.random.Generator, op: str, n_digits: int) -> Problem:
 
 
 def make_problems(
-    rng: np.random.Generator,
-    n: int,
-    ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP),
-    min_digits: int = MIN_DIGITS,
-    max_digits: int = MAX_DIGITS,
+    rng: np.random.Generator, n: int, n_digits: int, ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP)
 ) -> list[Problem]:
-    """`n` problems with op and length (inclusive range) drawn uniformly."""
+    """`n` problems of `n_digits` digits each, ops drawn uniformly from `ops`."""
     op_idx = rng.integers(0, len(ops), size=n)
-    lengths = rng.integers(min_digits, max_digits + 1, size=n)
-    return [make_problem(rng, ops[i], int(k)) for i, k in zip(op_idx, lengths)]
+    return [make_problem(rng, ops[i], n_digits) for i in op_idx]

@@ -15,7 +15,16 @@ import torch
 from tqdm import tqdm
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from otb_diag.lab.task import CALL, TOOL_OP, Problem, make_problems, target, tool_output
+from otb_diag.lab.task import (
+    CALL,
+    MAX_DIGITS,
+    MIN_DIGITS,
+    TOOL_OP,
+    Problem,
+    make_problems,
+    target,
+    tool_output,
+)
 
 IGNORE = -100  # label value that torch's cross-entropy skips
 
@@ -54,6 +63,17 @@ def collate(
     return input_ids, attention_mask, labels
 
 
+def sample_n_digits(rng: np.random.Generator) -> int:
+    """Digit count of one training batch: log-uniform on [MIN_DIGITS, MAX_DIGITS].
+
+    Log-uniform puts more steps on short problems, so they are learned first while long ones stay
+    hard (intermediate pass rates); one length per batch means almost no padding, which makes a
+    step about three times cheaper than a batch of mixed lengths.
+    """
+    low, high = math.log(MIN_DIGITS), math.log(MAX_DIGITS + 1)
+    return min(MAX_DIGITS, int(math.exp(rng.uniform(low, high))))
+
+
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to a tenth of `lr` (a calm end for the last checkpoint)."""
     if step < warmup:
@@ -68,14 +88,15 @@ def train(
     rng: np.random.Generator,
     *,
     steps: int,
-    batch_size: int,
+    batch_tokens: int,
     lr: float,
     warmup: int,
     save_steps: tuple[int, ...],
     out_dir: Path,
     bar: tqdm | None = None,
 ) -> list[float]:
-    """Train for `steps` AdamW steps on fresh problems; save `out_dir/checkpoint-<step>/` at each
+    """Train for `steps` AdamW steps on fresh problems (about `batch_tokens` prompt + answer
+    tokens per batch, one digit count per batch); save `out_dir/checkpoint-<step>/` at each
     of `save_steps` (steps counted from 1). Returns the per-step training loss.
 
     Each checkpoint holds the model (safetensors), its generation config and the tokenizer, so it
@@ -87,7 +108,11 @@ def train(
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step - 1, steps, lr, warmup)
-        batch = [encode_example(tokenizer, p) for p in make_problems(rng, batch_size)]
+        n_digits = sample_n_digits(rng)
+        # A fixed token budget per batch: short problems come many to a batch at almost no extra
+        # cost (a step on a small model is mostly overhead), so they are learned well.
+        n_problems = max(1, batch_tokens // (2 * n_digits + 4))
+        batch = [encode_example(tokenizer, p) for p in make_problems(rng, n_problems, n_digits)]
         input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,116 @@
+"""`otb-diag variance-compare`: empirical policy-gradient variance under each baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import friendly_errors, or_default, print_json
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@friendly_errors
+def variance_compare(
+    ckpt: Annotated[
+        list[Path] | None,
+        typer.Option("--ckpt", help="Checkpoint or run directory, repeatable. Default: embedded."),
+    ] = None,
+    rollouts: Annotated[
+        Path | None,
+        typer.Option("--rollouts", help="Pools of M responses per prompt. Default: embedded."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-variance"),
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="Comma-separated: proxy (forward only; synthetic scores with ‖s_t‖² = w_t), "
+            "head (exact output-layer gradients, Kronecker-sketched), full (exact gradients of "
+            "all parameters, JL-projected; models ≤ 10 M parameters unless --force).",
+        ),
+    ] = "proxy,head",
+    group_sizes: Annotated[
+        str, typer.Option("--group-sizes", help="Group sizes N, capped at M/2.")
+    ] = "2,4,8,16",
+    draws: Annotated[int, typer.Option("--draws", help="Groups drawn per prompt and N.")] = 200,
+    baselines: Annotated[
+        str, typer.Option("--baselines", help="Baselines; must include none and mean.")
+    ] = "none,mean,grpo,rloo,optseq,otb",
+    aggregations: Annotated[
+        str,
+        typer.Option("--aggregations", help="token-sum, seq-mean-token-mean, token-mean."),
+    ] = "token-sum,seq-mean-token-mean,token-mean",
+    sketch_dim: Annotated[
+        int, typer.Option("--sketch-dim", help="Dimension k of the projected score vectors.")
+    ] = 256,
+    bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of draws and projections.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Allow full mode on big models.")] = False,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="τ; default: each row's own.")
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda, ...")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16.")] = "auto",
+    batch_tokens: Annotated[int, typer.Option("--batch-tokens")] = 16384,
+    chunk_size: Annotated[int, typer.Option("--chunk-size")] = 256,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Does a baseline really lower the variance of the policy gradient on your model and data?
+    From pools of M responses per prompt, draw R groups of N per prompt (the same draws for
+    every baseline), compute the gradient estimate with real per-token score vectors, and
+    report its variance with a bootstrap 95 % interval, the ratio to the mean baseline, a bias
+    z-score against no baseline, and the equivalent group size: the N′ at which the mean baseline
+    reaches this baseline's variance (the paper's "OTB at N = 4 matches mean at N = 32").
+
+    Writes variance.csv, fidelity.csv, summary.json and figures (variance against N, ratio to
+    mean, proxy fidelity) into --out.
+
+    Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
+    """
+    from otb_diag.checkpoint import find_checkpoints
+    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.errors import InputError
+    from otb_diag.inputs import LoadOptions
+    from otb_diag.variance_run import MODES, VarianceSettings, format_summary, run_variance
+
+    modes = _csv(mode)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise InputError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}", field="mode")
+    try:
+        sizes = tuple(int(n) for n in _csv(group_sizes))
+    except ValueError:
+        raise InputError(
+            f"group sizes must be integers, got '{group_sizes}'", field="group-sizes"
+        ) from None
+    rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
+    dirs = ckpt or [or_default(None, default_checkpoint(), "--ckpt")]
+    settings = VarianceSettings(
+        modes=modes,
+        baselines=_csv(baselines),
+        aggregations=_csv(aggregations),
+        group_sizes=sizes,
+        draws=draws,
+        bootstrap=bootstrap,
+        sketch_dim=sketch_dim,
+        seed=seed,
+        force=force,
+        temperature=temperature,
+        batch_tokens=batch_tokens,
+        chunk_size=chunk_size,
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
+    )
+    checkpoints = [c for d in dirs for c in find_checkpoints(d)]
+    summary = run_variance(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    if as_json:
+        print_json(summary)
+    else:
+        typer.echo(format_summary(summary))

@@ -1,0 +1,72 @@
+"""From the user's paths to measurable tensors: read the rollouts, load each checkpoint, tokenize
+and bound-check the rollouts against it, and describe the inputs for a summary.json. Shared by
+every command that measures rollouts under a checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from otb_diag.batch import ResponseBatch, make_batch
+from otb_diag.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.errors import InputError
+from otb_diag.provenance import directory_sha256, file_sha256
+from otb_diag.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How checkpoints are loaded (the CLI's --device, --dtype and safety flags)."""
+
+    device: str = "cpu"
+    dtype: str = "auto"
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+
+def load_rollouts(path: Path, temperature: float | None = None) -> Rollouts:
+    """Read and validate rollouts; `temperature`, when given, overrides every row's τ."""
+    rollouts = read_rollouts(path)
+    if temperature is None:
+        return rollouts
+    if temperature <= 0:
+        raise InputError(f"temperature must be positive, got {temperature}", field="temperature")
+    responses = [replace(r, temperature=temperature) for r in rollouts.responses]
+    return replace(rollouts, responses=responses)
+
+
+def response_tokens(rollouts: Rollouts) -> int | None:
+    """Total response tokens, or None while some rows are text only (not yet tokenized)."""
+    lengths = [len(r.response_ids) for r in rollouts.responses if r.response_ids is not None]
+    return sum(lengths) if len(lengths) == len(rollouts.responses) else None
+
+
+def checkpoint_batch(
+    path: Path, rollouts: Rollouts, options: LoadOptions
+) -> tuple[Checkpoint, ResponseBatch, int]:
+    """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
+    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
+    round-trip through the tokenizer."""
+    ckpt = load_checkpoint(
+        path,
+        device=options.device,
+        dtype=options.dtype,
+        allow_pickle=options.allow_pickle,
+        trust_remote_code=options.trust_remote_code,
+    )
+    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer)
+    check_vocab(tokenized, ckpt.vocab_size)
+    return ckpt, make_batch(tokenized), len(issues)
+
+
+def checkpoint_record(ckpt: Checkpoint) -> dict[str, Any]:
+    return {"path": str(ckpt.path), "sha256": directory_sha256(ckpt.path), "step": ckpt.step}
+
+
+def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:
+    return {
+        "path": str(Path(rollouts.path).resolve()),
+        "sha256": file_sha256(rollouts.path),
+        "format": rollouts.format,
+    }

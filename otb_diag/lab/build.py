@@ -1,0 +1,281 @@
+"""Rebuild the whole toy lab from a seed: train, save checkpoints, evaluate, sample rollouts.
+
+Everything goes through the code path real checkpoints take: checkpoints are written with
+``save_pretrained`` and read back with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``
+before they are evaluated or sampled. Same seed, same machine: byte-identical rollout files and
+identical weights (seeded numpy and torch RNGs, deterministic algorithms, a fixed thread count).
+
+Output layout::
+
+    out/checkpoints/checkpoint-<step>/   config.json, generation_config.json, model.safetensors,
+                                         tokenizer.json, tokenizer_config.json
+    out/rollouts.jsonl                   groups sampled from the final checkpoint
+    out/rollouts_tir.jsonl               tool-use groups (rows carry a `mask`)
+    out/lab.json                         seed, config, sizes, pass rates, timings
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from otb_diag.lab.model import build_model, n_params
+from otb_diag.lab.sample import rollout_rows, sample_responses, sample_tool_responses
+from otb_diag.lab.task import PLAIN_OPS, TOOL_OP, make_problem, parse_prompt, verify
+from otb_diag.lab.tokenizer import build_tokenizer
+from otb_diag.lab.train import train
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Every knob of the lab build; the defaults build the shipped lab.
+
+    The rollout prompts are (op, digit count) pairs chosen where the final checkpoint is
+    uncertain, so that most groups have mixed rewards, and spread from 3 to 40 digits so that
+    response lengths span more than 8x. Short copy/reverse and medium sort are nearly solved,
+    long copy/reverse nearly never; the chosen lengths sit on the slope between (see the pass
+    rates in lab.json). The digits themselves are drawn from the seed.
+    """
+
+    n_embd: int = 128
+    n_layer: int = 3
+    n_head: int = 4
+    n_positions: int = 160  # prompt (<= 43) + max_new_tokens (TIR: <= 112)
+    steps: int = 1200
+    save_steps: tuple[int, ...] = (300, 600, 900, 1200)
+    batch_tokens: int = 2048  # prompt + answer tokens per training batch
+    lr: float = 2e-3
+    warmup: int = 50
+    eval_digits: tuple[int, ...] = (3, 5, 8, 12, 17, 24, 32, 40)
+    eval_per_cell: int = 16  # problems per (op, digit count) in the held-out pass rate
+    rollout_prompts: tuple[tuple[str, int], ...] = (
+        ("C", 3), ("R", 3), ("S", 3), ("C", 4), ("R", 4), ("S", 5), ("C", 5), ("R", 5),
+        ("S", 8), ("C", 6), ("R", 6), ("S", 12), ("S", 16), ("S", 20), ("S", 26), ("S", 32),
+    )  # fmt: skip
+    group_size: int = 32
+    tir_digits: tuple[int, ...] = (3, 5, 8, 12, 16, 20, 26, 32)
+    tir_group_size: int = 16
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    tir_max_new_tokens: int = 112
+    threads: int = 2
+
+
+@contextlib.contextmanager
+def _deterministic_torch(threads: int) -> Iterator[None]:
+    """Fixed thread count and deterministic kernels for the build, restored afterwards."""
+    old_threads = torch.get_num_threads()
+    old_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old_deterministic)
+        torch.set_num_threads(old_threads)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory, so readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rng: np.random.Generator,
+    config: LabConfig,
+) -> dict[str, dict[str, float]]:
+    """Held-out pass rate per op and digit count: one sampled response (at the rollout
+    temperature, op T with its tool) for each of `eval_per_cell` fresh problems.
+
+    Returns ``{op: {digit count: rate}}``. Problems of one digit count share a prompt length, so
+    they form one batch per sampler.
+    """
+    rates: dict[str, dict[str, float]] = {op: {} for op in (*PLAIN_OPS, TOOL_OP)}
+    for n_digits in config.eval_digits:
+        plain = [
+            make_problem(rng, op, n_digits).prompt
+            for op in PLAIN_OPS
+            for _ in range(config.eval_per_cell)
+        ]
+        tool = [make_problem(rng, TOOL_OP, n_digits).prompt for _ in range(config.eval_per_cell)]
+        responses = sample_responses(
+            model, tokenizer, plain,
+            temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+        )  # fmt: skip
+        responses += [
+            ids
+            for ids, _ in sample_tool_responses(
+                model,
+                tokenizer,
+                tool,
+                temperature=config.temperature,
+                max_new_tokens=config.tir_max_new_tokens,
+            )  # fmt: skip
+        ]
+        results: dict[str, list[float]] = {op: [] for op in rates}
+        for prompt, ids in zip(plain + tool, responses, strict=True):
+            results[parse_prompt(prompt).op].append(verify(prompt, tokenizer.decode(ids)))
+        for op, rewards in results.items():
+            rates[op][str(n_digits)] = float(np.mean(rewards))
+    return rates
+
+
+def _group_stats(rows: list[dict]) -> dict:
+    """Size, length spread and reward mix of a rollouts file: what makes it a useful default."""
+    lengths = [len(r["response_ids"]) for r in rows]
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r["reward"])
+    mixed = sum(0.0 < float(np.mean(g)) < 1.0 for g in groups.values())
+    return {
+        "rows": len(rows),
+        "groups": len(groups),
+        "mixed_groups": mixed,
+        "mean_reward": float(np.mean([r["reward"] for r in rows])),
+        "response_tokens": {
+            "min": min(lengths),
+            "median": float(np.median(lengths)),
+            "max": max(lengths),
+        },
+    }
+
+
+def build_lab(
+    out_dir: Path, seed: int, config: LabConfig | None = None, progress: bool = True
+) -> dict:
+    """Train the lab model, save its checkpoints and sample the rollout files into `out_dir`.
+
+    Stale `checkpoint-*` directories under `out_dir/checkpoints` are removed first, so the
+    directory always describes one run. Returns the summary also written to `out_dir/lab.json`.
+    """
+    config = config or LabConfig()
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    for stale in ckpt_root.glob("checkpoint-*"):
+        shutil.rmtree(stale)
+    # Independent streams, so e.g. changing the eval size leaves the rollout prompts unchanged.
+    train_rng, eval_rng, prompt_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    n_groups = len(config.rollout_prompts) + len(config.tir_digits)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    with (
+        _deterministic_torch(config.threads),
+        tqdm(
+            total=config.steps + len(config.save_steps) + n_groups,
+            desc="lab build",
+            disable=not progress,
+        ) as bar,
+    ):
+        torch.manual_seed(seed)
+        tokenizer = build_tokenizer()
+        model = build_model(
+            tokenizer, config.n_embd, config.n_layer, config.n_head, config.n_positions
+        )
+        losses = train(
+            model,
+            tokenizer,
+            train_rng,
+            steps=config.steps,
+            batch_tokens=config.batch_tokens,
+            lr=config.lr,
+            warmup=config.warmup,
+            save_steps=config.save_steps,
+            out_dir=ckpt_root,
+            bar=bar,
+        )
+        timings["train_s"] = time.perf_counter() - start
+
+        checkpoints = []
+        for step in sorted(config.save_steps):
+            path = ckpt_root / f"checkpoint-{step}"
+            model = AutoModelForCausalLM.from_pretrained(path).eval()
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            torch.manual_seed(seed + step)
+            checkpoints.append(
+                {
+                    "step": step,
+                    "dir": str(path.relative_to(out_dir)),
+                    "train_loss": float(np.mean(losses[max(0, step - 50) : step])),
+                    "pass_rate": evaluate(model, tokenizer, eval_rng, config),
+                }
+            )
+            bar.update(1)
+        timings["eval_s"] = time.perf_counter() - start - timings["train_s"]
+
+        # `model` and `tokenizer` are now the final checkpoint, reloaded from disk.
+        final_step = max(config.save_steps)
+        torch.manual_seed(seed + 1_000_003)
+        rows = []
+        for g, (op, n_digits) in enumerate(config.rollout_prompts):
+            prompt = make_problem(prompt_rng, op, n_digits).prompt
+            responses = sample_responses(
+                model,
+                tokenizer,
+                [prompt] * config.group_size,
+                temperature=config.temperature,
+                max_new_tokens=config.max_new_tokens,
+            )
+            rows += rollout_rows(
+                tokenizer, f"g{g:02d}", prompt, responses,
+                temperature=config.temperature, step=final_step,
+            )  # fmt: skip
+            bar.update(1)
+        tir_rows = []
+        for g, n_digits in enumerate(config.tir_digits):
+            prompt = make_problem(prompt_rng, TOOL_OP, n_digits).prompt
+            pairs = sample_tool_responses(
+                model,
+                tokenizer,
+                [prompt] * config.tir_group_size,
+                temperature=config.temperature,
+                max_new_tokens=config.tir_max_new_tokens,
+            )
+            tir_rows += rollout_rows(
+                tokenizer, f"g{g:02d}", prompt, [ids for ids, _ in pairs],
+                temperature=config.temperature, step=final_step, masks=[m for _, m in pairs],
+            )  # fmt: skip
+            bar.update(1)
+        timings["sample_s"] = time.perf_counter() - start - timings["train_s"] - timings["eval_s"]
+        _write_atomic(out_dir / "rollouts.jsonl", _jsonl(rows))
+        _write_atomic(out_dir / "rollouts_tir.jsonl", _jsonl(tir_rows))
+
+    timings["total_s"] = time.perf_counter() - start
+    summary = {
+        "seed": seed,
+        "config": dataclasses.asdict(config),
+        "n_params": n_params(model),
+        "checkpoints": checkpoints,
+        "rollouts": _group_stats(rows),
+        "rollouts_tir": _group_stats(tir_rows),
+        "timings": {k: round(v, 2) for k, v in timings.items()},
+    }
+    _write_atomic(out_dir / "lab.json", json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,168 @@
+"""Figures of the empirical-variance study (variance.py), in the shared style of plots.py.
+
+Each function takes the tidy tables of `variance.empirical_variance` (or a per-token table) and
+returns a matplotlib Figure. A baseline keeps its family's colour (`baseline_color`); variants
+are told apart by line style or hatch (`-loo` dashed, `-true` dotted)."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+from otb_diag.fidelity import correlations
+from otb_diag.plots import STYLE, baseline_color, new_figure
+
+LINESTYLES = {"loo": "--", "true": ":"}
+HATCHES = {"loo": "//", "true": ".."}
+
+
+def _variant(label: str) -> str:
+    """The suffix after a baseline's family ("otb-loo" -> "loo"; "otb" -> "")."""
+    return label.split("-", 1)[1] if "-" in label else ""
+
+
+def _plain_log_ticks(axis) -> None:
+    """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
+    than a decade still gets labels."""
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _rows(table: pd.DataFrame, aggregation: str) -> pd.DataFrame:
+    rows = table[table["aggregation"] == aggregation]
+    if rows.empty:
+        raise ValueError(f"no rows for aggregation '{aggregation}'")
+    return rows
+
+
+def fig_variance_vs_group_size(
+    table: pd.DataFrame, aggregation: str = "token-sum", mark: tuple[str, int] | None = ("otb", 4)
+) -> Figure:
+    """Variance tr Cov(ĝ) against group size N (log–log), one line per baseline with its bootstrap
+    95 % interval as a band. `mark = (baseline, N)`: the equivalent-N read-off, a dotted line
+    across from that baseline's variance at N to the `mean` curve and down to N′ (an arrow to
+    the right edge when N′ is beyond the measured N).
+
+    `table`: columns aggregation, baseline, group_size, variance, ci_low, ci_high,
+    equivalent_mean_group_size."""
+    rows = _rows(table, aggregation)
+    sizes = sorted(rows["group_size"].unique())
+    fig, ax = new_figure(height_in=2.8)
+    with mpl.rc_context(STYLE):
+        for label, curve in rows.groupby("baseline", sort=False):
+            curve = curve.sort_values("group_size")
+            color = baseline_color(label)
+            ax.plot(
+                curve["group_size"],
+                curve["variance"],
+                color=color,
+                linestyle=LINESTYLES.get(_variant(label), "-." if _variant(label) else "-"),
+                marker="o",
+                markersize=2.5,
+                label=label,
+            )
+            ax.fill_between(
+                curve["group_size"], curve["ci_low"], curve["ci_high"], color=color, alpha=0.15
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.minorticks_off()
+        if mark is not None:
+            _mark_equivalent(ax, rows, *mark)
+        ax.set_xlabel("group size N (responses per prompt)")
+        ax.set_ylabel(r"variance $\mathrm{tr}\,\mathrm{Cov}(\hat g)$")
+        ax.set_title(f"Gradient variance vs. group size ({aggregation})")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
+def _mark_equivalent(ax, rows: pd.DataFrame, baseline: str, n: int) -> None:
+    """Dotted read-off from `baseline`'s variance at N to N′ on the mean curve (no-op if absent)."""
+    hit = rows[(rows["baseline"] == baseline) & (rows["group_size"] == n)]
+    if hit.empty:
+        return
+    v, n_prime = float(hit["variance"].iloc[0]), float(hit["equivalent_mean_group_size"].iloc[0])
+    color = baseline_color(baseline)
+    bottom = ax.get_ylim()[0]
+    if math.isinf(n_prime):
+        right = ax.get_xlim()[1]
+        ax.annotate(
+            "", xy=(right, v), xytext=(n, v), arrowprops={"arrowstyle": "->", "color": color}
+        )
+        ax.text(right, v, f"N′ > {rows['group_size'].max()}", ha="right", va="bottom", fontsize=6)
+        return
+    ax.plot([n, n_prime], [v, v], color=color, linestyle=":", linewidth=0.9)
+    ax.plot([n_prime, n_prime], [v, bottom], color=color, linestyle=":", linewidth=0.9)
+    ax.text(n_prime, bottom, f" N′≈{n_prime:.1f}", ha="left", va="bottom", fontsize=6)
+    ax.set_ylim(bottom=bottom)
+
+
+def fig_ratio_to_mean(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
+    """Variance relative to the `mean` baseline at the same N: bars grouped by N (log scale; the
+    line at 1 is the mean baseline itself, below it is better).
+
+    `table`: columns aggregation, baseline, group_size, ratio_to_mean."""
+    rows = _rows(table, aggregation)
+    rows = rows[rows["baseline"] != "mean"]
+    sizes = sorted(rows["group_size"].unique())
+    labels = list(dict.fromkeys(rows["baseline"]))
+    width = 0.8 / len(labels)
+    fig, ax = new_figure(width_in=max(3.4, 0.9 * len(sizes) + 1.0))
+    with mpl.rc_context(STYLE):
+        for k, label in enumerate(labels):
+            ratios = rows[rows["baseline"] == label].set_index("group_size")["ratio_to_mean"]
+            ax.bar(
+                np.arange(len(sizes)) + (k - (len(labels) - 1) / 2) * width,
+                ratios.reindex(sizes).to_numpy(),
+                width=width,
+                color=baseline_color(label),
+                hatch=HATCHES.get(_variant(label), ""),
+                edgecolor="white",
+                linewidth=0.3,
+                label=label,
+            )
+        ax.axhline(1.0, color="0.3", linewidth=0.8)
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+        ax.set_xticks(np.arange(len(sizes)), [str(n) for n in sizes])
+        ax.set_xlabel("group size N (responses per prompt)")
+        ax.set_ylabel("variance / variance of mean baseline")
+        ax.set_title(f"Variance relative to the group mean ({aggregation})")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
+def fig_proxy_fidelity(tokens: pd.DataFrame) -> Figure:
+    """Proxy `w_t` against the true per-token `‖∇ log p_t‖²` over generated tokens (hexbin,
+    log–log, log colour), Spearman ρ over all of them in the title. Tokens with a zero value on
+    either axis cannot sit on a log axis: they count in ρ but are not drawn.
+
+    `tokens`: columns w, true_sq_norm and (optionally) mask."""
+    toks = tokens[tokens["mask"] > 0] if "mask" in tokens else tokens
+    rho = correlations(toks["w"], toks["true_sq_norm"])["spearman"]
+    shown = toks[(toks["w"] > 0) & (toks["true_sq_norm"] > 0)]
+    fig, ax = new_figure(height_in=2.7)
+    with mpl.rc_context(STYLE):
+        hb = ax.hexbin(
+            shown["w"],
+            shown["true_sq_norm"],
+            xscale="log",
+            yscale="log",
+            gridsize=40,
+            bins="log",
+            cmap="viridis",
+            mincnt=1,
+        )
+        fig.colorbar(hb, ax=ax, label="tokens (log scale)")
+        ax.set_xlabel(r"proxy $w_t=\|\partial \log p_t/\partial z_t\|^2$")
+        ax.set_ylabel(r"true $\|\nabla_\theta \log p_t\|^2$")
+        ax.set_title(f"Proxy fidelity: Spearman ρ = {rho:.3f} ({len(toks):,} tokens)")
+    return fig

@@ -1,0 +1,418 @@
+"""Empirical variance of the policy-gradient estimator under each baseline (theory.md section 4).
+
+From a pool of M responses per prompt, draw R groups of N responses per prompt without
+replacement, and for every draw r build the estimate
+
+    g_r = sum_i sum_t c_{i,t} A^b_{i,t} s_{i,t}        (one vector in R^k)
+
+with `A^b` the advantages of baseline b computed on the drawn sub-batch only (the group baseline
+sees only the N drawn members), `c = aggregation_weights(agg, mask_of_subbatch)` and `s` the
+per-token projected score vectors. Every baseline and aggregation sees the *same* draws (paired),
+so differences between baselines are not draw noise.
+
+Definitions (one row of the table per aggregation, baseline and N):
+- `variance = sum_r ||g_r - mean_r g||^2 / (R - 1)`: the trace of the sample covariance of the
+  draws, normalised by R - 1 (unbiased). `ci_low, ci_high`: percentile bootstrap interval over
+  draws (resampling draws with replacement; the same resamples for every baseline at one N).
+- `ratio_to_mean`: variance / variance of the baseline labelled `mean` (same aggregation, same N).
+- `bias_z`: paired differences `d_r = g_{b,r} - g_{none,r}`, with the scores centred on each
+  prompt's pool mean (`pool_score_means`); per coordinate j the z-score
+  `z_j = mean_r d_rj / (std_r d_rj / sqrt(R))` (std with R - 1); `bias_z = sqrt(mean_j z_j^2)`,
+  the root-mean-square z over the k coordinates. It is about 1 when b does not change the mean
+  over draws and grows like sqrt(R) when it does; it measures significance, not size.
+  Why centre: under the policy `E[s_t] = 0`, but a pool's mean score is not 0, so with raw
+  scores any baseline near the mean reward `Rbar` shifts the mean over draws by about
+  `-Rbar * pool mean score`, which shows as z ~ sqrt(N R / M) even for `rloo`. Centring removes
+  that pool noise (d is linear in s), not a real bias: a baseline using response i's own reward
+  still correlates with its centred score. What is left for `rloo` is the without-replacement
+  term, a relative -1/(M - 1) of the signal.
+- `equivalent_mean_group_size` N': where the `mean` baseline's variance curve (log-log linear
+  interpolation over the measured N) first comes down to this baseline's variance at N, and
+  `token_savings = 1 - N / N'`. `equivalent_range` says how to read them:
+    "within": interpolated inside the measured N;
+    "beyond": the mean curve never gets that low: N' = inf (> max N), and `token_savings` is the
+              lower bound 1 - N / max N;
+    "below":  the mean curve is already lower at the smallest N: N' is reported as min N (an
+              upper bound), and `token_savings` = 1 - N / min N is an upper bound.
+- `constant_groups`: drawn groups (of the R * P) whose returns are all equal: they carry no
+  signal under group baselines (mean and rloo give them exactly zero advantage).
+
+The `grpo` baseline rescales advantages by the group std, so its variance (and bias against
+`none`) is on another scale; compare it with care (theory.md section 3).
+All arithmetic is float64 on the device of the inputs; results are deterministic given `seed`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from otb_diag.aggregation import aggregation_weights
+from otb_diag.baselines import compute_advantages
+from otb_diag.errors import InputError
+from otb_diag.token_stats import cumulative_energy
+
+PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
+ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")
+DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", *ENERGY_BASELINES)
+DEFAULT_AGGREGATIONS = ("token-sum", "seq-mean-token-mean", "token-mean")
+DEFAULT_GROUP_SIZES = (2, 4, 8, 16)
+REFERENCE, UNBIASED_REFERENCE = "mean", "none"
+# variance.csv's documented columns, in order (extra columns follow them).
+COLUMNS = [
+    "mode", "aggregation", "baseline", "group_size", "variance", "ci_low", "ci_high",
+    "ratio_to_mean", "bias_z", "equivalent_mean_group_size", "token_savings",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BaselineSpec:
+    """One baseline row of the table: registry baseline `name`, fed the per-token energy source
+    `energy` (a key of the `energies` mapping, None for baselines that use no energy)."""
+
+    label: str
+    name: str
+    energy: str | None = None
+
+
+def default_specs(extra_sources: Sequence[str] = ()) -> list[BaselineSpec]:
+    """Every default baseline on the proxy energy, plus `optseq-<src>` and `otb-<src>` for each
+    extra energy source (e.g. "true": the exact per-token squared gradient norms)."""
+    specs = [
+        BaselineSpec(n, n, PROXY if n in ENERGY_BASELINES else None) for n in DEFAULT_BASELINES
+    ]
+    for source in extra_sources:
+        specs += [BaselineSpec(f"{n}-{source}", n, source) for n in ("optseq", "otb")]
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Draws
+# ---------------------------------------------------------------------------------------------
+
+
+def pool_rows(group: Tensor) -> list[np.ndarray]:
+    """Row indices of each prompt's pool, for the group ids present in `group: [B]`, in id order."""
+    ids = group.cpu().numpy()
+    order = np.argsort(ids, kind="stable")
+    _, starts = np.unique(ids[order], return_index=True)
+    return np.split(order, starts[1:])
+
+
+def usable_group_sizes(group_sizes: Sequence[int], smallest_pool: int) -> list[int]:
+    """The requested N that are at most M/2 (M the smallest pool), so draws stay varied."""
+    sizes = sorted({int(n) for n in group_sizes if 1 <= n <= smallest_pool // 2})
+    if not sizes:
+        raise InputError(
+            f"no group size in {list(group_sizes)} is at most half the smallest pool "
+            f"({smallest_pool} responses)",
+            field="group_sizes",
+            hint="Sample more responses per prompt or ask for smaller groups.",
+        )
+    return sizes
+
+
+def draw_groups(
+    pools: Sequence[np.ndarray], n: int, draws: int, rng: np.random.Generator
+) -> np.ndarray:
+    """`[R, P, N]` pool-row indices: for every draw and prompt, N distinct rows of its pool."""
+    rows = np.empty((draws, len(pools), n), dtype=np.int64)
+    for p, pool in enumerate(pools):
+        # The ranks of iid uniforms are a uniform random permutation: its first N are a sample
+        # without replacement, drawn for all R draws at once.
+        rows[:, p] = pool[rng.random((draws, len(pool))).argsort(axis=1)[:, :n]]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-draw estimates
+# ---------------------------------------------------------------------------------------------
+
+
+def pool_score_means(scores: Tensor, mask: Tensor, group: Tensor) -> Tensor:
+    """`[P, k]`: each prompt's mean score over the generated tokens of its whole pool, in the
+    order of `pool_rows` (ascending group id).
+
+    scores: `[B, T, k]`, mask: `[B, T]`, group: `[B]`. Under the policy `E[s_t] = 0`; a finite
+    pool's mean is sampling noise, which `bias_z` removes (see `draw_estimates`).
+    """
+    pool = torch.unique(group, return_inverse=True)[1]  # [B]: index of the row's pool
+    mask = mask.double()
+    totals = torch.einsum("btk,bt->bk", scores.double(), mask)  # sum_t m_t s_t per row
+    sums = totals.new_zeros(int(pool.max()) + 1, totals.shape[1]).index_add_(0, pool, totals)
+    tokens = mask.new_zeros(len(sums)).index_add_(0, pool, mask.sum(-1))
+    return sums / tokens.clamp_min(1)[:, None]
+
+
+def draw_estimates(
+    returns: Tensor,
+    mask: Tensor,
+    scores: Tensor,
+    energies: Mapping[str, Tensor],
+    rows: np.ndarray,
+    centres: Tensor,
+    specs: Sequence[BaselineSpec],
+    aggregations: Sequence[str],
+    *,
+    baseline_options: Mapping[str, Any] | None = None,
+    max_elements: int = 2**24,
+) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """`g_r` of every draw for every (aggregation, baseline label), all on the same draws.
+
+    returns, mask: `[B, T]` pool tensors; scores: `[B, T, k]`; energies: source -> per-token
+    `w: [B, T]`; rows: `[R, P, N]` from `draw_groups`; centres: `[P, k]` from `pool_score_means`.
+    Returns (aggregation, label) -> (`g: [R, k]`, `g_centred: [R, k]`), where `g_centred` uses
+    the scores `s_t - centres[p]` on prompt p's generated tokens. By linearity
+    `g_centred_r = g_r - sum_p a_rp centres[p]` with `a_rp = sum_{i in p, t} c_it A_it`.
+    Draws are processed in chunks of C so that the `[C, B, T]` coefficients stay within
+    `max_elements`.
+    """
+    draws, prompts, n = rows.shape
+    b, t, k = scores.shape
+    returns, mask, centres = returns.double(), mask.double(), centres.double()
+    flat_scores = scores.double().reshape(b * t, k)
+    cumulative = {src: cumulative_energy(w.double(), mask) for src, w in energies.items()}
+    options = dict(baseline_options or {})
+    chunk = max(1, max_elements // max(b * t, 1))
+    raw = {(agg, spec.label): np.empty((draws, k)) for agg in aggregations for spec in specs}
+    centred = {key: np.empty((draws, k)) for key in raw}
+    for lo in range(0, draws, chunk):
+        c = min(chunk, draws - lo)
+        sub = torch.as_tensor(rows[lo : lo + c].reshape(-1), device=mask.device)  # [C*P*N]
+        # All C draws form one batch of C*P groups: group ids are unique per (draw, prompt).
+        group = torch.arange(c * prompts, device=mask.device).repeat_interleave(n)
+        draw = torch.arange(c, device=mask.device).repeat_interleave(prompts * n)
+        sub_mask = mask[sub]
+        # c_{i,t} is normalised over each draw's own batch of P*N responses.
+        weights = {
+            agg: torch.cat([aggregation_weights(agg, m) for m in sub_mask.view(c, -1, t)])
+            for agg in aggregations
+        }
+        for spec in specs:
+            energy = cumulative[spec.energy][sub] if spec.energy else None
+            adv = compute_advantages(spec.name, returns[sub], sub_mask, group, energy, **options)
+            for agg, weight in weights.items():
+                # Scatter c*A back onto the pool (a row appears at most once per draw), then
+                # g_r = sum_{b,t} coef[r, b, t] s[b, t] is one matmul, never a [C, P*N, T, k].
+                coef = returns.new_zeros(c, b, t)
+                coef[draw, sub] = weight * adv
+                g = coef.view(c, b * t) @ flat_scores
+                mass = (weight * adv).sum(-1).view(c, prompts, n).sum(-1)  # a_rp: [C, P]
+                raw[agg, spec.label][lo : lo + c] = g.cpu().numpy()
+                centred[agg, spec.label][lo : lo + c] = (g - mass @ centres).cpu().numpy()
+    return {key: (raw[key], centred[key]) for key in raw}
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics over draws
+# ---------------------------------------------------------------------------------------------
+
+
+def trace_variance(g: np.ndarray) -> float:
+    """`sum_r ||g_r - mean g||^2 / (R - 1)` for `g: [R, k]` (trace of the unbiased covariance)."""
+    centred = g - g.mean(0)
+    return float(np.square(centred).sum() / (len(g) - 1))
+
+
+def bootstrap_counts(draws: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """`[S, R]` multiplicities of each draw in S bootstrap resamples (R draws with replacement)."""
+    return rng.multinomial(draws, np.full(draws, 1.0 / draws), size=resamples)
+
+
+def bootstrap_interval(
+    g: np.ndarray, counts: np.ndarray, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile interval of `trace_variance` over the resamples `counts: [S, R]` of `g: [R, k]`.
+
+    A resample's variance is `(sum_r n_r ||x_r||^2 - R ||m||^2) / (R - 1)`, `m = sum_r n_r x_r / R`,
+    on draws centred first (the variance is shift-invariant; centring avoids cancellation).
+    """
+    r = len(g)
+    centred = g - g.mean(0)
+    means = counts @ centred / r  # [S, k]
+    variances = (counts @ np.square(centred).sum(1) - r * np.square(means).sum(1)) / (r - 1)
+    low, high = np.percentile(variances, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
+def bias_z(d: np.ndarray) -> float:
+    """Root-mean-square over coordinates of `z_j = mean_r d_rj / (std_r d_rj / sqrt(R))` for the
+    paired differences `d: [R, k]`; a coordinate that never varies counts 0 if its mean is 0 and
+    inf otherwise."""
+    mean = d.mean(0)
+    se = d.std(0, ddof=1) / math.sqrt(len(d))
+    z = np.divide(mean, se, out=np.where(mean == 0, 0.0, np.inf), where=se > 0)
+    return float(np.sqrt(np.mean(np.square(z))))
+
+
+def equivalent_group_size(
+    sizes: Sequence[int], reference: Sequence[float], target: float
+) -> tuple[float, str]:
+    """The N' at which the reference variance curve `reference[j]` at `sizes[j]` (increasing N)
+    first comes down to `target`, by linear interpolation of log variance against log N.
+
+    Returns (N', range) with range "within", "beyond" (N' = inf) or "below" (N' = min N, an
+    upper bound), as the module docstring defines.
+    """
+    for j, v in enumerate(reference):
+        if v > target:
+            continue
+        if v == target:
+            return float(sizes[j]), "within"
+        if j == 0:
+            return float(sizes[0]), "below"
+        # log N' = log N_{j-1} + (log V* - log V_{j-1}) / (log V_j - log V_{j-1}) * (log N_j - ...)
+        with np.errstate(divide="ignore"):
+            lv = np.log([reference[j - 1], v, target])
+        frac = (lv[2] - lv[0]) / (lv[1] - lv[0])
+        ln = np.log([sizes[j - 1], sizes[j]])
+        return float(np.exp(ln[0] + frac * (ln[1] - ln[0]))), "within"
+    return math.inf, "beyond"
+
+
+def compare_to_mean(table: pd.DataFrame, sizes: Sequence[int]) -> pd.DataFrame:
+    """Add ratio_to_mean, equivalent_mean_group_size, equivalent_range and token_savings to
+    `table` (one row per aggregation, baseline and N; columns aggregation, baseline, group_size,
+    variance), against the rows labelled `mean` at the measured `sizes`."""
+    columns: dict[str, list] = {k: [] for k in ("ratio", "equivalent", "range", "savings")}
+    for row in table.itertuples():
+        curve = table[(table.aggregation == row.aggregation) & (table.baseline == REFERENCE)]
+        curve = curve.set_index("group_size").loc[list(sizes), "variance"]
+        reference = curve.loc[row.group_size]
+        ratio = (
+            row.variance / reference if reference > 0 else (1.0 if row.variance == 0 else np.inf)
+        )
+        n_prime, where = equivalent_group_size(sizes, curve.to_list(), row.variance)
+        bound = {"within": n_prime, "beyond": max(sizes), "below": min(sizes)}[where]
+        columns["ratio"].append(ratio)
+        columns["equivalent"].append(n_prime)
+        columns["range"].append(where)
+        columns["savings"].append(1.0 - row.group_size / bound)  # 1 - N / N'
+    return table.assign(
+        ratio_to_mean=columns["ratio"],
+        equivalent_mean_group_size=columns["equivalent"],
+        equivalent_range=columns["range"],
+        token_savings=columns["savings"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def _summary(
+    g: np.ndarray, g_centred: np.ndarray, none_centred: np.ndarray, counts: np.ndarray
+) -> dict[str, float]:
+    """variance, ci_low, ci_high and bias_z of one baseline's draws (see the module docstring)."""
+    low, high = bootstrap_interval(g, counts)
+    return {
+        "variance": trace_variance(g),
+        "ci_low": low,
+        "ci_high": high,
+        "bias_z": bias_z(g_centred - none_centred),
+    }
+
+
+def _check(specs: Sequence[BaselineSpec], energies: Mapping[str, Tensor], draws: int) -> None:
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"baseline labels must be unique, got {labels}", field="baselines")
+    for needed in (REFERENCE, UNBIASED_REFERENCE):
+        if needed not in labels:
+            raise InputError(f"the baselines must include '{needed}'", field="baselines")
+    missing = sorted({s.energy for s in specs if s.energy and s.energy not in energies})
+    if missing:
+        raise InputError(f"no energy source {missing}; given {sorted(energies)}", field="energy")
+    if draws < 2:
+        raise InputError(f"need at least 2 draws for a variance, got {draws}", field="draws")
+
+
+def empirical_variance(
+    returns: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    scores: Tensor,
+    energies: Mapping[str, Tensor],
+    *,
+    specs: Sequence[BaselineSpec] | None = None,
+    aggregations: Sequence[str] = DEFAULT_AGGREGATIONS,
+    group_sizes: Sequence[int] = DEFAULT_GROUP_SIZES,
+    draws: int = 200,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    mode: str = PROXY,
+    baseline_options: Mapping[str, Any] | None = None,
+    max_elements: int = 2**24,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Variance, bootstrap interval, bias check and equivalent group size of every baseline.
+
+    returns: `[B, T]` reward-to-go `G_t` of the pool (`returns_to_go`); mask: `[B, T]`;
+    group: `[B]` prompt ids; scores: `[B, T, k]` projected per-token scores;
+    energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`).
+    specs: default `default_specs` of the extra energy sources. N runs over `group_sizes` capped
+    at M/2 (M the smallest pool); the draws of one N come from `default_rng([seed, N])` and their
+    bootstrap resamples from `default_rng([seed, N, 1])`, so N's numbers do not depend on the
+    other sizes asked for. `mode` is only recorded.
+
+    Returns the table (columns in the module docstring, plus draws, groups, constant_groups,
+    equivalent_range) and metadata (seed, draws, sizes, pool counts, specs).
+    """
+    specs = list(specs or default_specs([s for s in energies if s != PROXY]))
+    _check(specs, energies, draws)
+    pools = pool_rows(group)
+    pool_sizes = [len(p) for p in pools]
+    sizes = usable_group_sizes(group_sizes, min(pool_sizes))
+    centres = pool_score_means(scores, mask, group)
+    sequence_return = returns[:, 0].cpu().numpy()  # R_i = G_0, what the group baselines centre
+    per_size = {}
+    for n in sizes:
+        rows = draw_groups(pools, n, draws, np.random.default_rng([seed, n]))
+        per_size[n] = (
+            draw_estimates(
+                returns, mask, scores, energies, rows, centres, specs, aggregations,
+                baseline_options=baseline_options, max_elements=max_elements,
+            ),
+            bootstrap_counts(draws, bootstrap, np.random.default_rng([seed, n, 1])),
+            int((np.ptp(sequence_return[rows], axis=-1) == 0).sum()),
+        )  # fmt: skip
+    records = [
+        {
+            "mode": mode,
+            "aggregation": agg,
+            "baseline": spec.label,
+            "group_size": n,
+            **_summary(*estimates[agg, spec.label], estimates[agg, UNBIASED_REFERENCE][1], counts),
+            "draws": draws,
+            "groups": draws * len(pools),
+            "constant_groups": constant,
+        }
+        for agg in aggregations
+        for spec in specs
+        for n, (estimates, counts, constant) in per_size.items()
+    ]
+    table = compare_to_mean(pd.DataFrame(records), sizes)
+    table = table[[*COLUMNS, *(c for c in table.columns if c not in COLUMNS)]]
+    metadata = {
+        "mode": mode,
+        "seed": seed,
+        "draws": draws,
+        "bootstrap": bootstrap,
+        "group_sizes": sizes,
+        "prompts": len(pools),
+        "pool_size_min": min(pool_sizes),
+        "pool_size_max": max(pool_sizes),
+        "constant_pools": int(sum(np.ptp(sequence_return[p]) == 0 for p in pools)),
+        "aggregations": list(aggregations),
+        "specs": [asdict(s) for s in specs],
+        "score_dim": int(scores.shape[-1]),
+        "variance": "trace of the sample covariance over draws, 1/(R-1)",
+    }
+    return table, metadata

@@ -1,0 +1,117 @@
+"""`otb-diag variance-compare` end to end on a tiny real checkpoint."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from tiny import save_checkpoint
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+COLUMNS = [
+    "mode",
+    "aggregation",
+    "baseline",
+    "group_size",
+    "variance",
+    "ci_low",
+    "ci_high",
+    "ratio_to_mean",
+    "bias_z",
+    "equivalent_mean_group_size",
+    "token_savings",
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("vc")
+    save_checkpoint(root / "checkpoint-3", seed=3)
+    rng = np.random.default_rng(1)
+    rows = []
+    for g in range(3):
+        for _ in range(8):
+            n = int(rng.integers(2, 10))
+            rows.append(
+                {
+                    "group": g,
+                    "prompt_ids": [2 + g, 5],
+                    "reward": float(rng.random() < 0.5),
+                    "response_ids": rng.integers(2, 28, size=n).tolist(),
+                }
+            )
+    rows[0]["reward"], rows[1]["reward"] = 1.0, 0.0  # at least one mixed group
+    for k in range(8):  # and one whose rewards are all equal
+        rows[16 + k]["reward"] = 1.0
+    path = root / "pool.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root / "checkpoint-3", path
+
+
+def run(inputs, out: Path, *extra: str):
+    ckpt, rollouts = inputs
+    return runner.invoke(
+        app,
+        [
+            "variance-compare",
+            "--ckpt",
+            str(ckpt),
+            "--rollouts",
+            str(rollouts),
+            "--out",
+            str(out),
+            "--quiet",
+            "--draws",
+            "20",
+            "--bootstrap",
+            "50",
+            "--sketch-dim",
+            "16",
+            *extra,
+        ],
+    )
+
+
+def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run(inputs, out, "--mode", "proxy,head,full", "--group-sizes", "2,4,8")
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "variance.csv")
+    assert list(table.columns[: len(COLUMNS)]) == COLUMNS
+    assert set(table["mode"]) == {"proxy", "head", "full"}
+    assert sorted(table["group_size"].unique()) == [2, 4]  # capped at M/2 = 4
+    full = table[table["mode"] == "full"]
+    assert {"otb-true", "optseq-true"} <= set(full["baseline"])
+    assert (table["ci_low"] <= table["variance"]).all()
+    assert (table["variance"] <= table["ci_high"]).all()
+    mean_rows = table[table["baseline"] == "mean"]
+    np.testing.assert_allclose(mean_rows["ratio_to_mean"], 1.0)
+    fid = pd.read_csv(out / "fidelity.csv")
+    assert set(fid["mode"]) == {"head", "full"}
+    assert fid["token_spearman"].between(-1, 1).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["draws"]["full@3"]["constant_pools"] == 1
+    for name in ["variance_vs_n_full", "ratio_to_mean_head", "proxy_fidelity"]:
+        assert (out / f"{name}.png").stat().st_size > 1000
+    assert "OTB/mean" in result.stdout
+
+
+def test_same_seed_same_numbers(inputs, tmp_path: Path) -> None:
+    a = run(inputs, tmp_path / "a", "--mode", "head", "--group-sizes", "2,4", "--seed", "7")
+    b = run(inputs, tmp_path / "b", "--mode", "head", "--group-sizes", "2,4", "--seed", "7")
+    c = run(inputs, tmp_path / "c", "--mode", "head", "--group-sizes", "2,4", "--seed", "8")
+    assert a.exit_code == b.exit_code == c.exit_code == 0
+    ta, tb, tc = (pd.read_csv(tmp_path / d / "variance.csv") for d in "abc")
+    pd.testing.assert_frame_equal(ta, tb)
+    assert not np.allclose(ta["variance"], tc["variance"])
+
+
+def test_bad_mode_is_a_clear_error(inputs, tmp_path: Path) -> None:
+    result = run(inputs, tmp_path / "o", "--mode", "exact")
+    assert result.exit_code == 2
+    assert "field 'mode'" in result.stderr and "proxy, head, full" in result.stderr
