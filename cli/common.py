@@ -4,13 +4,13 @@ and saying out loud when the embedded default stands in for an omitted option.""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from otb_diag.atomic import json_text
 from otb_diag.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,4 +46,61 @@ def or_default(value: Path | None, default: Path, what: str) -> Path:
 
 
 def print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+    typer.echo(json_text(data))
+
+
+# Options shared by the commands that measure rollouts under checkpoints: declared once, so
+# they read and behave the same everywhere.
+CkptOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--ckpt",
+        help="Checkpoint directory (HF causal LM), repeatable; or a run directory holding "
+        "checkpoint-* (HF Trainer/TRL) or global_step_* (verl) checkpoints. "
+        "Default: the embedded final checkpoint.",
+    ),
+]
+RolloutsOption = Annotated[
+    Path | None,
+    typer.Option("--rollouts", help="Rollouts file (JSONL/Parquet/verl dump). Default: embedded."),
+]
+TemperatureOption = Annotated[
+    float | None,
+    typer.Option("--temperature", help="Sampling temperature τ; default: each row's own."),
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...")]
+DtypeOption = Annotated[
+    str, typer.Option("--dtype", help="auto (the checkpoint's), float32, bfloat16, float16.")
+]
+BatchTokensOption = Annotated[
+    int, typer.Option("--batch-tokens", help="Padded tokens per forward batch.")
+]
+ChunkSizeOption = Annotated[
+    int, typer.Option("--chunk-size", help="Tokens whose [chunk, V] logits exist at once.")
+]
+ZeroTailOption = Annotated[
+    bool,
+    typer.Option(
+        "--handle-zero-tail/--no-handle-zero-tail",
+        help="verl's OTB option: a strictly longest member gets B_t = 0 beyond the "
+        "second-longest length.",
+    ),
+]
+AllowPickleOption = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow pickled weights (pytorch_model.bin).")
+]
+RemoteCodeOption = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Allow model code shipped with the ckpt.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
+
+
+def checkpoint_dirs(ckpt: list[Path] | None) -> list[Path]:
+    """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
+    the embedded final checkpoint, with a note, when none is given."""
+    from otb_diag.checkpoint import find_checkpoints
+    from otb_diag.defaults import default_checkpoint
+
+    dirs = ckpt or [or_default(None, default_checkpoint(), "--ckpt")]
+    return [c for d in dirs for c in find_checkpoints(d)]

@@ -7,7 +7,23 @@ from typing import Annotated
 
 import typer
 
-from cli.common import friendly_errors, or_default, print_json
+from cli.common import (
+    AllowPickleOption,
+    BatchTokensOption,
+    ChunkSizeOption,
+    CkptOption,
+    DeviceOption,
+    DtypeOption,
+    JsonOption,
+    QuietOption,
+    RemoteCodeOption,
+    TemperatureOption,
+    ZeroTailOption,
+    checkpoint_dirs,
+    friendly_errors,
+    or_default,
+    print_json,
+)
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -16,10 +32,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 @friendly_errors
 def variance_compare(
-    ckpt: Annotated[
-        list[Path] | None,
-        typer.Option("--ckpt", help="Checkpoint or run directory, repeatable. Default: embedded."),
-    ] = None,
+    ckpt: CkptOption = None,
     rollouts: Annotated[
         Path | None,
         typer.Option("--rollouts", help="Pools of M responses per prompt. Default: embedded."),
@@ -51,17 +64,16 @@ def variance_compare(
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 1000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of draws and projections.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Allow full mode on big models.")] = False,
-    temperature: Annotated[
-        float | None, typer.Option("--temperature", help="τ; default: each row's own.")
-    ] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda, ...")] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16.")] = "auto",
-    batch_tokens: Annotated[int, typer.Option("--batch-tokens")] = 16384,
-    chunk_size: Annotated[int, typer.Option("--chunk-size")] = 256,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    temperature: TemperatureOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "auto",
+    batch_tokens: BatchTokensOption = 16384,
+    chunk_size: ChunkSizeOption = 256,
+    handle_zero_tail: ZeroTailOption = True,
+    allow_pickle: AllowPickleOption = False,
+    trust_remote_code: RemoteCodeOption = False,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Does a baseline really lower the variance of the policy gradient on your model and data?
     From pools of M responses per prompt, draw R groups of N per prompt (the same draws for
@@ -75,8 +87,7 @@ def variance_compare(
 
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
-    from otb_diag.checkpoint import find_checkpoints
-    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.defaults import DEFAULT_ROLLOUTS
     from otb_diag.errors import InputError
     from otb_diag.inputs import LoadOptions
     from otb_diag.variance_run import MODES, VarianceSettings, format_summary, run_variance
@@ -92,7 +103,6 @@ def variance_compare(
             f"group sizes must be integers, got '{group_sizes}'", field="group-sizes"
         ) from None
     rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
-    dirs = ckpt or [or_default(None, default_checkpoint(), "--ckpt")]
     settings = VarianceSettings(
         modes=modes,
         baselines=_csv(baselines),
@@ -106,10 +116,10 @@ def variance_compare(
         temperature=temperature,
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
+        handle_zero_tail=handle_zero_tail,
         load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
     )
-    checkpoints = [c for d in dirs for c in find_checkpoints(d)]
-    summary = run_variance(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    summary = run_variance(checkpoint_dirs(ckpt), rollouts_path, out, settings, progress=not quiet)
     if as_json:
         print_json(summary)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -32,8 +33,23 @@ def write_text(dest: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(data: Any) -> str:
+    """Strict JSON (other tools reject NaN and Infinity): non-finite numbers become null."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(data), indent=2, allow_nan=False)
+
+
 def write_json(dest: str | Path, data: Any) -> None:
-    write_text(dest, json.dumps(data, indent=2, allow_nan=False) + "\n")
+    write_text(dest, json_text(data) + "\n")
 
 
 def write_jsonl(dest: str | Path, rows: list[dict[str, Any]]) -> None:

@@ -201,10 +201,14 @@ def group_table(sequences: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def pick_group(groups: pd.DataFrame) -> str:
-    """The group the figures show: the most heterogeneous (largest energy CV) among groups with
-    mixed rewards and at least two members, else among all groups."""
+    """The group the figures show: among groups with mixed rewards and at least two members
+    (else all groups), the one whose energy ranking changes most often along t (figure 4's
+    point), ties broken by the energy CV. The CV alone favours short, near-deterministic groups
+    with one outlier, whose profiles all coincide."""
     candidates = groups[(groups["size"] > 1) & groups["mixed_rewards"]]
     if candidates.empty:
         candidates = groups
-    ranked = candidates.sort_values("energy_cv", ascending=False, na_position="last")
+    ranked = candidates.sort_values(
+        ["rank_changes", "energy_cv"], ascending=False, na_position="last", kind="stable"
+    )
     return str(ranked["group"].iloc[0])

@@ -25,7 +25,6 @@ from otb_diag.energy import (
     tir_needed,
 )
 from otb_diag.errors import InputError
-from otb_diag.heterogeneity import quantile_positions
 from otb_diag.inputs import (
     LoadOptions,
     checkpoint_batch,
@@ -184,12 +183,10 @@ def _write_outputs(out: Path, results: list[_StepResult], group: str) -> list[st
     files = ["tokens.parquet", "sequences.csv", "groups.csv", "proxies.json"]
 
     final = results[-1].tables
-    lengths = final.sequences.loc[final.sequences["group"] == group, "length"].tolist()
+    shown = plots.spread_samples(final.sequences, group, count=8)
     figures = {
         "fig3_sequence_energy": plots.fig3_sequence_energy(final.sequences, group),
-        "fig4_cumulative_energy": plots.fig4_cumulative_energy(
-            final.tokens, group, quantile_positions(lengths)
-        ),
+        "fig4_cumulative_energy": plots.fig4_cumulative_energy(final.tokens, shown, group),
         "fig5_probability_vs_gradient": plots.fig5_probability_vs_gradient(
             final.tokens, results[-1].vocab_size
         ),

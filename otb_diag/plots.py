@@ -95,11 +95,12 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
     fig, ax = new_figure()
     with mpl.rc_context(STYLE):
         colors = [PASS_COLOR if r > 0 else FAIL_COLOR for r in seqs["reward"]]
-        ax.bar(seqs["sample"].astype(str), seqs["energy"], color=colors, width=0.8)
+        ax.bar(seqs["sample"], seqs["energy"], color=colors, width=0.8)
+        step = 1 if len(seqs) <= 16 else 4  # legible tick labels at column width
+        ax.set_xticks(seqs["sample"].iloc[::step])
         ax.set_xlabel("response in group (sample index)")
         ax.set_ylabel(r"total energy $W(\tau)=\sum_t w_t$")
         ax.set_title(f"Sequence energy within group {group}")
-        ax.tick_params(axis="x", labelrotation=90 if len(seqs) > 16 else 0)
         handles = [
             Rectangle((0, 0), 1, 1, color=PASS_COLOR, label="reward > 0"),
             Rectangle((0, 0), 1, 1, color=FAIL_COLOR, label="reward ≤ 0"),
@@ -108,32 +109,52 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
     return fig
 
 
+def spread_samples(sequences: pd.DataFrame, group: str, count: int) -> list[int]:
+    """Up to `count` members of `group` spread evenly over its range of sequence energy, so the
+    plotted profiles differ (a group often holds many identical responses)."""
+    seqs = sequences[sequences["group"].astype(str) == str(group)].sort_values("energy")
+    picks = np.unique(np.linspace(0, len(seqs) - 1, min(count, len(seqs))).round().astype(int))
+    return sorted(seqs["sample"].iloc[picks].tolist())
+
+
 def fig4_cumulative_energy(
-    tokens: pd.DataFrame, group: str, positions: Sequence[int], max_lines: int = 8
+    tokens: pd.DataFrame, samples: Sequence[int], group: str, fractions=(0.25, 0.5, 0.75)
 ) -> Figure:
-    """Cumulative realized energy W_t against t for responses of one group, with the energy
-    ranking (lowest → highest) printed at each of `positions` (0-based t).
+    """Cumulative realized energy W_t against t for `samples` of one group, with their energy
+    ranking (lowest → highest) at 25/50/75 % of the longest shown response; a finished response
+    keeps its total, as in `groups.csv`.
 
     `tokens`: one row per response token with columns group, sample, t, W."""
     toks = tokens[tokens["group"].astype(str) == str(group)]
-    samples = sorted(toks["sample"].unique())[:max_lines]
     palette = list(OKABE_ITO.values())[1:] + [OKABE_ITO["black"]]
-    fig, ax = new_figure(height_in=2.8)
+    fig, ax = new_figure(height_in=2.9)
     with mpl.rc_context(STYLE):
         curves = {}
         for k, s in enumerate(samples):
             curve = toks[toks["sample"] == s].sort_values("t")
-            curves[s] = curve.set_index("t")["W"]
+            curves[s] = curve["W"].to_numpy()
             ax.plot(curve["t"], curve["W"], color=palette[k % len(palette)], label=f"seq {s}")
-        ymax = max(float(c.max()) for c in curves.values())
-        for pos in positions:
-            alive = {s: float(c.loc[pos]) for s, c in curves.items() if pos in c.index}
-            order = " < ".join(str(s) for s, _ in sorted(alive.items(), key=lambda kv: kv[1]))
+        longest = max(len(c) for c in curves.values())
+        rankings = []
+        for f in fractions:
+            pos = max(0, int(np.ceil(f * longest)) - 1)
+            at = {s: c[min(pos, len(c) - 1)] for s, c in curves.items()}
+            order = " < ".join(str(s) for s, _ in sorted(at.items(), key=lambda kv: kv[1]))
+            rankings.append(f"t={pos}: {order}")
             ax.axvline(pos, color="0.5", linestyle=":", linewidth=0.8)
-            ax.text(pos, ymax, f"t={pos}\n{order}", fontsize=5, ha="center", va="bottom")
+        ax.text(
+            0.02,
+            0.98,
+            "ranking, low → high\n" + "\n".join(rankings),
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=5.5,
+            family="monospace",
+        )
         ax.set_xlabel("response position t (tokens)")
         ax.set_ylabel(r"realized energy $W_t=\sum_{j\leq t} m_j w_j$")
-        ax.set_title(f"Energy profiles in group {group}", pad=16)
+        ax.set_title(f"Energy profiles in group {group}")
         ax.legend(loc="lower right", frameon=False, ncol=2)
     return fig
 

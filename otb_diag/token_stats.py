@@ -239,8 +239,9 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     weight, bias, scale, softcap = _output_layer(model)
     ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
     with torch.no_grad(), _eval_mode(model):
-        ref = model(input_ids=ids, use_cache=False).logits[0].float()
-        h = _final_hidden(model, ids, None)[0].float() * scale
+        ref = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+        ref = ref.logits[0].float()
+        h = _final_hidden(model, ids, torch.ones_like(ids))[0].float() * scale
         z = _logits(h, weight.float(), bias, softcap)
     # Half precision rounds the model's own logits to ~3 significant digits.
     tol = 1e-4 if weight.dtype == torch.float32 else 3e-2

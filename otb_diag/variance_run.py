@@ -246,18 +246,20 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{'mode':<6} {'N':>3} {'OTB/mean':>9} {'OTB/RLOO':>9} {'mean-equivalent N':>18}"
         f" {'token saving':>13}"
     ]
+    bound = {"beyond": "≥", "below": "≤"}  # savings are bounds outside the measured N
     for h in summary["headline"]:
-        equiv = h["equivalent_mean_group_size"]
+        equiv, where = h["equivalent_mean_group_size"], h["equivalent_range"]
         shown = (
             f"> {max(summary['settings']['group_sizes'])}"
-            if equiv == float("inf")
+            if where == "beyond"
             else (f"{equiv:.1f}")
         )
         ratio_rloo = h["otb_ratio_to_rloo"]
+        saving = f"{bound.get(where, '')}{h['token_savings']:.0%}"
         lines.append(
             f"{h['mode']:<6} {h['group_size']:>3} {h['otb_ratio_to_mean']:>9.3f} "
             f"{(f'{ratio_rloo:.3f}' if ratio_rloo is not None else '-'):>9} {shown:>18} "
-            f"{h['token_savings']:>13.0%}"
+            f"{saving:>13}"
         )
     lines.append("")
     lines.append(

@@ -63,3 +63,12 @@ def test_cv_and_ratio_are_scale_free(increments):
     assert a["energy_cv"] == pytest.approx(b["energy_cv"], rel=1e-9)
     assert a["energy_max_min_ratio"] == pytest.approx(b["energy_max_min_ratio"], rel=1e-9)
     assert a["rank_changes"] == b["rank_changes"]
+
+
+def test_json_text_is_strict_json():
+    import json
+
+    from otb_diag.atomic import json_text
+
+    text = json_text({"a": math.inf, "b": [math.nan, 1.5], "c": {"d": -math.inf}})
+    assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}

@@ -19,6 +19,7 @@ from otb_diag.plots_variance import (
     fig_variance_vs_group_size,
 )
 from otb_diag.variance import (
+    COLUMNS,
     BaselineSpec,
     bias_z,
     compare_to_mean,
@@ -301,19 +302,7 @@ def test_equivalent_group_size_on_a_power_law():
 
 def test_table_columns_and_true_energy_variants(small_run):
     _, (table, meta) = small_run
-    for column in [
-        "mode",
-        "aggregation",
-        "baseline",
-        "group_size",
-        "variance",
-        "ci_low",
-        "ci_high",
-        "ratio_to_mean",
-        "bias_z",
-        "equivalent_mean_group_size",
-        "token_savings",
-    ]:
+    for column in COLUMNS:
         assert column in table
     assert {"otb-true", "optseq-true", "otb-loo"} <= set(table.baseline)
     assert meta["group_sizes"] == [2, 4] and meta["seed"] == 7
