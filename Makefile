@@ -27,6 +27,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_stats.py
+	$(BIN)/python bench/bench_variance.py
 
 lint: setup
 	$(BIN)/ruff check .

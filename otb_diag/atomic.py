@@ -23,6 +23,10 @@ def atomic_path(dest: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp makes the file private (0600); give it the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, dest)
     finally:
         tmp_path.unlink(missing_ok=True)

@@ -58,7 +58,7 @@ class VarianceSettings:
     load: LoadOptions = LoadOptions()
 
 
-def _specs(baselines: tuple[str, ...], mode: str) -> list[BaselineSpec]:
+def baseline_specs(baselines: tuple[str, ...], mode: str) -> list[BaselineSpec]:
     """Each baseline on the proxy energy; in `full` mode also optseq/otb on the true norms."""
     specs = [
         BaselineSpec(b, b, "proxy" if b.startswith(("optseq", "otb")) else None) for b in baselines
@@ -144,7 +144,7 @@ def run_variance(
                 batch.group,
                 scores,
                 energies,
-                specs=_specs(settings.baselines, mode),
+                specs=baseline_specs(settings.baselines, mode),
                 aggregations=settings.aggregations,
                 group_sizes=settings.group_sizes,
                 draws=settings.draws,

@@ -16,7 +16,18 @@ def write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("args", [[], ["rollouts"], ["rollouts", "inspect"], ["lab", "build"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["rollouts"],
+        ["rollouts", "inspect"],
+        ["lab"],
+        ["lab", "build"],
+        ["energy"],
+        ["variance-compare"],
+    ],
+)
 def test_help_teaches_with_an_example(args: list[str]) -> None:
     result = runner.invoke(app, [*args, "--help"])
     assert result.exit_code == 0

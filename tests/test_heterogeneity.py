@@ -72,3 +72,24 @@ def test_json_text_is_strict_json():
 
     text = json_text({"a": math.inf, "b": [math.nan, 1.5], "c": {"d": -math.inf}})
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+def test_atomic_writes_leave_nothing_behind_and_normal_permissions(tmp_path):
+    import os
+
+    from otb_diag.atomic import write_text, write_with
+
+    umask = os.umask(0o022)
+    try:
+        write_text(tmp_path / "a.txt", "x")
+        assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+
+        def fail(path):
+            path.write_text("half")
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            write_with(tmp_path / "b.txt", fail)
+    finally:
+        os.umask(umask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]

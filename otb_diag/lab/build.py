@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -37,6 +35,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from otb_diag.atomic import write_json, write_jsonl
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import rollout_rows, sample_responses, sample_tool_responses
 from otb_diag.lab.task import PLAIN_OPS, TOOL_OP, make_problem, parse_prompt, verify
@@ -98,17 +97,6 @@ def _build_environment(threads: int) -> Iterator[None]:
             hf_logging.enable_progress_bar()
         torch.use_deterministic_algorithms(old_deterministic)
         torch.set_num_threads(old_threads)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory, so readers never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
 
 
 def evaluate(
@@ -272,8 +260,8 @@ def build_lab(
             )  # fmt: skip
             bar.update(1)
         timings["sample_s"] = time.perf_counter() - start - timings["train_s"] - timings["eval_s"]
-        _write_atomic(out_dir / "rollouts.jsonl", _jsonl(rows))
-        _write_atomic(out_dir / "rollouts_tir.jsonl", _jsonl(tir_rows))
+        write_jsonl(out_dir / "rollouts.jsonl", rows)
+        write_jsonl(out_dir / "rollouts_tir.jsonl", tir_rows)
 
     timings["total_s"] = time.perf_counter() - start
     summary = {
@@ -285,5 +273,5 @@ def build_lab(
         "rollouts_tir": _group_stats(tir_rows),
         "timings": {k: round(v, 2) for k, v in timings.items()},
     }
-    _write_atomic(out_dir / "lab.json", json.dumps(summary, indent=2) + "\n")
+    write_json(out_dir / "lab.json", summary)
     return summary

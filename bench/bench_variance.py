@@ -1,0 +1,94 @@
+"""Speed of `variance-compare` on the embedded default, measured in one run.
+
+- `head` mode token throughput against the `energy` statistics pass (target ≥ 0.5×);
+- `full` mode end to end (scores + paired draws, all prompts, N ∈ {2,4,8,16}, R = 200, all three
+  aggregations): wall time (target ≤ 120 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+
+from otb_diag.baselines import returns_to_go
+from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.energy import checkpoint_stats
+from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
+from otb_diag.scores import token_scores
+from otb_diag.variance import empirical_variance
+from otb_diag.variance_run import baseline_specs
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--sketch-dim", type=int, default=256)
+    args = parser.parse_args()
+
+    ckpt, batch, _ = checkpoint_batch(
+        default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()
+    )
+    tokens = int(batch.length.sum())
+    checkpoint_stats(ckpt.model, batch)  # warm-up
+    stats, t_stats = timed(lambda: checkpoint_stats(ckpt.model, batch))
+    _, t_head = timed(lambda: token_scores(ckpt.model, batch, "head", args.sketch_dim, 0))
+
+    def full_run():
+        scores = token_scores(ckpt.model, batch, "full", args.sketch_dim, 0)
+        return empirical_variance(
+            returns_to_go(batch.token_rewards, batch.mask),
+            batch.mask,
+            batch.group,
+            scores.proj,
+            {"proxy": stats.w, "true": scores.sq_norm},
+            specs=baseline_specs(("none", "mean", "grpo", "rloo", "optseq", "otb"), "full"),
+            draws=args.draws,
+            seed=0,
+            mode="full",
+        )
+
+    _, t_full = timed(full_run)
+    head_ratio = (tokens / t_head) / (tokens / t_stats)
+    load = os.getloadavg()[0]
+    print(
+        f"machine: {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, python {platform.python_version()}, load {load:.2f}"
+    )
+    print(f"{'measurement':<48} {'value':>12} {'target':>10}  status")
+    print(f"{'energy statistics pass (tokens/s)':<48} {tokens / t_stats:>12.0f}")
+    print(f"{'head scores (tokens/s)':<48} {tokens / t_head:>12.0f}")
+    print(
+        f"{'head throughput / energy throughput':<48} {head_ratio:>12.2f} {'≥ 0.5':>10}  "
+        f"{'PASS' if head_ratio >= 0.5 else 'FAIL'}"
+    )
+    print(
+        f"{'full mode, all prompts, N=2..16, R=' + str(args.draws) + ' (s)':<48} "
+        f"{t_full:>12.1f} {'≤ 120':>10}  {'PASS' if t_full <= 120 else 'FAIL'}"
+    )
+    print(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "stats_s": t_stats,
+                "head_s": t_head,
+                "head_over_energy": head_ratio,
+                "full_s": t_full,
+                "load": load,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
