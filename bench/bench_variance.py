@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from otb_diag.baselines import returns_to_go
 from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.energy import checkpoint_stats
 from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
+from otb_diag.returns import returns_to_go
 from otb_diag.scores import token_scores
 from otb_diag.variance import empirical_variance
 from otb_diag.variance_run import baseline_specs

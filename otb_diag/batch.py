@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from otb_diag.baselines import outcome_token_rewards
+from otb_diag.returns import outcome_token_rewards
 from otb_diag.rollouts import Rollouts
 
 

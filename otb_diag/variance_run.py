@@ -14,7 +14,6 @@ from tqdm.auto import tqdm
 
 from otb_diag import plots, plots_variance
 from otb_diag.atomic import write_json, write_with
-from otb_diag.baselines import returns_to_go
 from otb_diag.energy import checkpoint_stats
 from otb_diag.fidelity import fidelity
 from otb_diag.inputs import (
@@ -26,6 +25,7 @@ from otb_diag.inputs import (
     rollouts_record,
 )
 from otb_diag.provenance import library_versions
+from otb_diag.returns import returns_to_go
 from otb_diag.scores import proxy_scores, token_scores
 from otb_diag.variance import (
     DEFAULT_AGGREGATIONS,

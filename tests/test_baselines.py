@@ -12,13 +12,11 @@ from hypothesis import strategies as st
 from otb_diag.baselines import (
     BASELINES,
     get_baseline,
-    group_index,
-    outcome_token_rewards,
     register_baseline,
-    returns_to_go,
     verl_otb_advantage,
 )
 from otb_diag.errors import InputError
+from otb_diag.returns import group_index, outcome_token_rewards, returns_to_go
 from otb_diag.token_stats import cumulative_energy
 
 F64 = torch.float64

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from otb_diag.baselines import BASELINES, outcome_token_rewards, register_baseline, returns_to_go
+from otb_diag.baselines import BASELINES, register_baseline
 from otb_diag.errors import InputError
 from otb_diag.fidelity import fidelity
 from otb_diag.plots_variance import (
@@ -18,6 +18,7 @@ from otb_diag.plots_variance import (
     fig_ratio_to_mean,
     fig_variance_vs_group_size,
 )
+from otb_diag.returns import outcome_token_rewards, returns_to_go
 from otb_diag.variance import (
     COLUMNS,
     BaselineSpec,
