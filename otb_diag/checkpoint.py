@@ -3,8 +3,10 @@ broken ones with one clear paragraph before transformers gets a chance to fail o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from otb_diag.errors import InputError
 
@@ -123,13 +126,14 @@ def load_checkpoint(
     has_safetensors = _check_weights(root, allow_pickle)
     _check_tokenizer_files(root)
 
-    model = AutoModelForCausalLM.from_pretrained(
-        root,
-        local_files_only=True,
-        use_safetensors=has_safetensors,
-        trust_remote_code=trust_remote_code,
-        **{_DTYPE_KWARG: _resolve_dtype(dtype)},
-    )
+    with no_transformers_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(
+            root,
+            local_files_only=True,
+            use_safetensors=has_safetensors,
+            trust_remote_code=trust_remote_code,
+            **{_DTYPE_KWARG: _resolve_dtype(dtype)},
+        )
     model = model.to(device).eval()
     vocab_size = model.get_output_embeddings().weight.shape[0]
     tokenizer = _load_matching_tokenizer(root, vocab_size, trust_remote_code)
@@ -142,6 +146,18 @@ def load_checkpoint(
         dtype=model.dtype,
         device=model.device,
     )
+
+
+@contextlib.contextmanager
+def no_transformers_progress_bars() -> Iterator[None]:
+    """transformers' per-file loading bars off (our commands draw their own), then restored."""
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(

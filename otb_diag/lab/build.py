@@ -33,9 +33,9 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging
 
 from otb_diag.atomic import write_json, write_jsonl
+from otb_diag.checkpoint import no_transformers_progress_bars
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import rollout_rows, sample_responses, sample_tool_responses
 from otb_diag.lab.task import PLAIN_OPS, TOOL_OP, make_problem, parse_prompt, verify
@@ -86,15 +86,12 @@ def _build_environment(threads: int) -> Iterator[None]:
     (the build has its own) for the build; all restored afterwards."""
     old_threads = torch.get_num_threads()
     old_deterministic = torch.are_deterministic_algorithms_enabled()
-    old_bars = hf_logging.is_progress_bar_enabled()
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
-    hf_logging.disable_progress_bar()
     try:
-        yield
+        with no_transformers_progress_bars():
+            yield
     finally:
-        if old_bars:
-            hf_logging.enable_progress_bar()
         torch.use_deterministic_algorithms(old_deterministic)
         torch.set_num_threads(old_threads)
 
