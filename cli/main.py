@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli import energy, lab, rollouts, variance
+from cli import energy, lab, regress, rollouts, variance
 
 app = typer.Typer(
     name="otb-diag",
@@ -26,6 +26,7 @@ app.add_typer(rollouts.app, name="rollouts")
 app.add_typer(lab.app, name="lab")
 app.command("energy")(energy.energy)
 app.command("variance-compare")(variance.variance_compare)
+app.command("regress")(regress.regress)
 
 
 def _version(value: bool) -> None:
