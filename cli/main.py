@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli import energy, lab, regress, rollouts, variance
+from cli import dynamics, energy, lab, regress, rollouts, train, variance
 
 app = typer.Typer(
     name="otb-diag",
@@ -27,6 +27,8 @@ app.add_typer(lab.app, name="lab")
 app.command("energy")(energy.energy)
 app.command("variance-compare")(variance.variance_compare)
 app.command("regress")(regress.regress)
+app.command("dynamics")(dynamics.dynamics)
+app.command("train")(train.train)
 
 
 def _version(value: bool) -> None:

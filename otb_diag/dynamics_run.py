@@ -1,0 +1,120 @@
+"""`otb-diag dynamics` end to end: read each training log, detect collapse and the variance
+warning (`collapse.py`), write the tidy table, collapse.json and figures 1–2 and score against
+tokens (`plots_dynamics.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from otb_diag import plots_dynamics
+from otb_diag.atomic import write_json, write_with
+from otb_diag.collapse import DetectionRule, analyse_run
+from otb_diag.errors import InputError
+from otb_diag.plots import save_figure
+from otb_diag.training_logs import read_training_log, with_label
+
+# A log's file name says little when every run writes the same one; its directory says more.
+_GENERIC_STEMS = {"metrics", "trainer_state", "history", "log", "logs"}
+
+
+def default_names(paths: list[Path]) -> list[str]:
+    """File stems (the directory for generic names), made unique with #2, #3, ..."""
+    names: list[str] = []
+    for path in paths:
+        base = path.parent.name if path.stem in _GENERIC_STEMS and path.parent.name else path.stem
+        name, k = base, 1
+        while name in names:
+            k += 1
+            name = f"{base}#{k}"
+        names.append(name)
+    return names
+
+
+def run_dynamics(
+    logs: list[Path], names: list[str], out: Path, rule: DetectionRule, target: float | None
+) -> dict[str, Any]:
+    """Read every log, analyse it, write the table, collapse.json and the figures; returns
+    collapse.json's content."""
+    if len(set(names)) != len(names):
+        raise InputError("two runs share a --label; labels must differ", field="--label")
+    tables, runs = [], []
+    for path, name in zip(logs, names, strict=True):
+        log = read_training_log(path)
+        frame = with_label(log.frame, name)
+        result = analyse_run(frame, rule, target)
+        tables.append(
+            frame.assign(
+                run=name,
+                source=log.source,
+                file=str(path),
+                score_smoothed=result.score_smoothed,
+                grad_norm_z=result.grad_norm_z,
+                variance_z=result.variance_z,
+            )
+        )
+        baseline = frame["baseline"].dropna()
+        group_size = frame["group_size"].dropna()
+        final = pd.Series(result.score_smoothed).dropna()
+        runs.append(
+            {
+                "run": name,
+                "file": str(path.resolve()),
+                "source": log.source,
+                "baseline": str(baseline.iloc[0]) if len(baseline) else None,
+                "group_size": int(group_size.iloc[0]) if len(group_size) else None,
+                "points": len(frame),
+                "first_step": int(frame["step"].iloc[0]),
+                "last_step": int(frame["step"].iloc[-1]),
+                "final_score_smoothed": float(final.iloc[-1]) if len(final) else None,
+                **result.summary(),
+            }
+        )
+    table = pd.concat(tables, ignore_index=True)
+    first = ["run", "source", "file", "step"]
+    table = table[first + [c for c in table.columns if c not in first]]
+    report = {
+        "rule": {**dataclasses.asdict(rule), "description": rule.describe()},
+        "target": target,
+        "runs": runs,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
+    write_json(out / "collapse.json", report)
+    figures = {
+        "fig1_grad_norm_and_score": plots_dynamics.fig1_grad_norm_and_score(table, runs),
+        "fig2_variance_and_grad_norm": plots_dynamics.fig2_variance_and_grad_norm(table, runs),
+        "score_vs_tokens": plots_dynamics.fig_score_vs_tokens(table, runs, target),
+    }
+    for name, fig in figures.items():
+        save_figure(fig, out, name)
+    report["outputs"] = str(out.resolve())
+    return report
+
+
+def _cell(value: Any, fmt: str = "{}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """One line per run, then the rule and where the outputs are."""
+    target = report["target"]
+    tokens_head = f"tokens to {target:g}" if target is not None else "tokens to target"
+    head = (
+        f"{'run':<20} {'baseline':<8} {'N':>4} {'steps':>11} {'collapse':>9} {'warning':>8} "
+        f"{'lead':>5} {tokens_head:>15}  variance proxy"
+    )
+    lines = [head]
+    for r in report["runs"]:
+        lines.append(
+            f"{r['run'][:20]:<20} {_cell(r['baseline']):<8} {_cell(r['group_size']):>4} "
+            f"{r['first_step']:>5}-{r['last_step']:<5} {_cell(r['collapse_step']):>9} "
+            f"{_cell(r['warning_step']):>8} {_cell(r['lead_steps']):>5} "
+            f"{_cell(r['tokens_to_target'], '{:.3g}'):>15}  {r['variance_proxy_kind']}"
+        )
+    lines.append(f"rule: {report['rule']['description']}")
+    lines.append(f"wrote dynamics.csv, collapse.json and 3 figures to {report['outputs']}")
+    return "\n".join(lines)

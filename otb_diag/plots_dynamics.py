@@ -1,0 +1,154 @@
+"""Training-dynamics figures (the OTB paper's figures 1–2, and score against tokens sampled), in
+the shared style of plots.py.
+
+Every function takes the tidy table `otb-diag dynamics` writes (dynamics.csv: one row per run
+and logged step, columns run, step, grad_norm, score, variance_proxy, tokens_sampled, baseline,
+group_size) and the per-run results (collapse.json's `runs`: run, collapse_step,
+warning_step, tokens_to_target). A run is coloured by its baseline (`baseline_color`; unknown
+baselines share the fallback colour) and its line style says its group size."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from otb_diag.plots import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
+
+GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
+UNKNOWN = "?"
+
+
+def _stacked(height_in: float) -> tuple[Figure, Sequence[Axes]]:
+    """Two panels sharing the step axis, in the shared style (no pyplot state)."""
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, height_in))
+        axes = fig.subplots(2, 1, sharex=True)
+    return fig, axes
+
+
+def _identity(rows: pd.DataFrame) -> tuple[str, float]:
+    """A run's baseline (or "?") and group size (NaN when unknown)."""
+    baseline = rows["baseline"].dropna()
+    return (str(baseline.iloc[0]) if len(baseline) else UNKNOWN), float(rows["group_size"].iloc[0])
+
+
+def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Colour by baseline and line style by group size, per run (in order of appearance)."""
+    sizes = sorted({s for s in table["group_size"].dropna().unique()})
+    styles = {}
+    for run, rows in table.groupby("run", sort=False):
+        baseline, size = _identity(rows)
+        styles[run] = {
+            "color": baseline_color(baseline),
+            "linestyle": GROUP_SIZE_STYLES[sizes.index(size) % len(GROUP_SIZE_STYLES)]
+            if size in sizes
+            else "-",
+        }
+    return styles
+
+
+def _mark(ax: Axes, step: float | None, color: str, linestyle: str) -> None:
+    if step is not None and np.isfinite(step):
+        ax.axvline(step, color=color, linestyle=linestyle, linewidth=0.9)
+
+
+def _results(runs: list[dict]) -> dict[str, dict]:
+    return {r["run"]: r for r in runs}
+
+
+def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
+    """Gradient norm (log scale) above, score below, against step; one line per run, its
+    collapse step (if any) as a dotted vertical line in the run's colour on both panels."""
+    styles, results = _styles(table), _results(runs)
+    fig, (top, bottom) = _stacked(4.0)
+    with mpl.rc_context(STYLE):
+        for run, rows in table.groupby("run", sort=False):
+            style = styles[run]
+            top.plot(rows["step"], rows["grad_norm"], label=run, **style)
+            bottom.plot(rows["step"], rows["score"], **style)
+            for ax in (top, bottom):
+                _mark(ax, results[run]["collapse_step"], style["color"], ":")
+        top.set_yscale("log")
+        top.set_ylabel("gradient norm ‖g‖")
+        top.set_title("Gradient norm and score (dotted: detected collapse)")
+        top.legend(loc="upper left", frameon=False)
+        bottom.set_ylabel("score (mean reward)")
+        bottom.set_xlabel("training step")
+    return fig
+
+
+def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure:
+    """The variance proxy (log scale) above and the gradient norm (log scale) below, against
+    step; the variance warning as a dashed line, the collapse as a dotted one."""
+    styles, results = _styles(table), _results(runs)
+    fig, (top, bottom) = _stacked(4.0)
+    with mpl.rc_context(STYLE):
+        for run, rows in table.groupby("run", sort=False):
+            style, result = styles[run], results[run]
+            top.plot(rows["step"], rows["variance_proxy"], label=run, **style)
+            bottom.plot(rows["step"], rows["grad_norm"], **style)
+            for ax in (top, bottom):
+                _mark(ax, result["warning_step"], style["color"], "--")
+                _mark(ax, result["collapse_step"], style["color"], ":")
+        kinds = sorted({r["variance_proxy_kind"] for r in runs} - {"none"})
+        if not kinds:
+            top.text(0.5, 0.5, "no run logs a variance proxy", transform=top.transAxes, ha="center")
+        top.set_yscale("log")
+        top.set_ylabel("variance proxy")
+        top.set_title(
+            "Variance proxy and gradient norm (dashed: warning, dotted: collapse)\n"
+            + "proxy: "
+            + (", ".join(kinds) or "none"),
+            fontsize=6.5,
+        )
+        top.legend(loc="upper left", frameon=False)
+        bottom.set_yscale("log")
+        bottom.set_ylabel("gradient norm ‖g‖")
+        bottom.set_xlabel("training step")
+    return fig
+
+
+def run_label(rows: pd.DataFrame) -> str:
+    """`baseline, N=n` for the score-against-tokens legend ("?" for what the log lacks)."""
+    baseline, size = _identity(rows)
+    return f"{baseline}, N={int(size) if np.isfinite(size) else UNKNOWN}"
+
+
+def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | None) -> Figure:
+    """Score against the running total of sampled tokens, one line per run labelled
+    `baseline, N=n` (the run name added when two runs share a label), with the target score as
+    a dotted line and each run's tokens-to-target as a marker."""
+    styles, results = _styles(table), _results(runs)
+    labels = {run: run_label(rows) for run, rows in table.groupby("run", sort=False)}
+    shared = {label for label in labels.values() if list(labels.values()).count(label) > 1}
+    fig, ax = new_figure(height_in=2.6)
+    with mpl.rc_context(STYLE):
+        plotted = 0
+        for run, rows in table.groupby("run", sort=False):
+            rows = rows[np.isfinite(rows["tokens_sampled"])]
+            if rows.empty:
+                continue
+            label = labels[run] + (f" ({run})" if labels[run] in shared else "")
+            ax.plot(rows["tokens_sampled"], rows["score"], label=label, **styles[run])
+            reached = results[run]["tokens_to_target"]
+            if reached is not None and target is not None:
+                ax.plot([reached], [target], marker="o", markersize=3, color=styles[run]["color"])
+            plotted += 1
+        if target is not None:
+            ax.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
+        if plotted:
+            ax.legend(loc="lower right", frameon=False)
+        else:
+            ax.text(0.5, 0.5, "no run logs sampled tokens", transform=ax.transAxes, ha="center")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+        ax.set_xlabel("tokens sampled (running total)")
+        ax.set_ylabel("score (mean reward)")
+        ax.set_title(
+            "Score against tokens sampled" + (f" (target {target:g})" if target is not None else "")
+        )
+    return fig

@@ -1,0 +1,344 @@
+"""Training logs of RL runs read into one tidy table per run (theory.md §5).
+
+Three sources are recognised from the file's name and keys:
+
+- `otb-diag`: our own `metrics.jsonl` (`otb-diag train`): flat keys `step, mean_reward,
+  grad_norm, proxy2_total_power, proxy3_pure_noise, mean_response_length, tokens_sampled`, and
+  optionally `baseline`, `group_size`. `tokens_sampled` is read as the running total.
+- `verl`: verl's metrics as JSONL, either flat dicts or its file logger's
+  `{"step": n, "data": {...}}` rows, or as CSV (a W&B export, whose columns may carry a run-name
+  prefix, `run-1 - actor/grad_norm`; the `__MIN`/`__MAX` band columns are dropped). Keys
+  `actor/grad_norm`, `critic/score/mean`, `response_length/mean`,
+  `variance_proxy/proxy{2,3}_*`, step from `training/global_step`, `step`, `_step` or `Step`.
+  verl's `perf/total_num_tokens` is the tokens of one step's batch (prompt + response,
+  `sum(batch.meta_info["global_token_num"])` in `compute_throughout_metrics`), so
+  `tokens_sampled` is its running sum over the logged rows: an export that skips steps
+  undercounts.
+- `trl`: a Hugging Face / TRL `trainer_state.json`: the `log_history` entries that carry
+  `grad_norm` (evaluation entries and the final summary are skipped); score from `reward`, else
+  the sum of the `rewards/<fn>/mean` (or older `rewards/<fn>`) keys, which is how TRL's
+  `reward` is formed with unit weights; length from `completions/mean_length` or
+  `completion_length`; `tokens_sampled` from `num_tokens` (TRL's running count of prompt and
+  completion tokens seen).
+
+Every run becomes a DataFrame with the columns of `COLUMNS`, NaN (or None) where the log has
+no such key, sorted by step; a step logged twice (a resumed run) keeps its last row.
+`variance_proxy` holds verl's `proxy2_total_power` when the log has it and `proxy3_pure_noise`
+otherwise; `variance_proxy_kind` says which. proxy2 comes first because it is forward-only:
+proxy3 subtracts the squared gradient norm, so it moves with the very surge it should precede
+(and verl logs it as 0.0 when the norm is unavailable).
+
+`step`, `grad_norm` and the score are required; a missing one, a malformed line or a value that
+is not a number is an `InputError` naming the file, the line or row, and the field, and
+listing the keys found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from otb_diag.errors import InputError
+
+COLUMNS = (
+    "step",
+    "grad_norm",
+    "score",
+    "response_length",
+    "variance_proxy",
+    "variance_proxy_kind",
+    "tokens_sampled",
+    "baseline",
+    "group_size",
+)
+REQUIRED = ("step", "grad_norm", "score")
+
+# Canonical field -> keys accepted for it, in order of preference, per source.
+_OURS: dict[str, tuple[str, ...]] = {
+    "step": ("step",),
+    "grad_norm": ("grad_norm",),
+    "score": ("mean_reward",),
+    "response_length": ("mean_response_length",),
+    "proxy2": ("proxy2_total_power",),
+    "proxy3": ("proxy3_pure_noise",),
+    "tokens_total": ("tokens_sampled",),
+}
+_VERL: dict[str, tuple[str, ...]] = {
+    "step": ("training/global_step", "step", "_step", "Step"),
+    "grad_norm": ("actor/grad_norm",),
+    "score": ("critic/score/mean", "critic/rewards/mean"),
+    "response_length": ("response_length/mean",),
+    "proxy2": ("variance_proxy/proxy2_total_power",),
+    "proxy3": ("variance_proxy/proxy3_pure_noise",),
+    "tokens_per_step": ("perf/total_num_tokens",),
+}
+_TRL: dict[str, tuple[str, ...]] = {
+    "step": ("step",),
+    "grad_norm": ("grad_norm",),
+    "score": ("reward",),
+    "response_length": ("completions/mean_length", "completion_length"),
+    "tokens_total": ("num_tokens",),
+}
+_VERL_SIGNATURE = ("actor/grad_norm", "critic/score/mean", "critic/rewards/mean")
+_OURS_SIGNATURE = ("mean_reward",)
+_TRL_REWARD_KEY = re.compile(r"^rewards/[^/]+(/mean)?$")
+# W&B CSV exports name columns "<run name> - <metric>" and add "__MIN"/"__MAX" band columns.
+_WANDB_PREFIX = re.compile(r"^(?P<run>.+?) - (?P<key>.+)$")
+_WANDB_BAND = ("__MIN", "__MAX")
+
+
+@dataclass(frozen=True)
+class TrainingLog:
+    """One run's log: where it came from, which source it is, and its tidy table."""
+
+    path: Path
+    source: str  # "otb-diag", "verl" or "trl"
+    frame: pd.DataFrame
+
+
+def read_training_log(path: str | Path) -> TrainingLog:
+    """Read a training log (our metrics.jsonl, verl JSONL/CSV or a trainer_state.json)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=path)
+    if path.suffix == ".csv":
+        raw, where = _read_csv(path), "row"
+    else:
+        text = path.read_text(encoding="utf-8")
+        state = _trainer_state(text)
+        if state is not None:
+            return TrainingLog(path, "trl", _trl_frame(path, state))
+        raw, where = _read_jsonl(path, text), "line"
+    keys = set(raw.columns) - {"_line"}
+    if any(k in keys for k in _VERL_SIGNATURE):
+        return TrainingLog(path, "verl", _tidy(path, raw, _VERL, where))
+    if any(k in keys for k in _OURS_SIGNATURE):
+        return TrainingLog(path, "otb-diag", _tidy(path, raw, _OURS, where))
+    raise InputError(
+        "not a training log this tool knows: expected our metrics.jsonl (mean_reward, "
+        "grad_norm, ...), verl metrics (actor/grad_norm, critic/score/mean, ...) or a "
+        f"trainer_state.json with log_history. Keys found: {_listing(keys)}",
+        path=path,
+    )
+
+
+def _listing(keys: set[str] | list[str]) -> str:
+    return ", ".join(sorted(keys)) if keys else "(none)"
+
+
+def _trainer_state(text: str) -> dict[str, Any] | None:
+    """The parsed file when it is one JSON object with a `log_history` list, else None."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # several JSON objects: a JSONL file
+    return data if isinstance(data, dict) and "log_history" in data else None
+
+
+def _read_jsonl(path: Path, text: str) -> pd.DataFrame:
+    """One row per non-blank line; verl's `{"step", "data": {...}}` rows are flattened. The
+    1-based line number is kept in `_line` for error messages."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"not valid JSON ({err.msg})", path=path, line=number) from None
+        if not isinstance(row, dict):
+            raise InputError("expected a JSON object per line", path=path, line=number)
+        if isinstance(row.get("data"), dict):
+            row = {**{k: v for k, v in row.items() if k != "data"}, **row["data"]}
+        rows.append({**row, "_line": number})
+    if not rows:
+        raise InputError("the file holds no rows", path=path)
+    return pd.DataFrame(rows)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """A CSV with run-name prefixes removed; more than one run in the file is refused."""
+    try:
+        raw = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise InputError(f"not a readable CSV ({err})", path=path) from None
+    raw = raw[[c for c in raw.columns if not str(c).endswith(_WANDB_BAND)]]
+    runs, names = set(), {}
+    for column in raw.columns:
+        match = _WANDB_PREFIX.match(str(column))
+        if match:
+            runs.add(match["run"])
+            names[column] = match["key"]
+    if len(runs) > 1:
+        raise InputError(
+            f"the CSV holds several runs ({_listing(runs)}); export one run per file",
+            path=path,
+        )
+    raw = raw.rename(columns=names)
+    # Data row k (0-based) is text line k + 2 after the header.
+    return raw.assign(_line=np.arange(len(raw)) + 2)
+
+
+def _pick(raw: pd.DataFrame, candidates: tuple[str, ...]) -> str | None:
+    return next((key for key in candidates if key in raw.columns), None)
+
+
+def _numbers(path: Path, raw: pd.DataFrame, key: str, where: str) -> np.ndarray:
+    """Column `key` as floats; a value present but not a number is an error at its line/row."""
+    values = pd.to_numeric(raw[key], errors="coerce")
+    bad = values.isna() & raw[key].notna()
+    if bad.any():
+        index = int(np.argmax(bad.to_numpy()))
+        at = int(raw["_line"].iloc[index])
+        location = {"line": at} if where == "line" else {"row": at}
+        raise InputError(
+            f"not a number: {raw[key].iloc[index]!r}", path=path, field=key, **location
+        )
+    return values.to_numpy(dtype=float)
+
+
+def _constant(raw: pd.DataFrame, key: str) -> Any:
+    """The first logged value of a per-run setting (baseline, group size), or None."""
+    if key not in raw.columns:
+        return None
+    present = raw[key].dropna()
+    return present.iloc[0] if len(present) else None
+
+
+def _tidy(
+    path: Path, raw: pd.DataFrame, keys: dict[str, tuple[str, ...]], where: str
+) -> pd.DataFrame:
+    """Map a raw table onto `COLUMNS` with the key table of its source."""
+    found = {field: _pick(raw, candidates) for field, candidates in keys.items()}
+    for field in REQUIRED:
+        if found[field] is None:
+            raise InputError(
+                f"no {field} (looked for {', '.join(keys[field])}). "
+                f"Keys found: {_listing(set(raw.columns) - {'_line'})}",
+                path=path,
+                field=keys[field][0],
+            )
+    column = {f: _numbers(path, raw, k, where) for f, k in found.items() if k is not None}
+    nan = np.full(len(raw), np.nan)
+    frame = pd.DataFrame(
+        {
+            "step": column["step"],
+            "grad_norm": column["grad_norm"],
+            "score": column["score"],
+            "response_length": column.get("response_length", nan),
+            "tokens_sampled": _tokens(path, raw, column, found),
+        }
+    )
+    frame["variance_proxy"], frame["variance_proxy_kind"] = _variance_proxy(column, nan)
+    frame["baseline"] = _constant(raw, "baseline")
+    group_size = _constant(raw, "group_size")
+    frame["group_size"] = float(group_size) if group_size is not None else np.nan
+    frame["_line"] = raw["_line"].to_numpy()
+    return _finish(path, frame, found["step"], where)
+
+
+def _variance_proxy(column: dict[str, np.ndarray], nan: np.ndarray) -> tuple[np.ndarray, str]:
+    """proxy2 when logged (forward-only), else proxy3, else none (see the module docstring)."""
+    for kind in ("proxy2", "proxy3"):
+        if kind in column and np.isfinite(column[kind]).any():
+            return column[kind], kind
+    return nan, "none"
+
+
+def _tokens(
+    path: Path, raw: pd.DataFrame, column: dict[str, np.ndarray], found: dict[str, str | None]
+) -> np.ndarray:
+    """Running total of sampled tokens: a logged total as is, per-step counts summed."""
+    if "tokens_per_step" in column:
+        per_step = column["tokens_per_step"]
+        total = np.cumsum(np.nan_to_num(per_step))
+        return np.where(np.isfinite(per_step), total, np.nan)
+    if "tokens_total" not in column:
+        return np.full(len(raw), np.nan)
+    total = column["tokens_total"]
+    logged = np.flatnonzero(np.isfinite(total))
+    drops = np.flatnonzero(np.diff(total[logged]) < 0)
+    if len(drops):
+        at = logged[drops[0] + 1]
+        raise InputError(
+            "the running total of sampled tokens decreases here; it must be cumulative",
+            path=path,
+            line=int(raw["_line"].iloc[at]),
+            field=found["tokens_total"],
+        )
+    return total
+
+
+def _finish(path: Path, frame: pd.DataFrame, step_key: str | None, where: str) -> pd.DataFrame:
+    """Rows without a step are an error; sort by step, keep the last row of a repeated step."""
+    if frame.empty:
+        raise InputError("the file holds no rows", path=path)
+    missing = frame["step"].isna()
+    if missing.any():
+        at = int(frame["_line"][missing].iloc[0])
+        location = {"line": at} if where == "line" else {"row": at}
+        raise InputError("row without a step", path=path, field=step_key, **location)
+    frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
+    frame["step"] = frame["step"].astype(np.int64)
+    return frame[list(COLUMNS)].reset_index(drop=True)
+
+
+def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:
+    """The training entries of a trainer_state.json as a tidy table."""
+    history = state["log_history"]
+    if not isinstance(history, list) or not all(isinstance(e, dict) for e in history):
+        raise InputError("log_history must be a list of objects", path=path, field="log_history")
+    # `_line` carries the entry's index in log_history; errors report it as a row.
+    entries = [{**e, "_line": k} for k, e in enumerate(history) if "grad_norm" in e]
+    keys = {k for e in history for k in e}
+    if not entries:
+        raise InputError(
+            f"no log_history entry has grad_norm. Keys found: {_listing(keys)}",
+            path=path,
+            field="grad_norm",
+        )
+    raw = pd.DataFrame(entries)
+    if "reward" not in raw.columns:
+        parts = [c for c in raw.columns if _TRL_REWARD_KEY.match(str(c))]
+        if parts:
+            raw["reward"] = (
+                raw[parts].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=len(parts))
+            )
+    return _tidy(path, raw, _TRL, "row")
+
+
+# The baseline families of `baselines.BASELINES` (not imported from there: that pulls in torch).
+BASELINE_FAMILIES = ("none", "mean", "grpo", "rloo", "optseq", "otb")
+_LABEL_GROUP_SIZE = re.compile(r"(?:^|[^a-z0-9])n\s*=?\s*(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def parse_label(label: str) -> tuple[str | None, int | None]:
+    """Baseline and group size named in a run label such as `otb N=4`, `grpo-n8` or `rloo`.
+
+    The baseline is the first word (split on anything but letters, digits) that is a baseline
+    family, variants included (`otb-loo` gives `otb`); the group size follows an `N`, with or
+    without `=`. Either is None when the label does not name it."""
+    words = re.split(r"[^a-z0-9]+", label.lower())
+    baseline = next((w for w in words if w in BASELINE_FAMILIES), None)
+    match = _LABEL_GROUP_SIZE.search(label)
+    return baseline, int(match[1]) if match else None
+
+
+def with_label(frame: pd.DataFrame, label: str) -> pd.DataFrame:
+    """`frame` with baseline and group size taken from `label` where the log has none (a log's
+    own value is what the run used, so it wins)."""
+    baseline, group_size = parse_label(label)
+    frame = frame.copy()
+    if baseline is not None and frame["baseline"].isna().all():
+        frame["baseline"] = baseline
+    if group_size is not None and frame["group_size"].isna().all():
+        frame["group_size"] = float(group_size)
+    return frame
