@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli import dynamics, energy, lab, regress, rollouts, train, variance
+from cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
 
 app = typer.Typer(
     name="otb-diag",
@@ -26,6 +26,7 @@ app.add_typer(rollouts.app, name="rollouts")
 app.add_typer(lab.app, name="lab")
 app.command("energy")(energy.energy)
 app.command("variance-compare")(variance.variance_compare)
+app.command("figures")(figures.figures)
 app.command("regress")(regress.regress)
 app.command("dynamics")(dynamics.dynamics)
 app.command("train")(train.train)

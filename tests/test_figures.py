@@ -1,0 +1,30 @@
+"""`otb-diag figures --quick` regenerates every figure of the set."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+EXPECTED = [
+    "fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "fig3_sequence_energy",
+    "fig4_cumulative_energy", "fig5_probability_vs_gradient", "fig_energy_by_step",
+    "variance_vs_n_head", "ratio_to_mean_head", "proxy_fidelity", "score_vs_tokens",
+]  # fmt: skip
+
+
+def test_quick_figures_produce_every_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["figures", "--quick", "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    for name in EXPECTED:
+        for ext in ("png", "pdf"):
+            assert (tmp_path / f"{name}.{ext}").stat().st_size > 1000, f"{name}.{ext}"
+    record = json.loads((tmp_path / "figures.json").read_text())
+    assert sorted(record["figures"]) == sorted(f"{n}.png" for n in EXPECTED)
+    assert {r["run"] for r in record["collapse"]} == {
+        "mean N=4",
+        "mean N=16",
+        "otb N=4",
+        "optseq N=4",
+    }
