@@ -57,7 +57,7 @@ from otb_diag.checkpoint import load_checkpoint, no_transformers_progress_bars
 from otb_diag.energy import checkpoint_stats
 from otb_diag.errors import InputError
 from otb_diag.lab.build import LabConfig
-from otb_diag.lab.sample import rollout_rows, sample_responses
+from otb_diag.lab.sample import sample_groups
 from otb_diag.lab.task import make_problem
 from otb_diag.provenance import library_versions
 from otb_diag.proxies import variance_proxies
@@ -125,29 +125,6 @@ def draw_prompts(rng: np.random.Generator, n: int, cells: tuple[tuple[str, int],
     """`n` prompts: (op, digit count) cells drawn uniformly with replacement, random digits."""
     picks = rng.integers(0, len(cells), size=n)
     return [make_problem(rng, *cells[k]).prompt for k in picks]
-
-
-def sample_rows(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    settings: TrainSettings,
-    step: int,
-) -> list[dict]:
-    """Rollout rows: `group_size` verifier-scored responses per prompt, groups `g00`, `g01`, ..."""
-    rows = []
-    for g, prompt in enumerate(prompts):
-        responses = sample_responses(
-            model,
-            tokenizer,
-            [prompt] * settings.group_size,
-            temperature=settings.temperature,
-            max_new_tokens=settings.max_new_tokens,
-        )
-        rows += rollout_rows(
-            tokenizer, f"g{g:02d}", prompt, responses, temperature=settings.temperature, step=step
-        )
-    return rows
 
 
 def advantages_for(batch: ResponseBatch, w: Tensor, baseline: str) -> Tensor:
@@ -284,7 +261,14 @@ def train(
         for step in range(1, settings.steps + 1):
             prompts = draw_prompts(rng, settings.prompts_per_step, settings.prompt_cells)
             rows_path = out / "rollouts" / f"step-{step}.jsonl"
-            write_jsonl(rows_path, sample_rows(model, tokenizer, prompts, settings, step))
+            write_jsonl(
+                rows_path,
+                sample_groups(
+                    model, tokenizer, prompts, group_size=settings.group_size,
+                    temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
+                    step=step,
+                ),
+            )  # fmt: skip
             batch = make_batch(read_rollouts(rows_path))
 
             stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy

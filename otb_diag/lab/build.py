@@ -37,7 +37,12 @@ from transformers import (
 from otb_diag.atomic import write_json, write_jsonl
 from otb_diag.checkpoint import no_transformers_progress_bars
 from otb_diag.lab.model import build_model, n_params
-from otb_diag.lab.sample import rollout_rows, sample_responses, sample_tool_responses
+from otb_diag.lab.sample import (
+    rollout_rows,
+    sample_groups,
+    sample_responses,
+    sample_tool_responses,
+)
 from otb_diag.lab.task import PLAIN_OPS, TOOL_OP, make_problem, parse_prompt, verify
 from otb_diag.lab.tokenizer import build_tokenizer
 from otb_diag.lab.train import train
@@ -226,21 +231,12 @@ def build_lab(
         # `model` and `tokenizer` are now the final checkpoint, reloaded from disk.
         final_step = max(config.save_steps)
         torch.manual_seed(seed + 1_000_003)
-        rows = []
-        for g, (op, n_digits) in enumerate(config.rollout_prompts):
-            prompt = make_problem(prompt_rng, op, n_digits).prompt
-            responses = sample_responses(
-                model,
-                tokenizer,
-                [prompt] * config.group_size,
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-            )
-            rows += rollout_rows(
-                tokenizer, f"g{g:02d}", prompt, responses,
-                temperature=config.temperature, step=final_step,
-            )  # fmt: skip
-            bar.update(1)
+        prompts = [make_problem(prompt_rng, op, n).prompt for op, n in config.rollout_prompts]
+        rows = sample_groups(
+            model, tokenizer, prompts, group_size=config.group_size,
+            temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+            step=final_step, on_group=lambda: bar.update(1),
+        )  # fmt: skip
         tir_rows = []
         for g, n_digits in enumerate(config.tir_digits):
             prompt = make_problem(prompt_rng, TOOL_OP, n_digits).prompt

@@ -10,6 +10,8 @@ response with mask 0 and lets the model continue, as multi-turn RL frameworks do
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -158,4 +160,34 @@ def rollout_rows(
         if masks is not None:
             row["mask"] = masks[j]
         rows.append(row)
+    return rows
+
+
+def sample_groups(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: list[str],
+    *,
+    group_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    step: int,
+    on_group: Callable[[], None] | None = None,
+) -> list[dict]:
+    """Rollout rows: `group_size` verifier-scored responses per prompt, groups `g00`, `g01`, ...
+    `on_group` is called after each group (a progress bar's update)."""
+    rows: list[dict] = []
+    for g, prompt in enumerate(prompts):
+        responses = sample_responses(
+            model,
+            tokenizer,
+            [prompt] * group_size,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+        )
+        rows += rollout_rows(
+            tokenizer, f"g{g:02d}", prompt, responses, temperature=temperature, step=step
+        )
+        if on_group is not None:
+            on_group()
     return rows
