@@ -26,6 +26,10 @@ def write(path: Path, rows: list[dict]) -> Path:
         ["lab", "build"],
         ["energy"],
         ["variance-compare"],
+        ["train"],
+        ["dynamics"],
+        ["figures"],
+        ["regress"],
     ],
 )
 def test_help_teaches_with_an_example(args: list[str]) -> None:

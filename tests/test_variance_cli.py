@@ -115,3 +115,28 @@ def test_bad_mode_is_a_clear_error(inputs, tmp_path: Path) -> None:
     result = run(inputs, tmp_path / "o", "--mode", "exact")
     assert result.exit_code == 2
     assert "field 'mode'" in result.stderr and "proxy, head, full" in result.stderr
+
+
+def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
+    """The issue's check on real data: rloo's (and trivially none's) |bias_z| stays small."""
+    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.returns import returns_to_go
+    from otb_diag.scores import token_scores
+    from otb_diag.variance import BaselineSpec, empirical_variance
+
+    ckpt, batch, _ = checkpoint_batch(
+        default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()
+    )
+    scores = token_scores(ckpt.model, batch, "head", k=64, seed=0)
+    specs = [BaselineSpec(b, b, None) for b in ("none", "mean", "rloo")]
+    table, _ = empirical_variance(
+        returns_to_go(batch.token_rewards, batch.mask), batch.mask, batch.group, scores.proj,
+        {"proxy": scores.sq_norm}, specs=specs, aggregations=("token-sum",),
+        group_sizes=(2, 4, 8), draws=100, bootstrap=100, seed=0,
+    )  # fmt: skip
+    by = table.set_index(["baseline", "group_size"])["bias_z"]
+    assert (by.loc["none"] == 0).all()
+    assert (by.loc["rloo"] < 3).all(), by.loc["rloo"]
+    # the group mean includes each response's own reward: its gradient is shrunk, and flagged
+    assert by.loc[("mean", 2)] > 3
