@@ -20,8 +20,7 @@ from otb_diag.energy import checkpoint_stats
 from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
 from otb_diag.returns import returns_to_go
 from otb_diag.scores import token_scores
-from otb_diag.variance import empirical_variance
-from otb_diag.variance_run import baseline_specs
+from otb_diag.variance import default_specs, empirical_variance
 
 
 def timed(fn):
@@ -52,7 +51,7 @@ def main() -> None:
             batch.group,
             scores.proj,
             {"proxy": stats.w, "true": scores.sq_norm},
-            specs=baseline_specs(("none", "mean", "grpo", "rloo", "optseq", "otb"), "full"),
+            specs=default_specs(("none", "mean", "grpo", "rloo", "optseq", "otb"), ["true"]),
             draws=args.draws,
             seed=0,
             mode="full",

@@ -82,14 +82,17 @@ class BaselineSpec:
     energy: str | None = None
 
 
-def default_specs(extra_sources: Sequence[str] = ()) -> list[BaselineSpec]:
-    """Every default baseline on the proxy energy, plus `optseq-<src>` and `otb-<src>` for each
-    extra energy source (e.g. "true": the exact per-token squared gradient norms)."""
-    specs = [
-        BaselineSpec(n, n, PROXY if n in ENERGY_BASELINES else None) for n in DEFAULT_BASELINES
-    ]
+def default_specs(
+    baselines: Sequence[str] = DEFAULT_BASELINES, extra_sources: Sequence[str] = ()
+) -> list[BaselineSpec]:
+    """`baselines` on the proxy energy (those that use one), plus `optseq-<src>` and
+    `otb-<src>` (for those of the two among `baselines`) for each extra energy source (e.g.
+    "true": the exact per-token squared gradient norms)."""
+    specs = [BaselineSpec(n, n, PROXY if n in ENERGY_BASELINES else None) for n in baselines]
     for source in extra_sources:
-        specs += [BaselineSpec(f"{n}-{source}", n, source) for n in ("optseq", "otb")]
+        specs += [
+            BaselineSpec(f"{n}-{source}", n, source) for n in ("optseq", "otb") if n in baselines
+        ]
     return specs
 
 
@@ -365,7 +368,7 @@ def empirical_variance(
     Returns the table (columns in the module docstring, plus draws, groups, constant_groups,
     equivalent_range) and metadata (seed, draws, sizes, pool counts, specs).
     """
-    specs = list(specs or default_specs([s for s in energies if s != PROXY]))
+    specs = list(specs or default_specs(extra_sources=[s for s in energies if s != PROXY]))
     _check(specs, energies, draws)
     pools = pool_rows(group)
     pool_sizes = [len(p) for p in pools]

@@ -31,7 +31,7 @@ from otb_diag.variance import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_BASELINES,
     DEFAULT_GROUP_SIZES,
-    BaselineSpec,
+    default_specs,
     empirical_variance,
 )
 
@@ -56,16 +56,6 @@ class VarianceSettings:
     chunk_size: int = 256
     handle_zero_tail: bool = True
     load: LoadOptions = LoadOptions()
-
-
-def baseline_specs(baselines: tuple[str, ...], mode: str) -> list[BaselineSpec]:
-    """Each baseline on the proxy energy; in `full` mode also optseq/otb on the true norms."""
-    specs = [
-        BaselineSpec(b, b, "proxy" if b.startswith(("optseq", "otb")) else None) for b in baselines
-    ]
-    if mode == "full":
-        specs += [BaselineSpec(f"{b}-true", b, "true") for b in baselines if b in ("optseq", "otb")]
-    return specs
 
 
 def run_variance(
@@ -144,7 +134,7 @@ def run_variance(
                 batch.group,
                 scores,
                 energies,
-                specs=baseline_specs(settings.baselines, mode),
+                specs=default_specs(settings.baselines, ["true"] if mode == "full" else []),
                 aggregations=settings.aggregations,
                 group_sizes=settings.group_sizes,
                 draws=settings.draws,
