@@ -40,11 +40,11 @@ from torch.func import functional_call, vjp, vmap
 from otb_diag.batch import ResponseBatch
 from otb_diag.errors import InputError
 from otb_diag.token_stats import (
-    _eval_mode,
-    _final_hidden,
-    _logits,
-    _output_layer,
     check_output_layer,
+    eval_mode,
+    final_hidden,
+    head_logits,
+    output_layer,
     pack_by_tokens,
     pad_batch,
 )
@@ -226,19 +226,19 @@ def _head_scores(
     an fp32 copy of the output layer for half-precision models.
     """
     check_output_layer(model)
-    weight, bias, scale, softcap = _output_layer(model)
+    weight, bias, scale, softcap = output_layer(model)
     device = weight.device
     p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
     p1, p2 = p1.to(device), p2.to(device)
     proj, sq_norm = _grid(batch, k)
     lengths = batch.length.tolist()
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         weight32 = weight.float()  # fp32 logit maths for half-precision models (no-op if fp32)
         packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
         for group in pack_by_tokens(packed, batch_tokens):
             responses = [batch.response_ids[i, : lengths[i]].tolist() for i in group]
             ids, attention, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
-            hidden = _final_hidden(model, ids.to(device), attention.to(device))  # [b, L, d]
+            hidden = final_hidden(model, ids.to(device), attention.to(device))  # [b, L, d]
             n_tok = torch.tensor([lengths[i] for i in group])
             rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(
                 as_tuple=True
@@ -251,7 +251,7 @@ def _head_scores(
             for lo in range(0, len(rows), chunk_size):
                 c = slice(lo, lo + chunk_size)
                 h = h_all[c].float() * scale  # the head reads s · h
-                z = _logits(h, weight32, bias, softcap)  # [chunk, V]
+                z = head_logits(h, weight32, bias, softcap)  # [chunk, V]
                 u = _logit_score(z, y_all[c], tau_all[c], softcap)
                 if bias is not None:
                     h = torch.cat([h, torch.ones_like(h[:, :1])], dim=1)  # h̃ = [h; 1]
@@ -301,7 +301,7 @@ def _full_scores(
         return held[b] if held is not None else _r_block(n_params, k, seed, b).to(device)
 
     proj, sq_norm = _grid(batch, k)
-    with _eval_mode(model), warnings.catch_warnings():
+    with eval_mode(model), warnings.catch_warnings():
         # The vectorised backward of CPU scaled-dot-product attention falls back to a loop and
         # says so on every call; the numbers are exact, only the warning would alarm users.
         warnings.filterwarnings("ignore", message=".*performance drop.*", category=UserWarning)

@@ -163,7 +163,7 @@ def pad_batch(
     return input_ids, attention_mask, torch.tensor([len(p) for p in prompts], dtype=torch.long)
 
 
-def _output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float | None]:
+def output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float | None]:
     """The output layer as `(U [V, d], bias [V] or None, hidden scale s, softcap c or None)`.
 
     The logits are `c · tanh((U (s·h) + b) / c)` (no tanh when c is None). s folds the final
@@ -186,7 +186,7 @@ def _output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float
     return head.weight, bias, scale, getattr(config, "final_logit_softcapping", None)
 
 
-def _logits(
+def head_logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None, out: Tensor | None = None
 ) -> Tensor:
     """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` and an fp32 `weight`.
@@ -203,7 +203,7 @@ def _logits(
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
+def eval_mode(model: nn.Module) -> Iterator[None]:
     """Dropout off while measuring (the rollout policy had none); the caller's mode is restored."""
     was_training = model.training
     model.eval()
@@ -213,7 +213,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     """Final hidden states `[B, L, d]` of the backbone (`model.base_model`), the LM head not run.
 
     Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows.
@@ -236,13 +236,13 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """
     if model.base_model is model:
         raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
-    weight, bias, scale, softcap = _output_layer(model)
+    weight, bias, scale, softcap = output_layer(model)
     ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         ref = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
         ref = ref.logits[0].float()
-        h = _final_hidden(model, ids, torch.ones_like(ids))[0].float() * scale
-        z = _logits(h, weight.float(), bias, softcap)
+        h = final_hidden(model, ids, torch.ones_like(ids))[0].float() * scale
+        z = head_logits(h, weight.float(), bias, softcap)
     # Half precision rounds the model's own logits to ~3 significant digits.
     tol = 1e-4 if weight.dtype == torch.float32 else 3e-2
     err = (z - ref).abs().max().item()
@@ -283,7 +283,7 @@ def response_token_stats(
         raise InputError(f"chunk_size must be at least 1, got {chunk_size}")
     if check_head:
         check_output_layer(model)
-    weight, bias, scale, softcap = _output_layer(model)
+    weight, bias, scale, softcap = output_layer(model)
     device = weight.device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     start = response_start.to(device=device, dtype=torch.long)
@@ -304,8 +304,8 @@ def response_token_stats(
     target_pos = start[rows] + cols  # 0-based position of response token t + 1 (1-based)
 
     parts = []
-    with torch.no_grad(), _eval_mode(model):
-        hidden = _final_hidden(model, input_ids, attention_mask)
+    with torch.no_grad(), eval_mode(model):
+        hidden = final_hidden(model, input_ids, attention_mask)
         h = hidden[rows, target_pos - 1]  # [N, d]: the logits at P + t − 2 predict y_t (1-based t)
         targets = input_ids[rows, target_pos]  # [N]
         weight32 = weight.float()  # fp32 logit maths even for half-precision models (no-op if fp32)
@@ -316,7 +316,7 @@ def response_token_stats(
             chunk = slice(lo, lo + chunk_size)
             h32 = h[chunk].float() * scale
             n = len(h32)
-            z = _logits(h32, weight32, bias, softcap, out=z_buf[:n])  # [chunk, V], never [N, V]
+            z = head_logits(h32, weight32, bias, softcap, out=z_buf[:n])  # [chunk, V], never [N, V]
             chunk_tau = tau[rows[chunk]] if tempered else None
             s = _stats_in_place(z, targets[chunk], chunk_tau, e_buf[:n])
             parts.append(replace(s, h_sq=h32.square().sum(-1)))  # ‖h_t‖²
