@@ -13,6 +13,9 @@ import numpy as np
 from scipy.stats import kendalltau
 
 QUANTILES = (0.25, 0.50, 0.75)
+# Energies closer than this (relative) are one tie: fp32 accumulation order alone moves W by
+# ~1e-7 relative, and two responses with the same prefix must not "change rank" through it.
+TIE_RTOL = 1e-6
 
 
 def quantile_positions(lengths: Sequence[int], quantiles: Sequence[float] = QUANTILES) -> list[int]:
@@ -27,11 +30,28 @@ def frozen_paths(paths: Sequence[np.ndarray]) -> np.ndarray:
     return np.stack([np.pad(p, (0, t_max - len(p)), mode="edge") for p in paths])
 
 
+def tie_keys(values: np.ndarray, rtol: float = TIE_RTOL) -> np.ndarray:
+    """Integer rank keys of `values` along axis 0 (`[N]` or `[N, T]`), equal for near-ties.
+
+    Sorted neighbours closer than `rtol` times their magnitude share one key, so the keys are
+    unchanged by a positive rescaling and by last-bit noise."""
+    idx = np.argsort(values, axis=0, kind="stable")
+    ordered = np.take_along_axis(values, idx, axis=0)
+    scale = np.maximum(np.abs(ordered[1:]), np.abs(ordered[:-1]))
+    gaps = np.diff(ordered, axis=0) > rtol * scale
+    first = np.zeros((1, *values.shape[1:]), np.int64)
+    sorted_keys = np.concatenate([first, np.cumsum(gaps, axis=0)])
+    keys = np.empty_like(sorted_keys)
+    np.put_along_axis(keys, idx, sorted_keys, axis=0)
+    return keys
+
+
 def rank_changes(paths: Sequence[np.ndarray]) -> int:
     """Number of steps t at which the ordering of the members by W_t differs from that at t−1.
 
-    Orderings use a stable argsort, so exact ties keep input order and do not count as changes."""
-    order = np.argsort(frozen_paths(paths), axis=0, kind="stable")  # [N, T_max]
+    Orderings use a stable argsort of tie keys (`tie_keys`), so ties, exact or within
+    `TIE_RTOL`, keep input order and do not count as changes."""
+    order = np.argsort(tie_keys(frozen_paths(paths)), axis=0, kind="stable")  # [N, T_max]
     return int(np.any(order[:, 1:] != order[:, :-1], axis=0).sum())
 
 
@@ -42,9 +62,11 @@ def group_heterogeneity(paths: Sequence[np.ndarray]) -> dict[str, float]:
     sequence energies W(τ_i) = W_T; Kendall τ between the ranking by W_t at 25/50/75 % of the
     shortest member's length and the ranking by total energy (1: the early ranking already
     predicts the final one; low or negative: rankings reshuffle along t, which a sequence-level
-    baseline cannot see); and the number of rank changes along t. NaN where undefined
+    baseline cannot see); and the number of rank changes along t. Rankings treat energies
+    within `TIE_RTOL` as ties (`tie_keys`). NaN where undefined
     (a group of one, zero mean energy, constant rankings)."""
     totals = np.array([float(p[-1]) for p in paths])
+    total_keys = tie_keys(totals)
     mean = totals.mean()
     out: dict[str, float] = {
         "energy_cv": float(totals.std() / mean) if mean > 0 else math.nan,
@@ -54,8 +76,8 @@ def group_heterogeneity(paths: Sequence[np.ndarray]) -> dict[str, float]:
     }
     positions = quantile_positions([len(p) for p in paths])
     for q, pos in zip(QUANTILES, positions, strict=True):
-        early = np.array([float(p[pos]) for p in paths])
-        tau = kendalltau(early, totals).statistic if len(paths) > 1 else math.nan
+        early = tie_keys(np.array([float(p[pos]) for p in paths]))
+        tau = kendalltau(early, total_keys).statistic if len(paths) > 1 else math.nan
         out[f"kendall_tau_{round(q * 100)}"] = float(tau)
     out["rank_changes"] = float(rank_changes(paths))
     return out

@@ -10,6 +10,7 @@ from otb_diag.heterogeneity import (
     group_heterogeneity,
     quantile_positions,
     rank_changes,
+    tie_keys,
 )
 
 
@@ -47,6 +48,24 @@ def test_group_heterogeneity_hand_case():
     assert math.isnan(out["kendall_tau_75"])  # tie at t=2: Kendall τ-b undefined for a constant
     # a frozen at 4 after t=3: t=3 4 > 3.5 (b overtaken), t=4 4 < 8 (b ahead again)
     assert out["rank_changes"] == 2.0
+
+
+def test_tie_keys_merge_near_ties_only():
+    v = np.array([3.0, 1.0, 1.0 + 1e-12, 2.0, 1.0 + 1e-3])
+    np.testing.assert_array_equal(tie_keys(v), [3, 0, 0, 2, 1])
+    # column-wise on [N, T]
+    m = np.array([[0.0, 5.0], [0.0, 5.0 * (1 + 1e-9)], [1.0, 4.0]])
+    np.testing.assert_array_equal(tie_keys(m), [[0, 1], [0, 1], [1, 0]])
+
+
+def test_last_bit_noise_is_not_a_rank_change():
+    # the case hypothesis found in CI: two paths equal up to one ulp must not swap ranks
+    a = np.cumsum(np.array([0.0, 2.9013538812525838e-18]) + 0.01)
+    b = np.cumsum(np.array([0.0, 0.0]) + 0.01)
+    assert rank_changes([a, b]) == 0
+    assert rank_changes([7.0 * a, 7.0 * b]) == 0
+    # a real overtaking (far above TIE_RTOL) still counts
+    assert rank_changes([np.array([1.0, 2.0]), np.array([1.5, 1.9])]) == 1
 
 
 def test_group_of_one_is_not_an_error():
