@@ -56,8 +56,13 @@ FULL_MODE_MAX_PARAMS = 10_000_000
 # Rows of R drawn by one generator: 65 536 · k fp32 numbers (64 MiB at k = 256).
 _R_BLOCK_ROWS = 1 << 16
 
-# R is kept in memory up to this size and otherwise redrawn, block by block, for every response.
+# R is kept in memory up to this size and otherwise redrawn, block by block, for every product.
 _R_HOLD_BYTES = 1 << 30
+
+# Gradients of several responses are collected up to this size and projected in one product:
+# each product reads all of R (0.6 GiB for the default at k = 256), which cost more than the
+# arithmetic when every few-token response was projected on its own (61 s of 67 s, measured).
+_PENDING_BYTES = 1 << 28
 
 # Tokens per chunk when the caller does not say (see `token_scores`); also the valid modes.
 _DEFAULT_CHUNK = {"head": 256, "full": 32}
@@ -275,9 +280,10 @@ def _full_scores(
 ) -> tuple[Tensor, Tensor]:
     """`proj [B, T, k]`, `sq_norm [B, T]` of the all-parameter scores, `Rᵀ s_t` (module docstring).
 
-    Memory: one chunk's `[chunk, n_params]` gradients and their vectorised backward pass over one
-    response's prefix, and R (`n_params · k · 4` bytes) when that is at most 1 GiB; a larger R is
-    redrawn block by block for every chunk (slow, but memory stays bounded).
+    Memory: one chunk's vectorised backward pass over one response's prefix, the gradients waiting
+    to be projected (at most `_PENDING_BYTES`, or one chunk if that is larger), and R
+    (`n_params · k · 4` bytes) when that is at most 1 GiB; a larger R is redrawn block by block for
+    every product (slow, but memory stays bounded).
     Time: about `n_params · (6 L + 2 k)` flops per token, L the prefix length; at k = 256 the
     projection costs as much as the gradients themselves.
     """
@@ -301,6 +307,20 @@ def _full_scores(
         return held[b] if held is not None else _r_block(n_params, k, seed, b).to(device)
 
     proj, sq_norm = _grid(batch, k)
+    pending: list[tuple[int, int, Tensor]] = []  # (row, first t, gradients [c, n]) to project
+    pending_rows = max(chunk_size, _PENDING_BYTES // (4 * n_params))
+
+    def project_pending() -> None:
+        g = torch.cat([grads for _, _, grads in pending])
+        r_g = sum(
+            g[:, b * _R_BLOCK_ROWS : (b + 1) * _R_BLOCK_ROWS] @ r_block(b) for b in range(n_blocks)
+        ).cpu()  # Rᵀ s_t, block by block
+        at = 0
+        for i, lo, grads in pending:
+            proj[i, lo : lo + len(grads)] = r_g[at : at + len(grads)]
+            at += len(grads)
+        pending.clear()
+
     with eval_mode(model), warnings.catch_warnings():
         # The vectorised backward of CPU scaled-dot-product attention falls back to a loop and
         # says so on every call; the numbers are exact, only the warning would alarm users.
@@ -321,13 +341,13 @@ def _full_scores(
                 (grads,) = vmap(pullback)(torch.eye(hi - lo, device=device))  # {name: [c, ...]}
                 g = torch.cat([grads[name].flatten(1) for name in params], dim=1)  # [chunk, n]
                 sq_norm[i, lo:hi] = g.square().sum(-1).cpu()  # ‖∇_θ log p_t‖²
-                r_g = sum(
-                    g[:, b * _R_BLOCK_ROWS : (b + 1) * _R_BLOCK_ROWS] @ r_block(b)
-                    for b in range(n_blocks)
-                )  # Rᵀ s_t, block by block
-                proj[i, lo:hi] = r_g.cpu()
+                pending.append((i, lo, g))
+                if sum(len(grads) for _, _, grads in pending) >= pending_rows:
+                    project_pending()
             if progress is not None:
                 progress(n_tok)
+        if pending:
+            project_pending()
     return proj, sq_norm
 
 

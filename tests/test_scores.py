@@ -79,7 +79,12 @@ def one_token_grads(model: nn.Module, batch: ResponseBatch, params: list[Tensor]
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("temperature", [[1.0, 1.0, 1.0], [0.7, 1.3, 1.0]])
-def test_full_matches_one_token_autograd(tied: bool, temperature: list[float]) -> None:
+@pytest.mark.parametrize("pending_bytes", [None, 1])
+def test_full_matches_one_token_autograd(
+    tied: bool, temperature: list[float], pending_bytes: int | None, monkeypatch
+) -> None:
+    if pending_bytes is not None:  # project every ≥ 4 pending rows: products straddle responses
+        monkeypatch.setattr(scores, "_PENDING_BYTES", pending_bytes)
     model, batch, k = tiny_gpt2(tied=tied), make_batch(temperature), 32
     params = list(model.parameters())  # the order (and deduplication) R's rows follow
     # chunk_size 4 splits the longest response into two vectorised backward passes.
