@@ -66,8 +66,9 @@ def regress(
         otb-diag regress --golden golden.json --current runs --junit report.xml
     """
     from otb_diag import regress as lib
+    from otb_diag.run_metrics import collect_metrics
 
-    metrics = lib.collect_metrics(current)
+    metrics = collect_metrics(current)
     if update:
         if junit is not None:
             note("--update compares nothing: no --junit report written")

@@ -27,7 +27,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from otb_diag import baselines, regress
 from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.regress import DEFAULT_TOLERANCE, Metric, Tolerance, compare
+from otb_diag.regress import DEFAULT_TOLERANCE, Tolerance, compare
+from otb_diag.run_metrics import Metric, collect_metrics
 
 runner = CliRunner()
 
@@ -162,7 +163,7 @@ def test_a_flipped_advantage_fails(
 
     # Only otb moved, and everything else is bit for bit what the unperturbed run gave: the
     # deterministic metrics need no tolerance for a rerun on one machine.
-    before, after = regress.collect_metrics(runs), regress.collect_metrics(tmp_path)
+    before, after = collect_metrics(runs), collect_metrics(tmp_path)
     moved_names = {name for name in before if before[name] != after[name]}
     assert moved_names and all("/otb/" in name for name in moved_names)
 
@@ -173,7 +174,7 @@ def test_a_shifted_variance_fails(runs: Path, tmp_path: Path) -> None:
     table = pd.read_csv(path)
     otb = table["baseline"] == "otb"
     # Ten-fold: at k = 32 the seeded projection alone may move a variance ~1.5x either way, so
-    # the intervals let through shifts up to ~3.5x (see otb_diag/regress.py).
+    # the intervals let through shifts up to ~3.5x (see otb_diag/run_metrics.py).
     table.loc[otb, ["variance", "ci_low", "ci_high"]] *= 10
     table.to_csv(path, index=False)
 
@@ -240,7 +241,7 @@ def test_update_writes_atomically_and_reports_changes(
     golden = tmp_path / "golden.json"
     code, output = invoke("regress", "--golden", golden, "--current", runs, "--update")
     assert code == 0 and output.startswith(f"created {golden} with ")
-    assert regress.load_golden(golden) == regress.collect_metrics(runs)
+    assert regress.load_golden(golden) == collect_metrics(runs)
 
     edited_golden(golden, source=golden)  # exactly 3 changes, whatever this machine's rounding
     code, output = invoke("regress", "--golden", golden, "--current", runs, "--update")
