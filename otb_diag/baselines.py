@@ -11,7 +11,7 @@ Every baseline is one function registered under its name with `@register_baselin
 (as `cumulative_energy` gives it), so its last column is the sequence energy `W(tau)`.
 A sequence's return `R_i` is `G_0` (the sum of its masked rewards).
 
-Every group statistic is a segment sum over `group` (`index_add_`), so no Python loop runs per
+Every group statistic is a segment sum over `group` (`groups.py`), so no Python loop runs per
 group. Conventions follow verl (`verl/trainer/ppo/core_algos.py`): groups of one get `B = 0`;
 see `otb` for the OTB options and `verl_otb_advantage` for verl's calling convention.
 """
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.groups import group_total, weighted_group_mean, zero_tail
 from otb_diag.returns import returns_to_go
 from otb_diag.token_stats import cumulative_energy, proxy_from_probs
 
@@ -66,49 +67,6 @@ def compute_advantages(
     return fn(returns, mask, group, energy, **{k: v for k, v in options.items() if k in accepted})
 
 
-# ---------------------------------------------------------------------------------------------
-# Group arithmetic shared by every baseline
-# ---------------------------------------------------------------------------------------------
-
-
-def _group_total(x: Tensor, group: Tensor) -> Tensor:
-    """For each row, the sum of `x` over the rows of its group: `[B, ...] -> [B, ...]`."""
-    num_groups = int(group.max()) + 1 if group.numel() else 0
-    totals = x.new_zeros((num_groups, *x.shape[1:])).index_add_(0, group, x)
-    return totals[group]
-
-
-def _weighted_group_mean(
-    values: Tensor,
-    weights: Tensor,
-    present: Tensor,
-    group: Tensor,
-    members: Tensor,
-    *,
-    eps: float,
-    leave_one_out: bool,
-) -> Tensor:
-    """`B_i = sum_j w_j v_j / (sum_j w_j + eps)` over the present members `j` of `i`'s group.
-
-    `values, weights, present` are `[B]` (one value per sequence) or `[B, T]` (one per position,
-    `present = mask`); `members: [B]` says which rows count towards the group size.
-    Leave-one-out drops `j = i` and gives `B = 0` where no other member is present.
-    Groups of one get `B = 0` (verl's convention).
-    """
-    weighted = weights * present
-    numerator = _group_total(values * weighted, group)
-    denominator = _group_total(weighted, group)
-    if leave_one_out:
-        others = _group_total(present, group) - present
-        baseline = (numerator - values * weighted) / (denominator - weighted + eps)
-        baseline = torch.where(others > 0, baseline, 0.0)
-    else:
-        baseline = numerator / (denominator + eps)
-    group_size = _group_total(members.to(values.dtype), group)
-    keep = (group_size > 1).view(-1, *([1] * (values.dim() - 1)))
-    return torch.where(keep, baseline, 0.0)
-
-
 def _sequence_return(returns: Tensor) -> Tensor:
     """`R_i = G_0^(i)`: `[B, T] -> [B]`."""
     return returns[:, 0]
@@ -144,9 +102,7 @@ def no_baseline(returns: Tensor, mask: Tensor, group: Tensor, energy: Tensor | N
 def _mean_advantage(returns: Tensor, mask: Tensor, group: Tensor, *, leave_one_out: bool) -> Tensor:
     r = _sequence_return(returns)
     ones = torch.ones_like(r)
-    baseline = _weighted_group_mean(
-        r, ones, ones, group, ones, eps=0.0, leave_one_out=leave_one_out
-    )
+    baseline = weighted_group_mean(r, ones, ones, group, ones, eps=0.0, leave_one_out=leave_one_out)
     return (returns - baseline[:, None]) * mask
 
 
@@ -177,10 +133,10 @@ def grpo_advantage(
     """
     r = _sequence_return(returns)
     ones = torch.ones_like(r)
-    mean = _weighted_group_mean(r, ones, ones, group, ones, eps=0.0, leave_one_out=False)
-    size = _group_total(ones, group)
+    mean = weighted_group_mean(r, ones, ones, group, ones, eps=0.0, leave_one_out=False)
+    size = group_total(ones, group)
     # Two-pass unbiased variance: sum_j (R_j - mean)^2 / (n - 1); groups of one use std = 1.
-    variance = _group_total((r - mean) ** 2, group) / (size - 1).clamp_min(1)
+    variance = group_total((r - mean) ** 2, group) / (size - 1).clamp_min(1)
     std = torch.where(size > 1, variance.sqrt(), 1.0)
     return ((r - mean) / (std + eps))[:, None] * mask
 
@@ -203,7 +159,7 @@ def _optseq_advantage(
         sequence_energy = _reweight_energy(energy, mask, is_weights)[:, -1]  # W(tau) = W_T
     r = _sequence_return(returns)
     ones = torch.ones_like(r)
-    baseline = _weighted_group_mean(
+    baseline = weighted_group_mean(
         r, sequence_energy, ones, group, ones, eps=eps, leave_one_out=leave_one_out
     )
     return (returns - baseline[:, None]) * mask
@@ -250,24 +206,6 @@ def optseq_loo_baseline(
 # ---------------------------------------------------------------------------------------------
 
 
-def _zero_tail(mask: Tensor, group: Tensor) -> Tensor:
-    """`[B, T]` bool: positions `t >= L_2` of a group's strictly longest member, where lengths
-    `L_i = sum_t mask_t` count generated tokens and `L_2` is the group's second-largest length.
-
-    verl cuts at index `L_2` of the row's own time axis, even when mask has holes.
-    """
-    lengths = mask.sum(-1).long()
-    num_groups = int(group.max()) + 1
-    longest = lengths.new_full((num_groups,), -1).scatter_reduce(0, group, lengths, "amax")
-    is_longest = lengths == longest[group]
-    # With a unique longest member every other member is shorter, so this is the second length.
-    others = torch.where(is_longest, -1, lengths)
-    second = lengths.new_full((num_groups,), -1).scatter_reduce(0, group, others, "amax")[group]
-    unique = _group_total(is_longest.long(), group) == 1
-    positions = torch.arange(mask.shape[-1], device=mask.device)
-    return (is_longest & unique)[:, None] & (positions[None, :] >= second[:, None])
-
-
 def _token_baseline(
     returns: Tensor,
     energy: Tensor,
@@ -283,7 +221,7 @@ def _token_baseline(
 
     All tensors `[B, T]` aligned on the same t; `members: [B]` count towards group size.
     """
-    baseline = _weighted_group_mean(
+    baseline = weighted_group_mean(
         returns,
         energy,
         mask.to(returns.dtype),
@@ -295,7 +233,7 @@ def _token_baseline(
     if handle_zero_tail:
         # Alone at t, the longest member would be its own baseline and its tail advantage would
         # vanish (G W / (W + eps) ~ G); verl sets B = 0 there instead.
-        baseline = baseline.masked_fill(_zero_tail(mask, group), 0.0)
+        baseline = baseline.masked_fill(zero_tail(mask, group), 0.0)
     return baseline
 
 
