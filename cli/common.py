@@ -55,6 +55,7 @@ CkptOption = Annotated[
     list[Path] | None,
     typer.Option(
         "--ckpt",
+        metavar="DIR",
         help="Checkpoint directory (HF causal LM), repeatable; or a run directory holding "
         "checkpoint-* (HF Trainer/TRL) or global_step_* (verl) checkpoints. "
         "Default: the embedded final checkpoint.",

@@ -17,6 +17,7 @@ def dynamics(
         list[Path],
         typer.Option(
             "--log",
+            metavar="FILE",
             help="Training log, repeatable: otb-diag metrics.jsonl, verl metrics (JSONL, or a "
             "W&B CSV export of one run) or a HF/TRL trainer_state.json.",
         ),
@@ -25,6 +26,7 @@ def dynamics(
         list[str] | None,
         typer.Option(
             "--label",
+            metavar="NAME",
             help="Run name, one per --log in order. A baseline (none, mean, grpo, rloo, "
             "optseq, otb) and 'N=4' in it fill what the log does not record. Default: the "
             "file name.",

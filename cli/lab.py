@@ -10,6 +10,7 @@ import typer
 from cli.common import friendly_errors, print_json
 
 app = typer.Typer(
+    rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
     no_args_is_help=True,
     help="Build the embedded toy lab.\n\nExample: otb-diag lab build --out ./toy-lab --seed 0",
 )

@@ -11,6 +11,7 @@ import typer
 from cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
 
 app = typer.Typer(
+    rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
     name="otb-diag",
     help=(
         "Gradient-variance diagnostics for RL of language models: realized energy, the Optimal "

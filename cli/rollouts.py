@@ -10,6 +10,7 @@ import typer
 from cli.common import friendly_errors, note, or_default, print_json
 
 app = typer.Typer(
+    rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
     no_args_is_help=True,
     help="Read, validate and summarise rollouts.\n\n"
     "Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200",
