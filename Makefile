@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/otb-diag rollouts inspect
 	$(BIN)/otb-diag energy --out out/energy
+	$(BIN)/otb-diag variance-compare --out out/variance
 
 test: setup
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """`otb-diag variance-compare` end to end on a tiny real checkpoint."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,11 @@ def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
     for name in ["variance_vs_n_full", "ratio_to_mean_head", "proxy_fidelity"]:
         assert (out / f"{name}.png").stat().st_size > 1000
     assert "OTB/mean" in result.stdout
+    # N = 4 measured, N′ read off N ≤ 4 (pools of 8): a verdict per mode, printed as well
+    assert [c["mode"] for c in summary["paper_claim"]] == ["proxy", "head", "full"]
+    for claim in summary["paper_claim"]:
+        assert claim["verdict"] in ("not reproduced", "undecided")
+        assert f"{claim['mode']}: {claim['verdict']}: {claim['text']}." in result.stdout
 
 
 def test_same_seed_same_numbers(inputs, tmp_path: Path) -> None:
@@ -140,3 +146,21 @@ def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
     assert (by.loc["rloo"] < 3).all(), by.loc["rloo"]
     # the group mean includes each response's own reward: its gradient is shrunk, and flagged
     assert by.loc[("mean", 2)] > 3
+
+
+def claim_row(n: int, equiv: float, where: str) -> dict:
+    return {"mode": "head", "group_size": n, "equivalent_mean_group_size": equiv,
+            "equivalent_range": where}  # fmt: skip
+
+
+def test_paper_claim_verdicts() -> None:
+    from otb_diag.variance_run import paper_claim
+
+    [v] = paper_claim([claim_row(2, 3.0, "within"), claim_row(4, 10.4, "within")], 16)
+    assert v["verdict"] == "not reproduced" and "N′ ≈ 10.4, not 32 (2.6× fewer" in v["text"]
+    # beyond the measured range: undecided when the largest N is below 32, else reproduced
+    assert paper_claim([claim_row(4, math.inf, "beyond")], 16)[0]["verdict"] == "undecided"
+    assert paper_claim([claim_row(4, math.inf, "beyond")], 32)[0]["verdict"] == "reproduced"
+    assert paper_claim([claim_row(4, 40.0, "within")], 64)[0]["verdict"] == "reproduced"
+    assert paper_claim([claim_row(4, 4.0, "below")], 16)[0]["verdict"] == "not reproduced"
+    assert paper_claim([claim_row(8, 40.0, "within")], 64) == []  # no N = 4, no verdict
