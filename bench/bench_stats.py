@@ -32,10 +32,10 @@ import torch
 from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from otb_diag.checkpoint import load_checkpoint
-from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.rollouts import read_rollouts
-from otb_diag.token_stats import pack_by_tokens, pad_batch, stats_for_sequences
+from otb_diag.io.checkpoint import load_checkpoint
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.rollouts import read_rollouts
+from otb_diag.maths.token_stats import pack_by_tokens, pad_batch, stats_for_sequences
 
 TIME_TARGET = 1.15  # statistics pass / bare forward, on CPU
 MEMORY_TARGET = 0.25  # peak extra RSS, statistics pass / naive logits path

@@ -15,12 +15,12 @@ import time
 
 import torch
 
-from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.energy import checkpoint_stats
-from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
-from otb_diag.returns import returns_to_go
-from otb_diag.scores import token_scores
-from otb_diag.variance import default_specs, empirical_variance
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.inputs import LoadOptions, checkpoint_batch, load_rollouts
+from otb_diag.maths.energy import checkpoint_stats
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.scores import token_scores
+from otb_diag.maths.variance import default_specs, empirical_variance
 
 
 def timed(fn):

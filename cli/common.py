@@ -10,8 +10,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from otb_diag.atomic import json_text
 from otb_diag.errors import InputError
+from otb_diag.io.atomic import json_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,8 +100,8 @@ QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
 def checkpoint_dirs(ckpt: list[Path] | None) -> list[Path]:
     """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
     the embedded final checkpoint, with a note, when none is given."""
-    from otb_diag.checkpoint import find_checkpoints
-    from otb_diag.defaults import default_checkpoint
+    from otb_diag.io.checkpoint import find_checkpoints
+    from otb_diag.io.defaults import default_checkpoint
 
     dirs = ckpt or [or_default(None, default_checkpoint(), "--ckpt")]
     return [c for d in dirs for c in find_checkpoints(d)]

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from otb_diag.cli.common import JsonOption, friendly_errors, print_json
 
-from cli.common import JsonOption, friendly_errors, print_json
 from otb_diag.errors import InputError
 
 
@@ -78,8 +78,8 @@ def dynamics(
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.collapse import DetectionRule
-    from otb_diag.dynamics_run import default_names, format_summary, run_dynamics
+    from otb_diag.maths.collapse import DetectionRule
+    from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
 
     if label and len(label) != len(log):
         raise InputError(

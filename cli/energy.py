@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import (
+from otb_diag.cli.common import (
     AllowPickleOption,
     BatchTokensOption,
     ChunkSizeOption,
@@ -72,9 +71,9 @@ def energy(
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
-    from otb_diag.defaults import DEFAULT_ROLLOUTS
-    from otb_diag.energy_run import EnergySettings, format_summary, run_energy
-    from otb_diag.inputs import LoadOptions
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS
+    from otb_diag.io.inputs import LoadOptions
+    from otb_diag.pipelines.energy import EnergySettings, format_summary, run_energy
 
     rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
     if model_free:

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import JsonOption, QuietOption, friendly_errors, print_json
+from otb_diag.cli.common import JsonOption, QuietOption, friendly_errors, print_json
 
 
 @friendly_errors
@@ -27,7 +26,7 @@ def figures(
 
     Example: otb-diag figures --out figures/
     """
-    from otb_diag.figures_run import run_figures
+    from otb_diag.pipelines.figures import run_figures
 
     record = run_figures(out, quick=quick, seed=seed, progress=not quiet)
     if as_json:

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import friendly_errors, print_json
+from otb_diag.cli.common import friendly_errors, print_json
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width

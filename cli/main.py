@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
-from cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
+from otb_diag.cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import JsonOption, friendly_errors, note, print_json
+from otb_diag.cli.common import JsonOption, friendly_errors, note, print_json
 
 EXIT_REGRESSION = 1
 
@@ -65,8 +64,8 @@ def regress(
 
         otb-diag regress --golden golden.json --current runs --junit report.xml
     """
-    from otb_diag import regress as lib
-    from otb_diag.run_metrics import collect_metrics
+    from otb_diag.pipelines import regress as lib
+    from otb_diag.pipelines.run_metrics import collect_metrics
 
     metrics = collect_metrics(current)
     if update:

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import friendly_errors, note, or_default, print_json
+from otb_diag.cli.common import friendly_errors, note, or_default, print_json
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -46,10 +45,10 @@ def inspect(
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
     """
-    from otb_diag.checkpoint import load_tokenizer
-    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.rollout_stats import format_summary, summarize
-    from otb_diag.rollouts import check_vocab, read_rollouts, tokenize_rollouts
+    from otb_diag.io.checkpoint import load_tokenizer
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.io.rollouts import check_vocab, read_rollouts, tokenize_rollouts
+    from otb_diag.pipelines.inspect import format_summary, summarize
 
     path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
     data = read_rollouts(path)

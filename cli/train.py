@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import QuietOption, friendly_errors, or_default
+from otb_diag.cli.common import QuietOption, friendly_errors, or_default
 
 
 @friendly_errors
@@ -78,9 +77,9 @@ def train(
 
     Example: otb-diag train --baseline otb --group-size 4 --steps 20 --out run/
     """
-    from otb_diag.defaults import default_checkpoint
-    from otb_diag.train_rl import TrainSettings, format_summary
-    from otb_diag.train_rl import train as run_training
+    from otb_diag.io.defaults import default_checkpoint
+    from otb_diag.pipelines.train import TrainSettings, format_summary
+    from otb_diag.pipelines.train import train as run_training
 
     settings = TrainSettings(
         baseline=baseline,

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import (
+from otb_diag.cli.common import (
     AllowPickleOption,
     BatchTokensOption,
     ChunkSizeOption,
@@ -87,10 +86,10 @@ def variance_compare(
 
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
-    from otb_diag.defaults import DEFAULT_ROLLOUTS
     from otb_diag.errors import InputError
-    from otb_diag.inputs import LoadOptions
-    from otb_diag.variance_run import MODES, VarianceSettings, format_summary, run_variance
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS
+    from otb_diag.io.inputs import LoadOptions
+    from otb_diag.pipelines.variance import MODES, VarianceSettings, format_summary, run_variance
 
     modes = _csv(mode)
     unknown = [m for m in modes if m not in MODES]

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otb_diag.aggregation import AGGREGATIONS, aggregate, aggregation_weights
 from otb_diag.errors import InputError
+from otb_diag.maths.aggregation import AGGREGATIONS, aggregate, aggregation_weights
 
 F64 = torch.float64
 

@@ -9,15 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otb_diag.baselines import (
+from otb_diag.errors import InputError
+from otb_diag.maths.baselines import (
     BASELINES,
     get_baseline,
     register_baseline,
     verl_otb_advantage,
 )
-from otb_diag.errors import InputError
-from otb_diag.returns import group_index, outcome_token_rewards, returns_to_go
-from otb_diag.token_stats import cumulative_energy
+from otb_diag.maths.returns import group_index, outcome_token_rewards, returns_to_go
+from otb_diag.maths.token_stats import cumulative_energy
 
 F64 = torch.float64
 

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from otb_diag.batch import make_batch
-from otb_diag.rollouts import read_rollouts
+from otb_diag.io.batch import make_batch
+from otb_diag.io.rollouts import read_rollouts
 
 
 def write(path: Path, rows: list[dict]) -> Path:

@@ -12,8 +12,13 @@ import torch
 from tiny import MODEL_VOCAB, char_tokenizer, save_checkpoint
 from transformers import GPT2LMHeadModel
 
-from otb_diag.checkpoint import checkpoint_step, find_checkpoints, load_checkpoint, load_tokenizer
 from otb_diag.errors import InputError
+from otb_diag.io.checkpoint import (
+    checkpoint_step,
+    find_checkpoints,
+    load_checkpoint,
+    load_tokenizer,
+)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 

@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from otb_diag.cli.main import app
 from typer.testing import CliRunner
-
-from cli.main import app
 
 runner = CliRunner()
 

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
-from otb_diag.collapse import DetectionRule, analyse_run, smoothed_score, tokens_to_target
 from otb_diag.errors import InputError
-from otb_diag.training_logs import COLUMNS, parse_label, read_training_log
+from otb_diag.io.training_logs import COLUMNS, parse_label, read_training_log
+from otb_diag.maths.collapse import DetectionRule, analyse_run, smoothed_score, tokens_to_target
 
 runner = CliRunner()
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from otb_diag.batch import make_batch
-from otb_diag.energy import (
+from otb_diag.errors import InputError
+from otb_diag.io.batch import make_batch
+from otb_diag.io.rollouts import read_rollouts
+from otb_diag.maths.energy import (
     DEFAULT_BASELINES,
     checkpoint_stats,
     energy_tables,
@@ -18,8 +20,6 @@ from otb_diag.energy import (
     pick_group,
     tir_needed,
 )
-from otb_diag.errors import InputError
-from otb_diag.rollouts import read_rollouts
 
 VOCAB = 40
 

@@ -6,10 +6,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from otb_diag.cli.main import app
 from tiny import MODEL_VOCAB, save_checkpoint
 from typer.testing import CliRunner
-
-from cli.main import app
 
 runner = CliRunner()
 

@@ -3,9 +3,8 @@
 import json
 from pathlib import Path
 
+from otb_diag.cli.main import app
 from typer.testing import CliRunner
-
-from cli.main import app
 
 EXPECTED = [
     "fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "fig3_sequence_energy",

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otb_diag.heterogeneity import (
+from otb_diag.maths.heterogeneity import (
     frozen_paths,
     group_heterogeneity,
     quantile_positions,
@@ -87,7 +87,7 @@ def test_cv_and_ratio_are_scale_free(increments):
 def test_json_text_is_strict_json():
     import json
 
-    from otb_diag.atomic import json_text
+    from otb_diag.io.atomic import json_text
 
     text = json_text({"a": math.inf, "b": [math.nan, 1.5], "c": {"d": -math.inf}})
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
@@ -96,7 +96,7 @@ def test_json_text_is_strict_json():
 def test_atomic_writes_leave_nothing_behind_and_normal_permissions(tmp_path):
     import os
 
-    from otb_diag.atomic import write_text, write_with
+    from otb_diag.io.atomic import write_text, write_with
 
     umask = os.umask(0o022)
     try:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from otb_diag.defaults import (
+from otb_diag.io.defaults import (
     DEFAULT_ROLLOUTS,
     DEFAULT_TIR_ROLLOUTS,
     default_checkpoint,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otb_diag.proxies import variance_proxies
+from otb_diag.maths.proxies import variance_proxies
 
 F64 = torch.float64
 

@@ -21,14 +21,15 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from otb_diag.cli.main import app
 from torch import Tensor
 from typer.testing import CliRunner
 
-from cli.main import app
-from otb_diag import baselines, regress
-from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.regress import DEFAULT_TOLERANCE, Tolerance, compare
-from otb_diag.run_metrics import Metric, collect_metrics
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.maths import baselines
+from otb_diag.pipelines import regress
+from otb_diag.pipelines.regress import DEFAULT_TOLERANCE, Tolerance, compare
+from otb_diag.pipelines.run_metrics import Metric, collect_metrics
 
 runner = CliRunner()
 
@@ -174,7 +175,7 @@ def test_a_shifted_variance_fails(runs: Path, tmp_path: Path) -> None:
     table = pd.read_csv(path)
     otb = table["baseline"] == "otb"
     # Ten-fold: at k = 32 the seeded projection alone may move a variance ~1.5x either way, so
-    # the intervals let through shifts up to ~3.5x (see otb_diag/run_metrics.py).
+    # the intervals let through shifts up to ~3.5x (see otb_diag/pipelines/run_metrics.py).
     table.loc[otb, ["variance", "ci_low", "ci_high"]] *= 10
     table.to_csv(path, index=False)
 

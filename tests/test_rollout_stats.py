@@ -1,4 +1,4 @@
-"""The rollout summary of `otb-diag rollouts inspect` (otb_diag/rollout_stats.py)."""
+"""The rollout summary of `otb-diag rollouts inspect` (otb_diag/pipelines/inspect.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from otb_diag.rollout_stats import format_summary, summarize
-from otb_diag.rollouts import Response, Rollouts
+from otb_diag.io.rollouts import Response, Rollouts
+from otb_diag.pipelines.inspect import format_summary, summarize
 
 
 def make_rollouts(rows: list[tuple[str, float, int, dict[str, Any]]]) -> Rollouts:

@@ -1,4 +1,4 @@
-"""Reading, validating and tokenizing rollout files (otb_diag/rollouts.py)."""
+"""Reading, validating and tokenizing rollout files (otb_diag/io/rollouts.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, processors
 from transformers import PreTrainedTokenizerFast
 
 from otb_diag.errors import InputError
-from otb_diag.rollouts import (
+from otb_diag.io.rollouts import (
     TOKEN_FIELDS,
     Response,
     check_vocab,

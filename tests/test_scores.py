@@ -10,16 +10,16 @@ import torch
 from torch import Tensor, nn
 from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from otb_diag import scores
-from otb_diag.batch import ResponseBatch, pad
 from otb_diag.errors import InputError
-from otb_diag.scores import (
+from otb_diag.maths import scores
+from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.scores import (
     head_sketch_matrices,
     jl_matrix,
     kronecker_split,
     token_scores,
 )
-from otb_diag.token_stats import pad_batch, response_token_stats
+from otb_diag.maths.token_stats import pad_batch, response_token_stats
 
 V = 13
 PROMPTS = [[1, 2, 3], [4], [5, 6]]
@@ -219,7 +219,7 @@ def test_full_mode_refuses_half_precision() -> None:
 
 
 def test_proxy_scores_have_the_proxy_norm_and_no_signal() -> None:
-    from otb_diag.scores import proxy_scores
+    from otb_diag.maths.scores import proxy_scores
 
     w = torch.rand(64, 50, generator=torch.Generator().manual_seed(0)) * 2
     s = proxy_scores(w, k=256, seed=3)

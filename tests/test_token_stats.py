@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from otb_diag.errors import InputError
-from otb_diag.token_stats import (
+from otb_diag.maths.token_stats import (
     check_output_layer,
     cumulative_energy,
     pack_by_tokens,

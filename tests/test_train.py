@@ -6,18 +6,19 @@ from pathlib import Path
 import pytest
 import torch
 from numerics import assert_close_to_norm
+from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
-from otb_diag.baselines import compute_advantages
-from otb_diag.batch import ResponseBatch, make_batch
-from otb_diag.checkpoint import load_checkpoint
-from otb_diag.defaults import default_checkpoint
-from otb_diag.energy import checkpoint_stats
-from otb_diag.returns import returns_to_go
-from otb_diag.rollouts import read_rollouts
-from otb_diag.token_stats import cumulative_energy
-from otb_diag.train_rl import METRIC_KEYS, surrogate_loss
+from otb_diag.io.batch import make_batch
+from otb_diag.io.checkpoint import load_checkpoint
+from otb_diag.io.defaults import default_checkpoint
+from otb_diag.io.rollouts import read_rollouts
+from otb_diag.maths.baselines import compute_advantages
+from otb_diag.maths.energy import checkpoint_stats
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.token_stats import cumulative_energy
+from otb_diag.pipelines.train import METRIC_KEYS, surrogate_loss
 
 runner = CliRunner()
 

@@ -10,16 +10,11 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from otb_diag.baselines import BASELINES, register_baseline
 from otb_diag.errors import InputError
-from otb_diag.fidelity import fidelity
-from otb_diag.plots_variance import (
-    fig_proxy_fidelity,
-    fig_ratio_to_mean,
-    fig_variance_vs_group_size,
-)
-from otb_diag.returns import outcome_token_rewards, returns_to_go
-from otb_diag.variance import (
+from otb_diag.maths.baselines import BASELINES, register_baseline
+from otb_diag.maths.fidelity import fidelity
+from otb_diag.maths.returns import outcome_token_rewards, returns_to_go
+from otb_diag.maths.variance import (
     COLUMNS,
     BaselineSpec,
     bias_z,
@@ -32,6 +27,11 @@ from otb_diag.variance import (
     pool_score_means,
     trace_variance,
     usable_group_sizes,
+)
+from otb_diag.plots.variance import (
+    fig_proxy_fidelity,
+    fig_ratio_to_mean,
+    fig_variance_vs_group_size,
 )
 
 F64 = torch.float64

@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from otb_diag.cli.main import app
 from tiny import save_checkpoint
 from typer.testing import CliRunner
-
-from cli.main import app
 
 runner = CliRunner()
 
@@ -125,11 +124,11 @@ def test_bad_mode_is_a_clear_error(inputs, tmp_path: Path) -> None:
 
 def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
     """The issue's check on real data: rloo's (and trivially none's) |bias_z| stays small."""
-    from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.inputs import LoadOptions, checkpoint_batch, load_rollouts
-    from otb_diag.returns import returns_to_go
-    from otb_diag.scores import token_scores
-    from otb_diag.variance import BaselineSpec, empirical_variance
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.io.inputs import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.maths.returns import returns_to_go
+    from otb_diag.maths.scores import token_scores
+    from otb_diag.maths.variance import BaselineSpec, empirical_variance
 
     ckpt, batch, _ = checkpoint_batch(
         default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()
@@ -154,7 +153,7 @@ def claim_row(n: int, equiv: float, where: str) -> dict:
 
 
 def test_paper_claim_verdicts() -> None:
-    from otb_diag.variance_run import paper_claim
+    from otb_diag.pipelines.variance import paper_claim
 
     [v] = paper_claim([claim_row(2, 3.0, "within"), claim_row(4, 10.4, "within")], 16)
     assert v["verdict"] == "not reproduced" and "N′ ≈ 10.4, not 32 (2.6× fewer" in v["text"]

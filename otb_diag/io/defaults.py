@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEFAULT_DIR = Path(__file__).resolve().parent / "lab" / "default"
+DEFAULT_DIR = Path(__file__).resolve().parent.parent / "lab" / "default"
 DEFAULT_CHECKPOINTS_DIR = DEFAULT_DIR / "checkpoints"
 DEFAULT_ROLLOUTS = DEFAULT_DIR / "rollouts.jsonl"
 DEFAULT_TIR_ROLLOUTS = DEFAULT_DIR / "rollouts_tir.jsonl"

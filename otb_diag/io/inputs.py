@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from otb_diag.batch import ResponseBatch, make_batch
-from otb_diag.checkpoint import Checkpoint, load_checkpoint
 from otb_diag.errors import InputError
-from otb_diag.provenance import directory_sha256, file_sha256
-from otb_diag.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
+from otb_diag.io.batch import make_batch
+from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.io.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
+from otb_diag.maths.response_batch import ResponseBatch
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from otb_diag.errors import InputError
-from otb_diag.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response, describe
+from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response, describe
 
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")

@@ -34,8 +34,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from otb_diag.atomic import write_json, write_jsonl
-from otb_diag.checkpoint import no_transformers_progress_bars
+from otb_diag.io.atomic import write_json, write_jsonl
+from otb_diag.io.checkpoint import no_transformers_progress_bars
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import (
     rollout_rows,

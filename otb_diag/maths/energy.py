@@ -16,13 +16,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from otb_diag.baselines import compute_advantages
-from otb_diag.batch import ResponseBatch, pad
 from otb_diag.errors import InputError
-from otb_diag.heterogeneity import group_heterogeneity
-from otb_diag.proxies import variance_proxies
-from otb_diag.returns import returns_to_go
-from otb_diag.token_stats import (
+from otb_diag.maths.baselines import compute_advantages
+from otb_diag.maths.heterogeneity import group_heterogeneity
+from otb_diag.maths.proxies import variance_proxies
+from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.token_stats import (
     TokenStats,
     cumulative_energy,
     proxy_from_probs,

@@ -37,9 +37,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
-from otb_diag.batch import ResponseBatch
 from otb_diag.errors import InputError
-from otb_diag.token_stats import (
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.token_stats import (
     check_output_layer,
     eval_mode,
     final_hidden,

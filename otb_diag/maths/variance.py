@@ -54,10 +54,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from otb_diag.aggregation import aggregation_weights
-from otb_diag.baselines import compute_advantages
 from otb_diag.errors import InputError
-from otb_diag.token_stats import cumulative_energy
+from otb_diag.maths.aggregation import aggregation_weights
+from otb_diag.maths.baselines import compute_advantages
+from otb_diag.maths.token_stats import cumulative_energy
 
 PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
 ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")

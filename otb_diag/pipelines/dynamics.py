@@ -1,6 +1,6 @@
 """`otb-diag dynamics` end to end: read each training log, detect collapse and the variance
-warning (`collapse.py`), write the tidy table, collapse.json and figures 1–2 and score against
-tokens (`plots_dynamics.py`)."""
+warning (`maths/collapse.py`), write the tidy table, collapse.json and figures 1–2 and score against
+tokens (`plots/dynamics.py`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pandas as pd
 
-from otb_diag import plots_dynamics
-from otb_diag.atomic import write_json, write_with
-from otb_diag.collapse import DetectionRule, analyse_run
 from otb_diag.errors import InputError
-from otb_diag.plots import save_figure
-from otb_diag.training_logs import read_training_log, with_label
+from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.training_logs import read_training_log, with_label
+from otb_diag.maths.collapse import DetectionRule, analyse_run
+from otb_diag.plots import dynamics as plots_dynamics
+from otb_diag.plots.style import save_figure
 
 # A log's file name says little when every run writes the same one; its directory says more.
 _GENERIC_STEMS = {"metrics", "trainer_state", "history", "log", "logs"}

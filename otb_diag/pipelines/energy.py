@@ -1,5 +1,5 @@
 """`otb-diag energy` end to end: load, measure, tabulate, plot, write. The maths lives in
-`energy.py` and below; this module only sequences it and writes every output atomically, after
+`maths/energy.py` and below; this module only sequences it and writes every output atomically, after
 all the measuring is done, so a bad input never leaves a half-written output directory."""
 
 from __future__ import annotations
@@ -12,10 +12,20 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from otb_diag import plots
-from otb_diag.atomic import write_json, write_with
-from otb_diag.batch import make_batch
-from otb_diag.energy import (
+from otb_diag.errors import InputError
+from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.batch import make_batch
+from otb_diag.io.inputs import (
+    LoadOptions,
+    checkpoint_batch,
+    checkpoint_record,
+    load_rollouts,
+    response_tokens,
+    rollouts_record,
+)
+from otb_diag.io.provenance import library_versions
+from otb_diag.io.rollouts import Rollouts
+from otb_diag.maths.energy import (
     DEFAULT_BASELINES,
     EnergyTables,
     checkpoint_stats,
@@ -24,17 +34,8 @@ from otb_diag.energy import (
     pick_group,
     tir_needed,
 )
-from otb_diag.errors import InputError
-from otb_diag.inputs import (
-    LoadOptions,
-    checkpoint_batch,
-    checkpoint_record,
-    load_rollouts,
-    response_tokens,
-    rollouts_record,
-)
-from otb_diag.provenance import library_versions
-from otb_diag.rollouts import Rollouts
+from otb_diag.plots import energy as plots
+from otb_diag.plots.style import save_figure
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ def _write_outputs(out: Path, results: list[_StepResult], group: str) -> list[st
     if len(results) > 1:
         figures["fig_energy_by_step"] = plots.fig_energy_by_step(sequences)
     for name, fig in figures.items():
-        files += [p.name for p in plots.save_figure(fig, out, name)]
+        files += [p.name for p in save_figure(fig, out, name)]
     return files
 
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otb_diag.atomic import write_json
-from otb_diag.collapse import DetectionRule
-from otb_diag.defaults import DEFAULT_ROLLOUTS, default_checkpoint, default_checkpoints
-from otb_diag.dynamics_run import run_dynamics
-from otb_diag.energy_run import run_energy
-from otb_diag.train_rl import TrainSettings, train
-from otb_diag.variance_run import VarianceSettings, run_variance
+from otb_diag.io.atomic import write_json
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint, default_checkpoints
+from otb_diag.maths.collapse import DetectionRule
+from otb_diag.pipelines.dynamics import run_dynamics
+from otb_diag.pipelines.energy import run_energy
+from otb_diag.pipelines.train import TrainSettings, train
+from otb_diag.pipelines.variance import VarianceSettings, run_variance
 
 # The runs behind score-against-tokens: (baseline, N); same seed, so the same prompts per step.
 TRAININGS = (("mean", 4), ("mean", 16), ("otb", 4), ("optseq", 4))

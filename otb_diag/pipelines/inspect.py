@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from otb_diag.rollouts import Response, Rollouts
+from otb_diag.io.rollouts import Response, Rollouts
 
 # Fields whose presence is counted (temperature is always set: it defaults to 1.0).
 FIELDS = (

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from otb_diag.atomic import write_text
 from otb_diag.errors import InputError
-from otb_diag.run_metrics import Metric, find_runs
+from otb_diag.io.atomic import write_text
+from otb_diag.pipelines.run_metrics import Metric, find_runs
 
 GOLDEN_FORMAT = "otb-diag-golden/1"
 Status = Literal["pass", "fail", "missing", "extra"]

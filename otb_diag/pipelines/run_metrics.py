@@ -211,7 +211,7 @@ def _read_fidelity(path: Path) -> pd.DataFrame:
 
 def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric]:
     """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
-    from otb_diag.variance import REFERENCE
+    from otb_diag.maths.variance import REFERENCE
 
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
@@ -260,7 +260,7 @@ def _derived_intervals(
     """Interval of each derived ratio per row of one mode's table: the range of
     `compare_to_mean` over the four corners of (this baseline's variance interval) x (the
     reference curve's intervals), and the point value itself."""
-    from otb_diag.variance import compare_to_mean
+    from otb_diag.maths.variance import compare_to_mean
 
     sizes = sorted(rows["group_size"].unique().tolist())
     is_reference = rows["baseline"] == reference
@@ -286,7 +286,7 @@ def projection_factor_range(mode: str, k: int) -> tuple[float, float]:
     norm, in the worst case (rank one): `χ²_k / k` for Gaussian projections (`proxy`, `full`),
     the product of two such factors for `head`'s Kronecker sketch. Quantiles from a fixed-seed
     Monte Carlo (one code path for both; error ~0.3 %, far below what they widen)."""
-    from otb_diag.scores import kronecker_split
+    from otb_diag.maths.scores import kronecker_split
 
     rng = np.random.default_rng(0)
     factor = np.ones(200_000)

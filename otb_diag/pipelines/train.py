@@ -49,21 +49,22 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from otb_diag.aggregation import aggregation_weights
-from otb_diag.atomic import write_json, write_jsonl
-from otb_diag.baselines import compute_advantages, get_baseline
-from otb_diag.batch import ResponseBatch, make_batch
-from otb_diag.checkpoint import load_checkpoint, no_transformers_progress_bars
-from otb_diag.energy import checkpoint_stats
 from otb_diag.errors import InputError
+from otb_diag.io.atomic import write_json, write_jsonl
+from otb_diag.io.batch import make_batch
+from otb_diag.io.checkpoint import load_checkpoint, no_transformers_progress_bars
+from otb_diag.io.provenance import library_versions
+from otb_diag.io.rollouts import read_rollouts
 from otb_diag.lab.build import LabConfig
 from otb_diag.lab.sample import sample_groups
 from otb_diag.lab.task import make_problem
-from otb_diag.provenance import library_versions
-from otb_diag.proxies import variance_proxies
-from otb_diag.returns import returns_to_go
-from otb_diag.rollouts import read_rollouts
-from otb_diag.token_stats import TokenStats, cumulative_energy, pad_batch
+from otb_diag.maths.aggregation import aggregation_weights
+from otb_diag.maths.baselines import compute_advantages, get_baseline
+from otb_diag.maths.energy import checkpoint_stats
+from otb_diag.maths.proxies import variance_proxies
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.token_stats import TokenStats, cumulative_energy, pad_batch
 
 # Keys of every metrics.jsonl line, in order (the proxies come from `variance_proxies`).
 METRIC_KEYS = (

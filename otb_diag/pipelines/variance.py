@@ -1,6 +1,6 @@
 """`otb-diag variance-compare` end to end: per checkpoint, measure the per-token statistics and
 score vectors, run the paired-draw variance comparison in each mode, and write the tables and
-figures. The maths lives in `variance.py`, `scores.py` and `fidelity.py`."""
+figures. The maths lives in `maths/variance.py`, `maths/scores.py` and `maths/fidelity.py`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from otb_diag import plots, plots_variance
-from otb_diag.atomic import write_json, write_with
-from otb_diag.energy import checkpoint_stats
-from otb_diag.fidelity import fidelity
-from otb_diag.inputs import (
+from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.inputs import (
     LoadOptions,
     checkpoint_batch,
     checkpoint_record,
@@ -24,16 +21,20 @@ from otb_diag.inputs import (
     response_tokens,
     rollouts_record,
 )
-from otb_diag.provenance import library_versions
-from otb_diag.returns import returns_to_go
-from otb_diag.scores import proxy_scores, token_scores
-from otb_diag.variance import (
+from otb_diag.io.provenance import library_versions
+from otb_diag.maths.energy import checkpoint_stats
+from otb_diag.maths.fidelity import fidelity
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.scores import proxy_scores, token_scores
+from otb_diag.maths.variance import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_BASELINES,
     DEFAULT_GROUP_SIZES,
     default_specs,
     empirical_variance,
 )
+from otb_diag.plots import variance as plots_variance
+from otb_diag.plots.style import save_figure
 
 MODES = ("proxy", "head", "full")
 
@@ -201,7 +202,7 @@ def _write(
         exact = "full" if (last["mode"] == "full").any() else "head"
         figures["proxy_fidelity"] = plots_variance.fig_proxy_fidelity(last[last["mode"] == exact])
     for name, fig in figures.items():
-        files += [p.name for p in plots.save_figure(fig, out, name)]
+        files += [p.name for p in save_figure(fig, out, name)]
     return files
 
 

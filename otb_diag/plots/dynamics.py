@@ -1,5 +1,5 @@
 """Training-dynamics figures (the OTB paper's figures 1–2, and score against tokens sampled), in
-the shared style of plots.py.
+the shared style of plots/style.py.
 
 Every function takes the tidy table `otb-diag dynamics` writes (dynamics.csv: one row per run
 and logged step, columns run, step, grad_norm, score, variance_proxy, tokens_sampled, baseline,
@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from otb_diag.plots import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
+from otb_diag.plots.style import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
 
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
 UNKNOWN = "?"

@@ -1,4 +1,5 @@
-"""Figures of the empirical-variance study (variance.py), in the shared style of plots.py.
+"""Figures of the empirical-variance study (maths/variance.py), in the shared style of
+`plots.style`.
 
 Each function takes the tidy tables of `variance.empirical_variance` (or a per-token table) and
 returns a matplotlib Figure. A baseline keeps its family's colour (`baseline_color`); variants
@@ -14,8 +15,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
-from otb_diag.fidelity import correlations
-from otb_diag.plots import STYLE, baseline_color, new_figure
+from otb_diag.maths.fidelity import correlations
+from otb_diag.plots.style import STYLE, baseline_color, new_figure
 
 LINESTYLES = {"loo": "--", "true": ":"}
 HATCHES = {"loo": "//", "true": ".."}

@@ -1,0 +1,81 @@
+"""The one style every figure of the project shares: the colour-blind-safe Okabe–Ito palette, the
+same colour for a baseline in every figure, labelled axes with units, sized for a single column
+(3.4 in wide), and the atomic PNG + PDF writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib as mpl
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from otb_diag.io.atomic import write_with
+
+# Okabe & Ito (2008), safe for the common colour-vision deficiencies.
+OKABE_ITO = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+}
+
+# A baseline keeps its colour in every figure of the project.
+BASELINE_COLORS = {
+    "none": OKABE_ITO["black"],
+    "mean": OKABE_ITO["sky"],
+    "grpo": OKABE_ITO["blue"],
+    "rloo": OKABE_ITO["green"],
+    "optseq": OKABE_ITO["orange"],
+    "otb": OKABE_ITO["vermillion"],
+}
+PASS_COLOR, FAIL_COLOR = OKABE_ITO["green"], OKABE_ITO["vermillion"]
+
+COLUMN_WIDTH_IN = 3.4
+
+STYLE = {
+    "figure.figsize": (COLUMN_WIDTH_IN, 2.5),
+    "figure.dpi": 200,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 6.5,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "lines.linewidth": 1.2,
+    "pdf.fonttype": 42,  # embed TrueType so reviewers can select the text
+}
+
+
+def baseline_color(name: str) -> str:
+    """Colour of a baseline; variants such as `otb-loo` or `otb-true` share their family's."""
+    return BASELINE_COLORS.get(name, BASELINE_COLORS.get(name.split("-")[0], OKABE_ITO["purple"]))
+
+
+def new_figure(height_in: float = 2.5, width_in: float = COLUMN_WIDTH_IN) -> tuple[Figure, Axes]:
+    """A bare Figure (no pyplot state, so no GUI backend is ever touched) in the shared style."""
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(width_in, height_in))
+        ax = fig.subplots()
+    return fig, ax
+
+
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
+    """Write `name.png` and `name.pdf` into `out_dir`; returns the paths."""
+    paths = []
+    with mpl.rc_context(STYLE):
+        for ext in ("png", "pdf"):
+            path = Path(out_dir) / f"{name}.{ext}"
+            write_with(path, lambda p, ext=ext: fig.savefig(p, format=ext))
+            paths.append(path)
+    return paths
