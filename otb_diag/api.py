@@ -1,0 +1,142 @@
+"""The Python face of otb-diag: what a notebook or a trainer callback calls, in the order a
+measurement runs (read, load, tokenize, measure, compare, watch). `import otb_diag` exposes
+these names (lazily, so `import otb_diag` stays cheap); everything else is internal and may move.
+
+    rollouts = read_rollouts("rollouts.jsonl")
+    ckpt = load_checkpoint("checkpoint-200")
+    batch = response_batch(rollouts, ckpt)         # [B, T] tensors of the response tokens
+    stats = token_statistics(ckpt, batch)          # logprob, prob, sum_pi2, entropy, w, h_sq
+    adv = advantages(batch, stats, "otb")          # [B, T] under any registry baseline
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from torch import Tensor
+
+from otb_diag.io.batch import make_batch
+from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.inputs import load_rollouts
+from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.training_logs import read_training_log
+from otb_diag.maths.baselines import BASELINES, compute_advantages, register_baseline
+from otb_diag.maths.collapse import DetectionRule, RunDynamics, analyse_run
+from otb_diag.maths.energy import checkpoint_stats, energy_tables
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.maths.token_stats import TokenStats, cumulative_energy
+from otb_diag.pipelines.variance import VarianceSettings, run_variance
+
+__all__ = [
+    "DetectionRule",
+    "advantages",
+    "baseline_names",
+    "detect_collapse",
+    "embedded_default",
+    "energy_tables",
+    "load_checkpoint",
+    "read_rollouts",
+    "read_training_log",
+    "register_baseline",
+    "response_batch",
+    "token_statistics",
+    "variance_compare",
+]
+
+
+def embedded_default() -> tuple[Path, Path]:
+    """(final checkpoint directory, rollouts file) of the toy lab shipped with the package."""
+    return default_checkpoint(), DEFAULT_ROLLOUTS
+
+
+def read_rollouts(path: str | Path, *, temperature: float | None = None) -> Rollouts:
+    """Read and validate a rollouts file (JSONL, Parquet or a verl dump; see the README's
+    "Rollout format"). `temperature`, when given, overrides every row's τ. Bad rows raise
+    `InputError` naming the file, line or row and field."""
+    return load_rollouts(Path(path), temperature)
+
+
+def response_batch(rollouts: Rollouts, checkpoint: Checkpoint | None = None) -> ResponseBatch:
+    """The rollouts as `[B, T]` tensors over the response tokens (row i = response i in file
+    order, T = longest response). Text is tokenized with the checkpoint's tokenizer and every id
+    checked against its vocabulary; without a checkpoint the rows must carry ids."""
+    if checkpoint is not None:
+        rollouts, _ = tokenize_rollouts(rollouts, checkpoint.tokenizer)
+        check_vocab(rollouts, checkpoint.vocab_size)
+    return make_batch(rollouts)
+
+
+def token_statistics(
+    checkpoint: Checkpoint,
+    batch: ResponseBatch,
+    *,
+    batch_tokens: int = 16384,
+    chunk_size: int = 256,
+) -> TokenStats:
+    """Per-token statistics under the checkpoint, each `[B, T]` fp32 (theory.md §2): `logprob`
+    log p_t, `prob`, `sum_pi2` Σ_v π_t(v)², `entropy`, the logit-gradient proxy
+    `w = (1 − 2p_t + sum_pi2)/τ²` and `h_sq = ‖h_t‖²`; 0 on padding. The `[B, T, V]` logits never
+    exist: at most `chunk_size` positions' logits at once."""
+    return checkpoint_stats(
+        checkpoint.model, batch, batch_tokens=batch_tokens, chunk_size=chunk_size
+    )
+
+
+def baseline_names() -> list[str]:
+    """Names the baseline registry knows (`register_baseline` adds one)."""
+    return sorted(BASELINES)
+
+
+def advantages(
+    batch: ResponseBatch, stats: TokenStats, baseline: str = "otb", **options: Any
+) -> Tensor:
+    """`[B, T]` token advantages `(G_t − B_t) · mask_t` under a registry baseline, with the
+    returns `G_t = Σ_{k≥t} r_k` and the realized energy `W_t = Σ_{j≤t} mask_j·w_j` of `stats`.
+    `options` (e.g. `handle_zero_tail=False`, `eps`) go to the baseline; the rollouts' importance
+    weights, when present, weight the energy as w·ρ²."""
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    energy = cumulative_energy(stats.w, batch.mask)
+    return compute_advantages(
+        baseline,
+        returns,
+        batch.mask,
+        batch.group,
+        energy,
+        **{"is_weights": batch.is_weights, **options},
+    )
+
+
+def variance_compare(
+    checkpoint: str | Path,
+    rollouts: str | Path,
+    out: str | Path,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Run `otb-diag variance-compare` and return its summary (`headline`: OTB's ratio to mean,
+    mean-equivalent N′ and token saving per mode; `paper_claim`: the verdict on "OTB at N = 4
+    matches mean at N = 32"). Writes variance.csv, fidelity.csv, figures and summary.json into
+    `out`. `settings` are `VarianceSettings` fields, e.g. `modes=("proxy", "head")`,
+    `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
+    return run_variance(
+        [Path(checkpoint)],
+        Path(rollouts),
+        Path(out),
+        replace(VarianceSettings(), **settings),
+        progress=False,
+    )
+
+
+def detect_collapse(
+    log: str | Path | pd.DataFrame, rule: DetectionRule | None = None, target: float | None = None
+) -> RunDynamics:
+    """Apply the collapse rule (theory.md §5) to one run: a training log's path (our
+    metrics.jsonl, verl JSONL/CSV, a TRL trainer_state.json) or its tidy table
+    (`read_training_log(path).frame`). Returns the collapse step, the variance warning step,
+    the lead time, and tokens to `target` score."""
+    frame = log if isinstance(log, pd.DataFrame) else read_training_log(log).frame
+    return analyse_run(frame, rule or DetectionRule(), target)

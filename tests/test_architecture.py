@@ -1,0 +1,81 @@
+"""The layering of ARCHITECTURE.md, checked on the source: every `otb_diag` import (module level
+or inside a function) points from a layer to one below it, never up or sideways into a higher
+one. `maths` imports nothing but `errors`."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Rank of each layer: a module may import from layers of lower rank and from its own.
+RANK = {
+    "__init__": 0,  # the package root: `__version__`, and the API names it resolves lazily
+    "errors": 0,
+    "maths": 1,
+    "io": 2,
+    "plots": 3,
+    "lab": 4,
+    "pipelines": 5,
+    "api": 6,
+    "cli": 6,
+    "__main__": 7,
+}
+
+
+def layer(module: str) -> str:
+    """`otb_diag.maths.baselines` -> `maths`; `otb_diag.cli.main` -> `cli`;
+    `otb_diag.__version__` -> `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "__init__"
+
+
+def sources() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted((ROOT / "otb_diag").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        found.append((".".join(rel.parts).removesuffix(".__init__"), path))
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        found.append(("otb_diag.cli." + path.stem, path))
+    return found
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "otb_diag":
+                out += [(node.lineno, f"otb_diag.{a.name}") for a in node.names]
+            elif node.module.startswith("otb_diag."):
+                out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("otb_diag.")]
+    return out
+
+
+@pytest.mark.parametrize(("module", "path"), sources(), ids=[m for m, _ in sources()])
+def test_dependencies_point_down(module: str, path: Path) -> None:
+    own = layer(module)
+    if own == "__init__":
+        return
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for line, target in imports(path)
+        if layer(target) != own and RANK[layer(target)] >= RANK[own]
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_maths_imports_nothing_but_maths_and_errors() -> None:
+    """The rule a reader relies on most, stated on its own."""
+    for module, path in sources():
+        if layer(module) == "maths":
+            assert {layer(t) for _, t in imports(path)} <= {"maths", "errors"}, module
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    """A new subpackage must be given its place in RANK (and in ARCHITECTURE.md)."""
+    unplaced = [m for m, _ in sources() if layer(m) == "__init__" and m != "otb_diag"]
+    assert not unplaced
