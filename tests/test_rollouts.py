@@ -414,7 +414,8 @@ def rollout_row(draw: st.DrawFn) -> dict[str, Any]:
             "token_rewards": draw(st.lists(_float, min_size=n, max_size=n)),
             "logprobs": logprobs,
             "sum_pi2": [
-                math.exp(2 * lp) + u * (1 - math.exp(2 * lp)) for lp, u in zip(logprobs, share)
+                math.exp(2 * lp) + u * (1 - math.exp(2 * lp))
+                for lp, u in zip(logprobs, share, strict=True)
             ],
             "is_weights": draw(st.lists(st.floats(0.0, 1e6), min_size=n, max_size=n)),
         }

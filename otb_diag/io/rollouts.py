@@ -156,7 +156,7 @@ def read_rollouts(path: str | Path, reward_columns: list[str] | None = None) -> 
             response, prompt_messages=record.get("prompt_messages"), source_path=str(path)
         )
         _check_token_fields(rollouts, response, row.key)
-        response, counts = check_probabilities(response, lambda f, m, h: row.fail(f, m, h))
+        response, counts = check_probabilities(response, row.fail)
         for name, count in counts.items():
             rollouts.clamped[name] += count
         rollouts.responses.append(response)
