@@ -27,7 +27,7 @@ from otb_diag.io.rollout_rows import KEYS
 TRL_SIGNATURE = ("step", "prompt", "completion")
 TRL_KEYS = {
     **KEYS,
-    "group": (),
+    "group": ("uid",),  # TRL logs none: groups are (step, prompt)
     "response": ("completion",),
     "reward": ("reward",),
     "trainer_advantage": ("advantage",),
