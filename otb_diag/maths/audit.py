@@ -8,9 +8,16 @@ trainer recomputed from the same rewards and groups, `A^registry = (G_t − B_t)
     max_abs_diff  = max_{i,t: mask=1} |A^trainer_{i,t} − A^registry_{i,t}|
     mean_abs_diff = mean_{i,t: mask=1} |A^trainer_{i,t} − A^registry_{i,t}|
 
-`agrees` is `max_abs_diff ≤ AGREEMENT_REL · max(1, max |A^registry|)`: both sides are float32
-computations of the same formula (TRL logs float32 advantages), which differ by a few ulps; a
-different estimator, ε or grouping differs by orders of magnitude more.
+`agrees` is `max_abs_diff ≤ tolerance`, with
+
+    tolerance = AGREEMENT_REL · max(1, max |A^registry|) + ROUNDING_ULPS · 2⁻²³ · max |R| / ε
+
+Both sides are float32 computations of the same formula (TRL logs float32 advantages), which
+differ by a few ulps; but a group whose rewards are all equal has `std ≈ 0`, and the rounding
+of `R − mean` (ulps of `|R|`) is then divided by `std + ε ≈ ε`: with ε = 1e-4 and rewards of
+0.1, a real TRL run logs advantages of 7e-5 where the exact value is 0 (measured in
+tests/test_trl_integration.py). The second term allows for that (ε = 1 for baselines without
+one; only `grpo` divides by a std). A different estimator, ε or grouping differs by orders of magnitude more.
 
 Which registry baseline a trainer runs:
 - TRL `GRPOTrainer` (defaults `scale_rewards="group"`, `multi_objective_aggregation=
@@ -22,17 +29,19 @@ Which registry baseline a trainer runs:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from otb_diag.maths.baselines import compute_advantages
+from otb_diag.maths.baselines import compute_advantages, get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.token_stats import cumulative_energy
 
 AGREEMENT_REL = 1e-4
+ROUNDING_ULPS = 8
 # The registry baseline (and its options) each trainer documents as its default.
 TRAINER_BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "trl": ("grpo", {"eps": 1e-4}),
@@ -56,6 +65,9 @@ def advantage_audit(
     on = mask.bool()
     diff = (trainer - registry).abs()[on].double()
     scale = max(1.0, float(registry[on].abs().max())) if on.any() else 1.0
+    rewards = float(batch.reward.abs().max()) if batch.reward.numel() else 0.0
+    rounding = ROUNDING_ULPS * 2.0**-23 * rewards / _std_eps(baseline, options)
+    tolerance = AGREEMENT_REL * scale + rounding
     max_diff = float(diff.max()) if diff.numel() else 0.0
     return {
         "baseline": baseline,
@@ -64,7 +76,15 @@ def advantage_audit(
         "tokens": int(on.sum()),
         "max_abs_diff": max_diff,
         "mean_abs_diff": float(diff.mean()) if diff.numel() else 0.0,
-        "tolerance": AGREEMENT_REL * scale,
-        "agrees": bool(max_diff <= AGREEMENT_REL * scale),
+        "tolerance": tolerance,
+        "agrees": bool(max_diff <= tolerance),
         "worst_response": int(torch.nonzero(on)[int(diff.argmax())][0]) if diff.numel() else None,
     }
+
+
+def _std_eps(baseline: str, options: dict[str, Any]) -> float:
+    """The ε added to the group std (`grpo`: the option, else its default), 1 otherwise."""
+    if baseline != "grpo":
+        return 1.0
+    default = inspect.signature(get_baseline(baseline)).parameters["eps"].default
+    return float(options.get("eps", default))
