@@ -71,7 +71,7 @@ def _log_panel(ax: Axes, lines: list[tuple[pd.DataFrame, str, dict, str | None]]
     values = [rows[column].to_numpy(dtype=float) for rows, column, _, _ in lines]
     positive = np.concatenate([v[np.isfinite(v) & (v > 0)] for v in values] or [np.empty(0)])
     if positive.size == 0:
-        for rows, _, style, label in lines:  # keep the legend entries
+        for _rows, _, style, label in lines:  # keep the legend entries
             ax.plot([], [], label=label, **style)
         ax.text(0.5, 0.5, f"no positive {what} logged", transform=ax.transAxes, ha="center")
         return
