@@ -34,6 +34,19 @@ def short(prompts: list[str], completions: list[str], **_: object) -> list[float
     return [0.1 if len(c) <= 3 else 0.0 for c in completions]
 
 
+def exact_ids(tokenizer):
+    """The README's recipe for exact ids: a reward function of weight 0 that logs the prompt
+    ids (TRL tokenizes a plain-text prompt as `processing_class(text=prompts)`) and the
+    completion ids as extra columns of the completion log."""
+
+    def log_ids(prompts, completions, completion_ids, log_extra, **_):
+        log_extra("prompt_ids", [tokenizer(p)["input_ids"] for p in prompts])
+        log_extra("response_ids", [list(ids) for ids in completion_ids])
+        return [0.0] * len(prompts)
+
+    return log_ids
+
+
 @pytest.fixture(scope="module")
 def trl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from datasets import Dataset
@@ -54,17 +67,19 @@ def trl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         report_to=[],
         use_cpu=True,
         learning_rate=1e-3,
+        reward_weights=[1.0, 1.0, 0.0],
         seed=0,
         bf16=False,
         disable_tqdm=True,
     )
     ckpt = default_checkpoint()
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt),
-        reward_funcs=[correct, short],
+        reward_funcs=[correct, short, exact_ids(tokenizer)],
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-        processing_class=AutoTokenizer.from_pretrained(ckpt),
+        processing_class=tokenizer,
     )
     trainer.train()
     return out
@@ -74,8 +89,27 @@ def test_trl_writes_what_we_read(trl_run: Path) -> None:
     names = sorted(p.name for p in (trl_run / "completions").iterdir())
     assert names == [f"completions_{s:05d}.parquet" for s in range(1, STEPS + 1)]
     frame = pd.read_parquet(trl_run / "completions" / names[0])
-    assert list(frame.columns) == ["step", "prompt", "completion", "correct", "short", "advantage"]
+    assert list(frame.columns) == [
+        *("step", "prompt", "completion", "correct", "short", "log_ids"),
+        *("prompt_ids", "response_ids", "advantage"),
+    ]
     assert sorted(p.name for p in trl_run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_exact_ids_recipe_keeps_the_end_token(trl_run: Path) -> None:
+    """The text TRL logs lost the end marker (skip_special_tokens); the logged ids have it."""
+    from transformers import AutoTokenizer
+
+    from otb_diag.io.rollout_sources import read_rollout_set
+
+    rollouts = read_rollout_set(trl_run)
+    tokenizer = AutoTokenizer.from_pretrained(default_checkpoint())
+    eos = tokenizer.eos_token_id
+    ended = [r for r in rollouts.responses if r.response_ids and r.response_ids[-1] == eos]
+    assert ended, "the toy model ends its answers with <end>"
+    for r in ended:
+        assert tokenizer.eos_token not in r.response  # gone from the text
+        assert tokenizer.decode(r.response_ids, skip_special_tokens=True) == r.response
 
 
 def test_rollouts_inspect_reads_the_output_dir(trl_run: Path) -> None:
