@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.collapse import DetectionRule, analyse_run
 from otb_diag.pipelines.dynamics import default_names
+from otb_diag.pipelines.inspect import FIELDS
 from otb_diag.plots.dynamics import fig1_grad_norm_and_score
 
 runner = CliRunner()
@@ -177,26 +178,9 @@ _value = st.one_of(
     st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
 )
 _FIELDS = (
-    "group",
-    "uid",
-    "prompt",
-    "response",
-    "prompt_ids",
-    "response_ids",
-    "reward",
-    "token_rewards",
-    "mask",
-    "step",
-    "logprobs",
-    "sum_pi2",
-    "is_weights",
-    "temperature",
-    "trainer_advantage",
-    "input",
-    "output",
-    "score",
-    "completion",
-    "extra_ünïcode",
+    *FIELDS,  # every canonical field, plus other spellings, trainer keys and an unknown one
+    *("group", "uid", "temperature", "trainer_advantage", "input", "output", "score"),
+    *("completion", "extra_ünïcode"),
 )
 
 
