@@ -45,7 +45,7 @@ def friendly_errors(fn: F) -> F:
         except InputError as err:
             typer.echo(f"otb-diag: error: {err}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as err:
             if debug_enabled():
