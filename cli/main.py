@@ -4,10 +4,12 @@ Heavy imports (torch, transformers) happen inside the commands so `--help` stays
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 from otb_diag.cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
+from otb_diag.cli.common import DEBUG_ENV
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -48,8 +50,17 @@ def _root(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show the full traceback of an unexpected error instead of the short report.",
+        ),
+    ] = False,
 ) -> None:
     """Gradient-variance diagnostics for RL of language models."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 def main() -> None:

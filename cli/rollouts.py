@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from otb_diag.cli.common import friendly_errors, note, or_default, print_json
+from otb_diag.cli.common import (
+    ChatTemplateOption,
+    RewardColumnOption,
+    StepsOption,
+    friendly_errors,
+    note,
+    or_default,
+    print_json,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -22,7 +30,10 @@ def inspect(
     file: Annotated[
         Path | None,
         typer.Argument(
-            help="Rollouts (JSONL, Parquet or a verl dump). Default: the embedded ones."
+            metavar="PATH",
+            help="Rollouts: a file (JSONL, Parquet, verl dump, TRL completion log), a directory "
+            "(verl's rollout_data_dir, a TRL output_dir) or a quoted glob. Default: the "
+            "embedded ones.",
         ),
     ] = None,
     ckpt: Annotated[
@@ -37,6 +48,9 @@ def inspect(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow a tokenizer that needs remote code.")
     ] = False,
+    steps: StepsOption = None,
+    reward_column: RewardColumnOption = None,
+    chat_template: ChatTemplateOption = False,
 ) -> None:
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
@@ -47,18 +61,25 @@ def inspect(
     """
     from otb_diag.io.checkpoint import load_tokenizer
     from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.io.rollouts import check_vocab, read_rollouts, tokenize_rollouts
+    from otb_diag.io.rollout_sources import parse_steps, read_rollout_set
+    from otb_diag.io.rollouts import check_vocab, prompts_without_template, tokenize_rollouts
     from otb_diag.pipelines.inspect import format_summary, summarize
 
     path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
-    data = read_rollouts(path)
+    data = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_column)
     needs_tokenizer = any(r.response_ids is None or r.prompt_ids is None for r in data.responses)
     issues = []
     if ckpt is not None or needs_tokenizer or file is None:
         ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
         tokenizer, vocab_size = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
-        data, issues = tokenize_rollouts(data, tokenizer)
+        untemplated = 0 if chat_template else prompts_without_template(data, tokenizer)
+        data, issues = tokenize_rollouts(data, tokenizer, chat_template=chat_template)
         check_vocab(data, vocab_size)
+        if untemplated:
+            note(
+                f"note: {untemplated} prompts were tokenized without the tokenizer's chat "
+                "template; pass --chat-template if the trainer applied it"
+            )
     summary = summarize(data)
     summary["round_trip_issues"] = [str(issue) for issue in issues]
     if as_json:

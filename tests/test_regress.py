@@ -263,8 +263,14 @@ def test_update_writes_atomically_and_reports_changes(
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(OSError, match="disk full"):
-        invoke("regress", "--golden", golden, "--current", runs / "energy", "--update")
+    crash = tmp_path.parent / f"{tmp_path.name}-crash"  # where the traceback is saved
+    crash.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(crash))
+    result = runner.invoke(
+        app, ["regress", "--golden", str(golden), "--current", str(runs / "energy"), "--update"]
+    )
+    assert result.exit_code == 3 and "OSError: disk full" in result.stderr  # one paragraph
+    assert len(list(crash.iterdir())) == 1
     assert golden.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["golden.json"]
 

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.batch import make_batch
+from otb_diag.io.consistency import TOLERANCE
 from otb_diag.io.inputs import (
     LoadOptions,
     checkpoint_batch,
@@ -24,7 +25,8 @@ from otb_diag.io.inputs import (
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
-from otb_diag.io.rollouts import Rollouts
+from otb_diag.io.rollouts import Rollouts, prompts_without_template
+from otb_diag.maths.audit import TRAINER_BASELINES, advantage_audit
 from otb_diag.maths.energy import (
     DEFAULT_BASELINES,
     EnergyTables,
@@ -50,6 +52,9 @@ class EnergySettings:
     handle_zero_tail: bool = True
     tir: bool | None = None  # None: on when any response holds tool output (mask 0)
     load: LoadOptions = LoadOptions()
+    steps: str | None = None  # "A-B": only rows of these training steps
+    reward_columns: tuple[str, ...] | None = None  # TRL completion logs: the reward's columns
+    trainer_baseline: str | None = None  # audit the trainer's advantages against this baseline
 
 
 @dataclass
@@ -60,6 +65,8 @@ class _StepResult:
     vocab_size: int | None
     tir: bool
     round_trip_issues: int
+    untemplated_prompts: int = 0
+    audit: dict[str, Any] | None = None
 
 
 def run_energy(
@@ -74,7 +81,12 @@ def run_energy(
     tokens.parquet, sequences.csv, groups.csv, proxies.json, the figures and summary.json into
     `out`, and return the summary."""
     started = time.perf_counter()
-    rollouts = load_rollouts(rollouts_path, settings.temperature)
+    rollouts = load_rollouts(
+        rollouts_path,
+        settings.temperature,
+        steps=settings.steps,
+        reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+    )
     tokens_per_pass = response_tokens(rollouts)
     bar = tqdm(
         total=tokens_per_pass * max(1, len(checkpoints)) if tokens_per_pass else None,
@@ -137,7 +149,34 @@ def _measure_checkpoint(
         tir=tir,
     )
     step = ckpt.step if ckpt.step is not None else index
-    return _StepResult(step, checkpoint_record(ckpt), tables, ckpt.vocab_size, tir, issues)
+    untemplated = (
+        0 if settings.load.chat_template else prompts_without_template(rollouts, ckpt.tokenizer)
+    )
+    audit = _audit(batch, stats.w, rollouts, settings, tir)
+    return _StepResult(
+        step, checkpoint_record(ckpt), tables, ckpt.vocab_size, tir, issues, untemplated, audit
+    )
+
+
+def _audit(batch, w, rollouts: Rollouts, settings: EnergySettings, tir: bool) -> dict | None:
+    """The advantage audit (`maths/audit.py`) against the trainer's registry baseline: TRL's
+    default for TRL completion logs, else `--trainer-baseline`; None without trainer
+    advantages, a note when no baseline is known."""
+    if batch.trainer_advantage is None:
+        return None
+    trainer = rollouts.format.split("-")[0]
+    if settings.trainer_baseline is not None:
+        baseline, options = settings.trainer_baseline, {}
+    elif trainer in TRAINER_BASELINES:
+        baseline, options = TRAINER_BASELINES[trainer]
+    else:
+        return {
+            "skipped": "the rollouts carry trainer advantages but the trainer's estimator is "
+            "unknown: name it with --trainer-baseline (verl: algorithm.adv_estimator)"
+        }
+    options = {"handle_zero_tail": settings.handle_zero_tail, "tir": tir, **options}
+    result = advantage_audit(batch, w, baseline, **options)
+    return None if result is None else {"trainer": trainer, **result}
 
 
 def _measure_model_free(rollouts: Rollouts, settings: EnergySettings) -> _StepResult:
@@ -155,7 +194,8 @@ def _measure_model_free(rollouts: Rollouts, settings: EnergySettings) -> _StepRe
     tables = energy_tables(
         batch, stats, settings.baselines, handle_zero_tail=settings.handle_zero_tail, tir=tir
     )
-    return _StepResult(0, None, tables, None, tir, 0)
+    audit = _audit(batch, stats.w, rollouts, settings, tir)
+    return _StepResult(0, None, tables, None, tir, 0, 0, audit)
 
 
 def _stacked(results: list[_StepResult], name: str) -> pd.DataFrame:
@@ -226,7 +266,10 @@ def _summary(
             "generated_tokens": int(seqs["generated"].sum()),
             "checkpoints": len(results),
             "round_trip_issues": results[-1].round_trip_issues,
+            "prompts_without_chat_template": results[-1].untemplated_prompts,
         },
+        "consistency": {"tolerance": TOLERANCE, "clamped": dict(rollouts.clamped)},
+        "advantage_audit": results[-1].audit,
         "energy": {
             "step": results[-1].step,
             "sequence_energy_mean": float(seqs["energy"].mean()),
@@ -272,5 +315,26 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{name:<10} {p['proxy2_total_power']:>19.4g} {p['token_total_power']:>18.4g} "
             f"{p['expected_a_squared']:>19.4g}"
         )
+    audit = summary.get("advantage_audit")
+    if audit:
+        lines += ["", format_audit(audit)]
     lines += ["", f"wrote {len(summary['outputs'])} files to {summary['out']}"]
     return "\n".join(lines)
+
+
+def format_audit(audit: dict[str, Any]) -> str:
+    """One line on the trainer's advantages against its documented estimator."""
+    if "skipped" in audit:
+        return f"advantages   not audited: {audit['skipped']}"
+    eps = audit["options"].get("eps")
+    verdict = (
+        "agree"
+        if audit["agrees"]
+        else f"DIFFER (beyond {audit['tolerance']:.2g}; worst: response {audit['worst_response']})"
+    )
+    return (
+        f"advantages   {audit['trainer']} logged vs registry '{audit['baseline']}'"
+        + (f" (ε={eps:g})" if eps is not None else "")
+        + f": max |Δ| {audit['max_abs_diff']:.3g}, mean |Δ| {audit['mean_abs_diff']:.3g} over "
+        f"{audit['tokens']} tokens of {audit['responses']} responses: {verdict}"
+    )

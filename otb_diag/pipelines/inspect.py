@@ -52,6 +52,7 @@ def summarize(rollouts: Rollouts) -> dict[str, Any]:
     return {
         "path": str(rollouts.path),
         "format": rollouts.format,
+        "files": len(rollouts.files) or 1,
         "rows": len(responses),
         "groups": len(groups),
         "group_size": {
@@ -68,6 +69,7 @@ def summarize(rollouts: Rollouts) -> dict[str, Any]:
         "masked_tokens": _masked_tokens(responses),
         "temperatures": sorted({r.temperature for r in responses}),
         "steps": sorted({r.step for r in responses if r.step is not None}),
+        "clamped_round_off": dict(rollouts.clamped),
         "fields_present": {
             name: sum(getattr(r, name) is not None for r in responses) for name in FIELDS
         },
