@@ -7,7 +7,17 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from otb_diag.cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
+from otb_diag.cli import (
+    dynamics,
+    energy,
+    figures,
+    lab,
+    regress,
+    report,
+    rollouts,
+    train,
+    variance,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -30,6 +40,7 @@ app.command("figures")(figures.figures)
 app.command("regress")(regress.regress)
 app.command("dynamics")(dynamics.dynamics)
 app.command("train")(train.train)
+app.command("report")(report.report)
 
 
 def _version(value: bool) -> None:
