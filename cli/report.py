@@ -14,7 +14,7 @@ def report(
     run_dirs: Annotated[
         list[Path],
         typer.Argument(
-            metavar="RUN_DIR...",
+            metavar="RUN_DIR",
             help="Output directories of energy, variance-compare, dynamics, train (or a "
             "regress --junit file's directory), or directories holding several.",
         ),

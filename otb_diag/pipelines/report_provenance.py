@@ -48,61 +48,39 @@ def _inputs(record: dict[str, Any]) -> list[tuple[str, Any]]:
     return pairs + [("--rollouts", inputs.get("rollouts", {}).get("path"))]
 
 
+def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(option, value) for settings whose option is the key with dashes (`modes` is `--mode`)."""
+    options = {"modes": "--mode"}
+    return [(options.get(k, f"--{k.replace('_', '-')}"), settings.get(k)) for k in keys]
+
+
 def command(command_name: str, record: dict[str, Any], out: Path) -> str:
     """The `otb-diag ...` line that rewrites the run directory `out` with the same settings."""
     s = record.get("settings", {})
-    if command_name == "energy":
-        pairs = _inputs(record) + [
-            ("--model-free", record.get("mode") == "model-free"),
-            ("--baselines", s.get("baselines")),
-            ("--temperature", s.get("temperature")),
-            ("--group", s.get("group")),
-            ("--batch-tokens", s.get("batch_tokens")),
-            ("--chunk-size", s.get("chunk_size")),
-            *_zero_tail(s),
-            *_load_flags(s),
-        ]
-    elif command_name == "variance-compare":
-        pairs = _inputs(record) + [
-            ("--mode", s.get("modes")),
-            ("--baselines", s.get("baselines")),
-            ("--aggregations", s.get("aggregations")),
-            ("--group-sizes", s.get("group_sizes")),
-            ("--draws", s.get("draws")),
-            ("--bootstrap", s.get("bootstrap")),
-            ("--sketch-dim", s.get("sketch_dim")),
-            ("--seed", s.get("seed")),
-            ("--force", s.get("force")),
-            ("--temperature", s.get("temperature")),
-            ("--batch-tokens", s.get("batch_tokens")),
-            ("--chunk-size", s.get("chunk_size")),
-            *_zero_tail(s),
-            *_load_flags(s),
-        ]
+    if command_name in ("energy", "variance-compare"):
+        model_free = record.get("mode") == "model-free"  # energy's --model-free
+        keys = (
+            ("baselines", "temperature", "group")
+            if command_name == "energy"
+            else ("modes", "baselines", "aggregations", "group_sizes", "draws", "bootstrap")
+            + ("sketch_dim", "seed", "force", "temperature")
+        )
+        pairs = _inputs(record) + [("--model-free", model_free)] + _named(s, keys)
+        pairs += _named(s, ("batch_tokens", "chunk_size")) + _zero_tail(s) + _load_flags(s)
     elif command_name == "train":
-        pairs = [("--ckpt", record.get("checkpoint"))] + [
-            (f"--{key.replace('_', '-')}", s.get(key))
-            for key in (
-                *("baseline", "group_size", "aggregation", "prompts_per_step", "lr", "steps"),
-                *("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
-            )
-        ]
+        pairs = [("--ckpt", record.get("checkpoint"))] + _named(
+            s,
+            ("baseline", "group_size", "aggregation", "prompts_per_step", "lr", "steps")
+            + ("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
+        )
     else:  # dynamics
-        rule = record.get("rule", {})
         pairs = [
             p for r in record.get("runs", []) for p in (("--log", r["file"]), ("--label", r["run"]))
         ]
-        pairs += [
-            (f"--{key.replace('_', '-')}", rule.get(key))
-            for key in (
-                "window",
-                "threshold",
-                "persist",
-                "lead_threshold",
-                "lead_horizon",
-                "smooth",
-            )
-        ]
+        pairs += _named(
+            record.get("rule", {}),
+            ("window", "threshold", "persist", "lead_threshold", "lead_horizon", "smooth"),
+        )
         pairs.append(("--target", record.get("target")))
     return shlex.join(["otb-diag", command_name, *_flags(pairs), "--out", str(out)])
 
