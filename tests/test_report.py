@@ -68,13 +68,18 @@ def dynamics_run(tmp: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path) -> Path:
+def dynamics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return dynamics_run(tmp_path_factory.mktemp("dynamics"))
+
+
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path, dynamics_dir: Path) -> Path:
     """energy + variance (proxy, full) of the shared reduced runs, a dynamics run, a 2-step
     training run and a regress JUnit file, in one directory."""
     root = tmp_path_factory.mktemp("all")
     for name in ("energy", "variance"):
         shutil.copytree(runs / name, root / name)
-    dynamics_run(root)
+    shutil.copytree(dynamics_dir, root / "dynamics")
     code, output = invoke(
         "train", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
         "--save-every", "0", "--out", root / "train", "--quiet",
@@ -187,8 +192,8 @@ def test_energy_only(runs: Path, tmp_path: Path) -> None:
     assert "energy (energy)" in text
 
 
-def test_dynamics_only(tmp_path: Path) -> None:
-    text = report_text(tmp_path, dynamics_run(tmp_path))
+def test_dynamics_only(dynamics_dir: Path, tmp_path: Path) -> None:
+    text = report_text(tmp_path, dynamics_dir)
     assert "collapse at step 300" in text
     assert "no energy run" in text and "no variance-compare run" in text
 
@@ -214,8 +219,10 @@ def test_nothing_recognisable_is_exit_2(tmp_path: Path) -> None:
     assert code == 2
 
 
-def test_golden_without_energy_or_variance_run_is_exit_2(tmp_path: Path) -> None:
-    code, _ = invoke("report", dynamics_run(tmp_path), "--golden", GOLDEN, "--out", tmp_path / "r")
+def test_golden_without_energy_or_variance_run_is_exit_2(
+    dynamics_dir: Path, tmp_path: Path
+) -> None:
+    code, _ = invoke("report", dynamics_dir, "--golden", GOLDEN, "--out", tmp_path / "r")
     assert code == 2 and not (tmp_path / "r").exists()
 
 
