@@ -8,7 +8,17 @@ import os
 from typing import Annotated
 
 import typer
-from otb_diag.cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
+from otb_diag.cli import (
+    dynamics,
+    energy,
+    figures,
+    lab,
+    regress,
+    report,
+    rollouts,
+    train,
+    variance,
+)
 from otb_diag.cli.common import DEBUG_ENV
 
 app = typer.Typer(
@@ -32,6 +42,7 @@ app.command("figures")(figures.figures)
 app.command("regress")(regress.regress)
 app.command("dynamics")(dynamics.dynamics)
 app.command("train")(train.train)
+app.command("report")(report.report)
 
 
 def _version(value: bool) -> None:

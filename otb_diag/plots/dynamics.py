@@ -25,6 +25,8 @@ from matplotlib.figure import Figure
 from otb_diag.plots.style import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
 
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
+# Beside the axes, off the curves (a legend inside covered the top of the log-scale panels).
+LEGEND_BESIDE = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0), "frameon": False}
 UNKNOWN = "?"
 
 
@@ -129,7 +131,7 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
                 _mark(ax, results[run]["collapse_step"], style["color"], ":")
         top.set_ylabel("gradient norm ‖g‖")
         top.set_title("Gradient norm and score (dotted: detected collapse)")
-        top.legend(loc="upper left", frameon=False)
+        top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("score (mean reward)")
         bottom.set_xlabel("training step")
     return fig
@@ -160,7 +162,7 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure
             + (", ".join(kinds) or "none"),
             fontsize=6.5,
         )
-        top.legend(loc="upper left", frameon=False)
+        top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("gradient norm ‖g‖")
         bottom.set_xlabel("training step")
     return fig
@@ -195,7 +197,7 @@ def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | N
         if target is not None:
             ax.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
         if plotted:
-            ax.legend(loc="lower right", frameon=False)
+            ax.legend(**LEGEND_BESIDE)
         else:
             ax.text(0.5, 0.5, "no run logs sampled tokens", transform=ax.transAxes, ha="center")
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
