@@ -15,7 +15,6 @@ from otb_diag.maths import scores
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.maths.scores import (
     head_sketch_matrices,
-    jl_matrix,
     kronecker_split,
     token_scores,
 )
