@@ -233,7 +233,7 @@ def plan_full(
         reverse_s, more = _reverse_estimate(model, batch, params, seed, chunk, k_total, rows)
         calibration.update(more)
     if engine == "auto":
-        engine = "jvp" if forward_s * EXACT_NORMS_PREMIUM < reverse_s else "vjp"
+        engine = choose_engine(forward_s, reverse_s)
     plan = FullPlan(
         engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
         reverse_peak(max(chunk, 1)), available, max(nd, 1), max(chunk, 1), budget_s, calibration,
@@ -255,6 +255,12 @@ def plan_full(
             "--directions-per-block) or parameters (--params).",
         )
     return plan
+
+
+def choose_engine(forward_s: float, reverse_s: float) -> str:
+    """`auto`: reverse mode (exact per-token norms) unless forward mode is more than
+    `EXACT_NORMS_PREMIUM` × faster; an engine that does not fit has an infinite estimate."""
+    return "jvp" if forward_s * EXACT_NORMS_PREMIUM < reverse_s else "vjp"
 
 
 def _reverse_estimate(

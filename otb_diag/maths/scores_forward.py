@@ -14,6 +14,12 @@ tokens (never `[B, L, V]`), the tangents in the parameters' dtype (bf16 models: 
 fp32 log-softmax and accumulation). `scaled_dot_product_attention` has no forward-AD formula,
 so the pass switches the model to eager attention and back.
 
+Autograd's convention for an `nn.Embedding` with a `padding_idx` (Gemma's 0, OPT's 1): its
+lookup gives that row no gradient. Forward mode follows it by zeroing the row's tangent, exact
+for untied embeddings; for an embedding tied to the output layer the row also feeds the logits,
+so it is left alone and the engines differ only where the padding token is itself an input
+(unpadded rows never contain it unless the prompt does).
+
 `‖s_t‖²` is not available in forward mode: `‖u_t‖²` (per block, `‖u_{t,b}‖²`) is its unbiased
 JL estimate, `E‖u_t‖² = ‖s_t‖²`, with relative error about `√(2/k)` per token.
 """
@@ -115,6 +121,7 @@ def forward_scores(
     proj = torch.zeros(n_rows, width, sum(b.k for b in blocks))
     lengths = batch.length.tolist()
     wrapper = _TokenLogProbs(model, chunk_size)
+    frozen = padding_rows(model)
     packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
     with torch.no_grad(), eval_mode(model), eager_attention(model):
         for group in pack_by_tokens(packed, batch_tokens):
@@ -133,6 +140,9 @@ def forward_scores(
                         ).to(params[n].dtype)
                         for n in block.params
                     }  # {name: [d, *shape]}: v_{b,j} restricted to each parameter
+                    for n, row in frozen.items():
+                        if _PREFIX + n in tangents:
+                            tangents[_PREFIX + n][:, row] = 0  # autograd's padding convention
                     u = vmap(_jvp_fn(wrapper, inputs, primals))(
                         tangents
                     )  # [d, N]: ⟨v_{b,j}, ∇θ log p_t⟩
@@ -142,6 +152,19 @@ def forward_scores(
             if progress is not None:
                 progress(sum(lengths[i] for i in group))
     return proj
+
+
+def padding_rows(model: nn.Module) -> dict[str, int]:
+    """`{weight name: padding_idx}` of the `nn.Embedding`s with a padding row that are not tied
+    to the output layer (module docstring)."""
+    head = model.get_output_embeddings()
+    return {
+        f"{prefix}.weight": module.padding_idx
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.Embedding)
+        and module.padding_idx is not None
+        and (head is None or module.weight is not head.weight)
+    }
 
 
 def _jvp_fn(
