@@ -221,6 +221,9 @@ def plan_full(
     if nd and engine in ("auto", "jvp"):
         cal = _sub_batch(batch, _calibration_rows(batch, CALIBRATION_TOKENS), CALIBRATION_TOKENS)
         one = [Block("calibration", tuple(params), nd, 0)]
+        warm = _sub_batch(batch, _calibration_rows(batch, 1), 4)  # first-call costs, untimed
+        forward_scores(model, warm, params, one, seed, batch_tokens=batch_tokens,
+                       directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
         t0 = time.perf_counter()
         forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
                        directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
