@@ -10,6 +10,9 @@ For models of ~5 M, ~25 M and ~100 M parameters and one response of T ∈ {256, 
 - the crossover T above which forward mode wins for k directions, from the two measured T
   (forward ∝ T, reverse = b T² + c T).
 `--e2e`: `token_scores(engine="auto")` on a ~25 M model, 32 responses of T = 512, k = 32.
+`--jl-seeds S`: the projection error on the embedded default: full-mode variances at N = 4
+(token-sum, same draws) under S projection seeds, their relative spread for `mean`, `otb` and
+the ratio OTB/mean, beside √(2/k) and the sub-sketch estimate the summary prints.
 """
 
 from __future__ import annotations
@@ -148,13 +151,44 @@ def describe(r: dict, k: int) -> str:
     )
 
 
+def jl_seeds(seeds: int, k: int) -> dict:
+    import numpy as np
+
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.io.inputs import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.maths.coordinate_variance import projection_error
+    from otb_diag.maths.returns import returns_to_go
+    from otb_diag.maths.variance import paired_estimates, variance_table
+
+    ckpt, batch, _ = checkpoint_batch(
+        default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()
+    )
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    values, sub = [], None
+    for seed in range(seeds):
+        scores = token_scores(ckpt.model, batch, "full", k, seed, engine="vjp")
+        paired = paired_estimates(
+            returns, batch.mask, batch.group, scores.proj, {"proxy": scores.sq_norm},
+            aggregations=("token-sum",), group_sizes=(4,), draws=200, bootstrap=10, seed=0,
+        )  # fmt: skip
+        table = variance_table(paired).set_index("baseline")["variance"]
+        values.append([table["mean"], table["otb"], table["otb"] / table["mean"]])
+        sub = sub or projection_error(paired, scores.blocks)
+    v = np.array(values)
+    spread = v.std(0, ddof=1) / v.mean(0)
+    return {"k": k, "seeds": seeds, "theory": (2 / k) ** 0.5, "mean_rel_err": spread[0],
+            "otb_rel_err": spread[1], "ratio_rel_err": spread[2], "subsketch": sub}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--e2e", action="store_true", help="the 25 M end-to-end run")
     parser.add_argument("--k", type=int, default=32, help="directions for reverse mode")
-    parser.add_argument("--prefix", type=int, default=64, help="reverse-mode tokens measured")
+    parser.add_argument("--prefix", type=int, default=16, help="reverse-mode tokens measured")
     parser.add_argument("--directions", type=int, default=4, help="directions per jvp (vmap)")
+    parser.add_argument("--jl-seeds", type=int, default=0, help="projection seeds (default)")
+    parser.add_argument("--models", default=",".join(MODELS), help="subset of 5M,25M,100M")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._memory:
@@ -163,7 +197,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with "
           f"{torch.get_num_threads()} threads, {platform.python_version()}, load average "
           f"{os.getloadavg()}")  # fmt: skip
-    cases = [("5M", (256,))] if args.quick else [(m, (256, 2048)) for m in MODELS]
+    chosen = args.models.split(",")
+    cases = [("5M", (256,))] if args.quick else [(m, (256, 2048)) for m in chosen if m]
     rows = []
     for name, lengths in cases:
         per_model = [measure(name, t, args.k, args.prefix, args.directions) for t in lengths]
@@ -180,6 +215,14 @@ def main() -> None:
         print(f"end to end: 25 M model, 32 x T=512, k={args.k}: {minutes:.1f} min "
               f"({e2e['engine']}; estimated {estimate:.1f} min) [target <= 20]")  # fmt: skip
         rows.append(e2e)
+    if args.jl_seeds:
+        jl = jl_seeds(args.jl_seeds, args.k)
+        print(f"projection error on the default, k={jl['k']}, {jl['seeds']} seeds: variance of "
+              f"mean ±{jl['mean_rel_err']:.1%}, of otb ±{jl['otb_rel_err']:.1%}, OTB/mean "
+              f"±{jl['ratio_rel_err']:.1%} (√(2/k) = {jl['theory']:.1%}); sub-sketch estimate "
+              f"(seed 0): variances ±{jl['subsketch']['variance_relative_error']:.1%}, ratios "
+              f"±{jl['subsketch']['ratio_relative_error']:.1%}")  # fmt: skip
+        rows.append(jl)
     print(json.dumps(rows))
 
 
