@@ -93,7 +93,7 @@ class FullPlan:
 
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
-        return "does not fit in memory"
+        return "not estimated (does not fit in memory, or another engine was asked for)"
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
