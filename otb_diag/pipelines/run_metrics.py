@@ -231,7 +231,7 @@ def read_fidelity(path: Path) -> pd.DataFrame:
 
 def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric]:
     """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
-    from otb_diag.maths.variance import REFERENCE
+    from otb_diag.maths.variance_stats import REFERENCE
 
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
@@ -266,9 +266,13 @@ def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric
     fidelity = _read(run_dir / "fidelity.csv", read_fidelity)
     for step, rows in _steps(fidelity):
         for row in rows.to_dict("records"):
+            # The whole parameter vector (block "all", or no block column in older runs) keeps
+            # the plain name; a parameter block adds its name: fidelity/full/layer.0/...
+            block = row.get("block", "all")
+            where = f"{row['mode']}" if block == "all" else f"{row['mode']}/{block}"
             for column, value in row.items():
-                if column not in ("step", "mode"):
-                    metrics[f"fidelity/{step}{row['mode']}/{column}"] = Metric(
+                if column not in ("step", "mode", "block"):
+                    metrics[f"fidelity/{step}{where}/{column}"] = Metric(
                         "deterministic", float(value)
                     )
     return metrics
@@ -280,7 +284,7 @@ def _derived_intervals(
     """Interval of each derived ratio per row of one mode's table: the range of
     `compare_to_mean` over the four corners of (this baseline's variance interval) x (the
     reference curve's intervals), and the point value itself."""
-    from otb_diag.maths.variance import compare_to_mean
+    from otb_diag.maths.variance_stats import compare_to_mean
 
     sizes = sorted(rows["group_size"].unique().tolist())
     is_reference = rows["baseline"] == reference

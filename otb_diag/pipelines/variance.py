@@ -1,10 +1,12 @@
 """`otb-diag variance-compare` end to end: per checkpoint, measure the per-token statistics and
 score vectors, run the paired-draw variance comparison in each mode, and write the tables and
-figures. The maths lives in `maths/variance.py`, `maths/scores.py` and `maths/fidelity.py`."""
+figures. The maths lives in `maths/variance.py`, `maths/scores.py` (and the `full` engines it
+dispatches to), `maths/coordinate_variance.py` and `maths/fidelity.py`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,16 +24,19 @@ from otb_diag.io.inputs import (
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
+from otb_diag.maths.coordinate_variance import block_tables, projection_error
 from otb_diag.maths.energy import checkpoint_stats
 from otb_diag.maths.fidelity import fidelity
+from otb_diag.maths.full_cost import DEFAULT_BUDGET_S
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.scores import proxy_scores, token_scores
+from otb_diag.maths.scores import TokenScores, proxy_scores, token_scores
 from otb_diag.maths.variance import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_BASELINES,
     DEFAULT_GROUP_SIZES,
     default_specs,
-    empirical_variance,
+    paired_estimates,
+    variance_table,
 )
 from otb_diag.plots import variance as plots_variance
 from otb_diag.plots.style import save_figure
@@ -57,6 +62,11 @@ class VarianceSettings:
     chunk_size: int = 256
     handle_zero_tail: bool = True
     load: LoadOptions = LoadOptions()
+    engine: str = "auto"  # full mode: auto, jvp (forward mode) or vjp (reverse mode)
+    params: str | None = None  # full mode: regular expression selecting parameters by name
+    by_block: bool = False  # full mode: variance per parameter block (variance_blocks.csv)
+    directions_per_block: int | None = None  # default ⌈sketch_dim / blocks⌉
+    budget_s: float | None = DEFAULT_BUDGET_S  # full mode refuses longer runs unless force
 
 
 def run_variance(
@@ -66,8 +76,10 @@ def run_variance(
     settings: VarianceSettings = VarianceSettings(),
     *,
     progress: bool = True,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Write variance.csv, fidelity.csv, the figures and summary.json into `out`."""
+    """Write variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
+    summary.json into `out`. `notify` receives the full-mode cost estimate before the run."""
     started = time.perf_counter()
     rollouts = load_rollouts(rollouts_path, settings.temperature)
     model_modes = [m for m in settings.modes if m != "proxy"]
@@ -80,6 +92,7 @@ def run_variance(
         disable=not progress,
     )
     tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
+    block_frames, full_info = [], {}
     timings: dict[str, float] = {}
     for index, path in enumerate(checkpoints):
         ckpt, batch, _ = checkpoint_batch(path, rollouts, settings.load)
@@ -111,13 +124,17 @@ def run_variance(
                     batch_tokens=settings.batch_tokens,
                     force=settings.force,
                     progress=bar.update,
+                    engine=settings.engine,  # type: ignore[arg-type]
+                    params=settings.params,
+                    by_block=settings.by_block,
+                    directions_per_block=settings.directions_per_block,
+                    budget_s=settings.budget_s,
+                    on_plan=None if notify is None else (lambda plan: notify(plan.describe())),
                 )
                 scores = measured.proj
                 if mode == "full":
                     energies["true"] = measured.sq_norm
-                fidelity_rows.append(
-                    {"step": step, "mode": mode, **fidelity(stats.w, measured.sq_norm, batch.mask)}
-                )
+                fidelity_rows += _fidelity_rows(step, mode, stats.w, measured, batch.mask)
                 keep = batch.mask.bool()
                 fidelity_tokens.append(
                     pd.DataFrame(
@@ -129,7 +146,7 @@ def run_variance(
                         }
                     )
                 )
-            table, meta = empirical_variance(
+            paired = paired_estimates(
                 returns,
                 batch.mask,
                 batch.group,
@@ -144,8 +161,14 @@ def run_variance(
                 mode=mode,
                 baseline_options={"handle_zero_tail": settings.handle_zero_tail},
             )
-            tables.append(table.assign(step=step))
-            metadata[f"{mode}@{step}"] = meta
+            tables.append(variance_table(paired).assign(step=step))
+            metadata[f"{mode}@{step}"] = paired.metadata
+            if mode == "full":
+                full_info[str(step)] = _full_record(
+                    measured, projection_error(paired, measured.blocks)
+                )
+                if settings.by_block:
+                    block_frames.append(block_tables(paired, measured.blocks).assign(step=step))
             timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
     bar.close()
 
@@ -153,7 +176,10 @@ def run_variance(
     if len(checkpoints) == 1:
         variance = variance.drop(columns="step")
     fid = pd.DataFrame(fidelity_rows)
-    outputs = _write(out, variance, fid, fidelity_tokens, settings)
+    blocks = pd.concat(block_frames, ignore_index=True) if block_frames else None
+    if blocks is not None and len(checkpoints) == 1:
+        blocks = blocks.drop(columns="step")
+    outputs = _write(out, variance, fid, fidelity_tokens, settings, blocks)
     timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     summary = {
@@ -164,6 +190,7 @@ def run_variance(
         "headline": rows,
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
         "fidelity": fidelity_rows,
+        "full": full_info,
         "timings": timings,
         "versions": library_versions(),
         "out": str(out.resolve()),
@@ -179,11 +206,15 @@ def _write(
     fid: pd.DataFrame,
     fidelity_tokens: list[pd.DataFrame],
     settings: VarianceSettings,
+    blocks: pd.DataFrame | None,
 ) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "variance.csv", lambda p: variance.to_csv(p, index=False))
     write_with(out / "fidelity.csv", lambda p: fid.to_csv(p, index=False))
     files = ["variance.csv", "fidelity.csv"]
+    if blocks is not None:
+        write_with(out / "variance_blocks.csv", lambda p: blocks.to_csv(p, index=False))
+        files.append("variance_blocks.csv")
     final = (
         variance if "step" not in variance else variance[variance["step"] == variance["step"].max()]
     )
@@ -201,9 +232,47 @@ def _write(
         last = tokens[tokens["step"] == tokens["step"].max()]
         exact = "full" if (last["mode"] == "full").any() else "head"
         figures["proxy_fidelity"] = plots_variance.fig_proxy_fidelity(last[last["mode"] == exact])
+    if blocks is not None:
+        last = blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
+        figures["variance_by_block"] = plots_variance.fig_variance_by_block(
+            last, aggregation=settings.aggregations[0]
+        )
     for name, fig in figures.items():
         files += [p.name for p in save_figure(fig, out, name)]
     return files
+
+
+def _fidelity_rows(
+    step: int, mode: str, w: Any, measured: TokenScores, mask: Any
+) -> list[dict[str, Any]]:
+    """fidelity.csv rows: the whole parameter vector (`block` = all), then each block of a
+    split full-mode projection, `w_t` against the block's per-token `‖s_{t,b}‖²`."""
+    rows = [{"step": step, "mode": mode, "block": "all", **fidelity(w, measured.sq_norm, mask)}]
+    if measured.block_sq_norm is not None and len(measured.blocks) > 1:
+        rows += [
+            {
+                "step": step,
+                "mode": mode,
+                "block": name,
+                **fidelity(w, measured.block_sq_norm[..., b], mask),
+            }
+            for b, (name, _, _) in enumerate(measured.blocks)
+        ]
+    return rows
+
+
+def _full_record(measured: TokenScores, jl_error: dict[str, float]) -> dict[str, Any]:
+    """summary.json's account of a full-mode measurement: engine, where `‖s_t‖²` came from, the
+    cost estimate, the blocks and the measured projection error."""
+    return {
+        "engine": measured.engine,
+        "sq_norm": "exact (reverse mode)"
+        if measured.sq_norm_exact
+        else "JL estimate ‖u_t‖² (forward mode; unbiased, relative error ≈ √(2/k) per token)",
+        "plan": measured.plan,
+        "blocks": [{"block": name, "offset": o, "k": k} for name, o, k in measured.blocks],
+        "jl_error": jl_error,
+    }
 
 
 def headline(variance: pd.DataFrame) -> list[dict[str, Any]]:
@@ -300,7 +369,21 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"paper's claim (OTB N={CLAIM_N} ≈ mean N={CLAIM_EQUIVALENT_N}), {c['mode']}: "
             f"{c['verdict']}: {c['text']}."
         )
+    for step, full in summary.get("full", {}).items():
+        err = full["jl_error"]
+        lines.append(
+            f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² {full['sq_norm']}"
+        )
+        if err:
+            lines.append(
+                f"projection error (k={err['k']}, measured over {err['subsketches']} "
+                f"sub-sketches): variances ±{err['variance_relative_error']:.1%} (worst case "
+                f"√(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
+                f"±{err['ratio_relative_error']:.1%}"
+            )
     for f in summary["fidelity"]:
+        if f.get("block", "all") != "all":
+            continue
         lines.append(
             f"proxy fidelity ({f['mode']}, step {f['step']}): Spearman "
             f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "
