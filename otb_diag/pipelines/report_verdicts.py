@@ -119,8 +119,8 @@ def absent_modes(summary: dict[str, Any], label: str) -> list[str]:
     if "full" not in modes:
         notes.append(
             f"{label}: no full mode, so no variance with the exact gradients of every parameter "
-            "and no otb-true/optseq-true (run variance-compare with --mode ...,full; models up "
-            "to 10 M parameters, or --force)."
+            "and no otb-true/optseq-true (run variance-compare with --mode ...,full; it prints "
+            "its cost estimate first and keeps within --budget)."
         )
     if not {"head", "full"} & set(modes):
         notes.append(
