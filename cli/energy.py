@@ -11,6 +11,7 @@ from otb_diag.cli.common import (
     BatchTokensOption,
     ChunkSizeOption,
     CkptOption,
+    DeviceMapOption,
     DeviceOption,
     DtypeOption,
     JsonOption,
@@ -48,7 +49,8 @@ def energy(
             help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable).",
         ),
     ] = False,
-    device: DeviceOption = "cpu",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
@@ -89,7 +91,7 @@ def energy(
         chunk_size=chunk_size,
         group=group,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
     )
     summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
     if as_json:

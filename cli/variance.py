@@ -11,6 +11,7 @@ from otb_diag.cli.common import (
     BatchTokensOption,
     ChunkSizeOption,
     CkptOption,
+    DeviceMapOption,
     DeviceOption,
     DtypeOption,
     JsonOption,
@@ -64,7 +65,8 @@ def variance_compare(
     seed: Annotated[int, typer.Option("--seed", help="Seed of draws and projections.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Allow full mode on big models.")] = False,
     temperature: TemperatureOption = None,
-    device: DeviceOption = "cpu",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
@@ -116,7 +118,7 @@ def variance_compare(
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
     )
     summary = run_variance(checkpoint_dirs(ckpt), rollouts_path, out, settings, progress=not quiet)
     if as_json:

@@ -65,3 +65,18 @@ def write_with(dest: str | Path, writer: Callable[[Path], None]) -> None:
     """Atomic version of any `writer(path)`, e.g. `lambda p: frame.to_parquet(p)`."""
     with atomic_path(dest) as tmp:
         writer(tmp)
+
+
+@contextlib.contextmanager
+def output_dir(out: str | Path) -> Iterator[Path]:
+    """`out`, removed again if this run created it and fails before writing anything in it:
+    bad input or an interrupted run leaves no trace (the atomic writers remove their own
+    temporary files)."""
+    out = Path(out)
+    existed = out.exists()
+    try:
+        yield out
+    except BaseException:
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise

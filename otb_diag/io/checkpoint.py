@@ -25,6 +25,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from otb_diag.errors import InputError
+from otb_diag.io.devices import device_map_kwargs, resolve_device
 
 _DTYPES: dict[str, torch.dtype | str] = {
     "auto": "auto",
@@ -109,6 +110,7 @@ def load_checkpoint(
     path: str | Path,
     *,
     device: str | torch.device = "cpu",
+    device_map: str | None = None,
     dtype: str | torch.dtype | None = None,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
@@ -119,7 +121,11 @@ def load_checkpoint(
     "float16" or a `torch.dtype`. Pickled weights (`pytorch_model*.bin`) are refused unless
     `allow_pickle`, and checkpoints that ship their own modelling code unless `trust_remote_code`.
     Nothing is ever downloaded. Raises `InputError` for every problem with the directory.
+    `device` is one device (`auto`: see `devices.resolve_device`); `device_map` (`auto` or a
+    list of devices) spreads the model over GPUs and CPU offload with accelerate instead.
     """
+    target = resolve_device(str(device)) if device_map is None else None
+    placement = device_map_kwargs(device_map)
     root = Path(path).resolve()
     _require_directory(root)
     _check_config(root, trust_remote_code)
@@ -132,9 +138,18 @@ def load_checkpoint(
             local_files_only=True,
             use_safetensors=has_safetensors,
             trust_remote_code=trust_remote_code,
+            **placement,
             **{_DTYPE_KWARG: _resolve_dtype(dtype)},
         )
-    model = model.to(device).eval()
+    model = (model if target is None else model.to(target)).eval()
+    if model.get_output_embeddings().weight.device.type == "meta":
+        raise InputError(
+            f"--device-map {device_map}: the output layer was offloaded to disk, but the "
+            "statistics read its weights directly.",
+            path=root,
+            field="device-map",
+            hint="Give the GPUs or the CPU room for it (add cpu to the list).",
+        )
     vocab_size = model.get_output_embeddings().weight.shape[0]
     tokenizer = _load_matching_tokenizer(root, vocab_size, trust_remote_code)
     return Checkpoint(

@@ -11,6 +11,7 @@ from typing import Any
 from otb_diag.errors import InputError
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.devices import device_map_kwargs, resolve_device
 from otb_diag.io.provenance import directory_sha256, file_sha256
 from otb_diag.io.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
 from otb_diag.maths.response_batch import ResponseBatch
@@ -18,17 +19,30 @@ from otb_diag.maths.response_batch import ResponseBatch
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How checkpoints are loaded (the CLI's --device, --dtype and safety flags)."""
+    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)."""
 
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str = "auto"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    device_map: str | None = None
+
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a device this
+        machine does not have."""
+        if self.device_map is None:
+            resolve_device(self.device)
+        else:
+            device_map_kwargs(self.device_map)
 
 
 def load_rollouts(path: Path, temperature: float | None = None) -> Rollouts:
     """Read and validate rollouts; `temperature`, when given, overrides every row's τ."""
-    rollouts = read_rollouts(path)
+    return with_temperature(read_rollouts(path), temperature)
+
+
+def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:
+    """`rollouts` with every row's τ replaced by `temperature`, when given."""
     if temperature is None:
         return rollouts
     if temperature <= 0:
@@ -52,6 +66,7 @@ def checkpoint_batch(
     ckpt = load_checkpoint(
         path,
         device=options.device,
+        device_map=options.device_map,
         dtype=options.dtype,
         allow_pickle=options.allow_pickle,
         trust_remote_code=options.trust_remote_code,

@@ -14,22 +14,19 @@ checks them against the checkpoint's vocabulary.
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import pandas as pd
 
 from otb_diag.errors import InputError
-from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response, describe
+from otb_diag.io.rollout_records import file_kind, first_keys, records
+from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response
 
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
-
-_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
 
 @dataclass
@@ -99,34 +96,37 @@ class TextTokenizer(Protocol):
 
 def read_rollouts(path: str | Path) -> Rollouts:
     """Read and validate a rollout file; raise `InputError` on the first bad row."""
-    path = Path(path)
-    kind = _SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise InputError(
-            f"unknown rollout file type '{path.suffix}'",
-            path=path,
-            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
-        )
-    if not path.exists():
-        raise InputError("file does not exist", path=path)
-    if not path.is_file():
-        raise InputError("not a file", path=path)
-    # Read lazily, so that errors come in file order (a bad line 2 before a malformed line 3).
-    records = _read_jsonl(path) if kind == "jsonl" else _read_parquet(path)
-    first = next(records, None)
-    if first is None:
-        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
-
-    verl = all(key in first[1] for key in VERL_SIGNATURE)
-    rollouts = Rollouts(path, f"verl-{kind}" if verl else kind, [])
-    verl_groups: dict[tuple[int, str], str] = {}
-    for source_row, record in itertools.chain([first], records):
-        row = RawRow(rollouts.error, source_row, record, VERL_KEYS if verl else KEYS)
-        response = row.parse(verl_groups if verl else None)
-        _check_token_fields(rollouts, response, row.key)
-        rollouts.responses.append(response)
-    rollouts.responses = _number_samples(rollouts.responses)
+    rollouts, rows = iter_responses(path)
+    rollouts.responses = _number_samples([response for _, response in rows])
     return rollouts
+
+
+def iter_responses(
+    path: str | Path, keep: Callable[[int], bool] | None = None
+) -> tuple[Rollouts, Iterator[tuple[int, Response]]]:
+    """The file's (still empty) `Rollouts` and an iterator over `(index, Response)`, validated
+    one row at a time, in file order (errors too: a bad line 2 before a malformed line 3).
+
+    Rows that `keep(index)` rejects are not decoded. Sample numbers are not set (they need the
+    rows before); rows of verl dumps without `uid` are grouped by (step, input) as they come.
+    """
+    path = Path(path)
+    kind = file_kind(path)
+    keys = first_keys(path, kind)
+    if keys is None:
+        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
+    verl = all(key in keys for key in VERL_SIGNATURE)
+    rollouts = Rollouts(path, f"verl-{kind}" if verl else kind, [])
+
+    def rows() -> Iterator[tuple[int, Response]]:
+        verl_groups: dict[tuple[int, str], str] = {}
+        for index, source_row, record in records(path, kind, keep):
+            row = RawRow(rollouts.error, source_row, record, VERL_KEYS if verl else KEYS)
+            response = row.parse(verl_groups if verl else None)
+            _check_token_fields(rollouts, response, row.key)
+            yield index, response
+
+    return rollouts, rows()
 
 
 def tokenize_rollouts(
@@ -180,44 +180,6 @@ def check_vocab(rollouts: Rollouts, vocab_size: int) -> None:
                     field=name,
                     hint="Were these rollouts made with another model's tokenizer?",
                 )
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line."""
-    try:
-        # Split on "\n" only: splitlines() would also break inside a string at U+2028 and kin.
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as err:
-        raise InputError(f"not UTF-8 text ({err.reason} at byte {err.start})", path=path) from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(
-                f"malformed JSON: {err.msg} at column {err.colno}.",
-                path=path,
-                line=number,
-                hint="Each line must hold one JSON object (JSON Lines).",
-            ) from None
-        if not isinstance(record, dict):
-            raise InputError(
-                f"expected a JSON object, got {describe(record)}.", path=path, line=number
-            )
-        yield number, record
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, record) for every row; nulls become None, so they read as absent."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as err:
-        raise InputError(f"not a readable Parquet file ({err})", path=path) from None
-    yield from enumerate(table.to_pylist())
 
 
 def _check_token_fields(

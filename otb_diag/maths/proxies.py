@@ -8,6 +8,9 @@ proxies it cannot compute; here those keys are left out instead.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -101,3 +104,18 @@ def _sequence_proxies(
         "token_total_power": _masked_sum(w_scaled * advantages**2, mask).mean(),
     }
     return {name: values[name].item() for name in _SEQUENCE_PROXIES}
+
+
+def combine_proxies(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The proxies of a batch from those of its parts, each `(proxies, n)` with `n` the number
+    of its sequences that have a generated token: every proxy is a mean over those sequences, so
+    the whole is the `n`-weighted mean of the parts (in float64). A part with `n = 0` carries
+    verl's zeros and no weight; all parts empty gives zeros, as for an empty batch."""
+    total = sum(n for _, n in parts)
+    if len(parts) == 1:
+        return dict(parts[0][0])
+    if total == 0:
+        return dict.fromkeys(_SEQUENCE_PROXIES, 0.0)
+    return {
+        name: math.fsum(p[name] * n for p, n in parts if n) / total for name in _SEQUENCE_PROXIES
+    }
