@@ -94,6 +94,8 @@ def energy(
         load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
     )
     summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if as_json:
         print_json(summary)
     else:

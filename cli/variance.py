@@ -121,6 +121,8 @@ def variance_compare(
         load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
     )
     summary = run_variance(checkpoint_dirs(ckpt), rollouts_path, out, settings, progress=not quiet)
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if as_json:
         print_json(summary)
     else:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,15 +69,21 @@ def write_with(dest: str | Path, writer: Callable[[Path], None]) -> None:
 
 
 @contextlib.contextmanager
-def output_dir(out: str | Path) -> Iterator[Path]:
-    """`out`, removed again if this run created it and fails before writing anything in it:
-    bad input or an interrupted run leaves no trace (the atomic writers remove their own
-    temporary files)."""
+def staged_output(out: str | Path) -> Iterator[Path]:
+    """A hidden staging directory inside `out` for all of a run's files: on success each moves
+    into `out` (`os.replace`, a rename each) and the staging directory goes; on any failure or
+    interruption (Ctrl-C, SIGTERM from torchrun when another rank died) it goes with everything
+    in it, and `out` too if this run created it and nothing else is in it. So `out` holds either
+    every output of the run or none, never some of them."""
     out = Path(out)
     existed = out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".otb-diag-staging-", dir=out))
     try:
-        yield out
-    except BaseException:
-        if not existed and out.is_dir() and not any(out.iterdir()):
+        yield stage
+        for item in sorted(stage.iterdir()):
+            os.replace(item, out / item.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not existed and not any(out.iterdir()):
             out.rmdir()
-        raise

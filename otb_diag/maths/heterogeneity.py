@@ -14,8 +14,10 @@ from scipy.stats import kendalltau
 
 QUANTILES = (0.25, 0.50, 0.75)
 # Energies closer than this (relative) are one tie: fp32 accumulation order alone moves W by
-# ~1e-7 relative, and two responses with the same prefix must not "change rank" through it.
-TIE_RTOL = 1e-6
+# ~1e-7 relative, and a forward pass over a differently padded batch (another --batch-tokens,
+# another share of groups under torchrun) by up to ~1e-5 (measured 7.6e-6 on w); two responses
+# with the same prefix must not "change rank" through it.
+TIE_RTOL = 1e-4
 
 
 def quantile_positions(lengths: Sequence[int], quantiles: Sequence[float] = QUANTILES) -> list[int]:

@@ -1,6 +1,7 @@
 """`otb-diag energy` end to end: load, measure, tabulate, plot, write. The maths lives in
-`maths/energy.py` and below; this module only sequences it and writes every output atomically, after
-all the measuring is done, so a bad input never leaves a half-written output directory."""
+`maths/energy.py` and below, the chunked measuring loop in `energy_stream.py`; every output is
+staged and moved into `--out` only once all of them are written, so a bad input, a failed rank
+or Ctrl-C never leaves a half-written output directory."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import write_json
+from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.devices import resolve_device
 from otb_diag.io.distributed import session
 from otb_diag.io.inputs import LoadOptions, rollouts_record
@@ -59,11 +60,14 @@ def run_energy(
                 field="device-map",
                 hint="Use one or the other.",
             )
-        measured = measure_and_write(d, checkpoints, rollouts_path, out, settings, progress)
-        if measured is None:  # not rank 0
+        if not d.is_main:
+            measure_and_write(d, checkpoints, rollouts_path, out, settings, progress)
             return None
-        summary = _summary(measured, settings, out, d.world_size)
-        write_json(out / "summary.json", summary)
+        with staged_output(out) as stage:
+            measured = measure_and_write(d, checkpoints, rollouts_path, stage, settings, progress)
+            assert measured is not None  # rank 0
+            summary = _summary(measured, settings, out, d.world_size)
+            write_json(stage / "summary.json", summary)
         return summary
 
 

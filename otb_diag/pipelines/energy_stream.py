@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import atomic_path, output_dir, write_json, write_with
+from otb_diag.io.atomic import atomic_path, write_json, write_with
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
@@ -92,8 +92,8 @@ class _Part:
 def measure_and_write(
     d: Dist, checkpoints: list[Path], rollouts_path: Path, out: Path, settings: Any, progress: bool
 ) -> Measured | None:
-    """Measure every chunk under every checkpoint and write the tables and figures (rank 0);
-    returns None on the other ranks."""
+    """Measure every chunk under every checkpoint and write the tables and figures into `out`
+    (rank 0: the caller's staging directory); returns None on the other ranks."""
     started = time.perf_counter()
     index = d.checked(lambda: index_rollouts(rollouts_path))
     d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
@@ -111,8 +111,9 @@ def measure_and_write(
     stride = max(1, math.ceil(int(index.row_tokens.sum()) / FIG5_MAX_TOKENS))
     timings = {"measure_s": 0.0}
     results: list[StepResult] = []
-    with output_dir(out), contextlib.ExitStack() as stack:
-        writer = _TokenWriter(stack.enter_context(atomic_path(out / "tokens.parquet")))
+    with contextlib.ExitStack() as stack:
+        tokens_path = out / "tokens.parquet"
+        writer = _TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else d.checked(lambda p=path: _load(p, settings))
             t0 = time.perf_counter()
@@ -294,14 +295,16 @@ class _TokenWriter:
     """tokens.parquet, one row group per chunk, into the temporary `path` (renamed by the
     caller's `atomic_path` when everything else is written)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path | None) -> None:
+        self.path = path  # None: not rank 0, nothing is written
         self._writer = None
 
     def write(self, tokens: pd.DataFrame) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if self.path is None:
+            return
         if self._writer is None:
             table = pa.Table.from_pandas(tokens, preserve_index=False)
             self._writer = pq.ParquetWriter(self.path, table.schema)

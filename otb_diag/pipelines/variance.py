@@ -5,14 +5,20 @@ figures. The maths lives in `maths/variance.py`, `maths/scores.py` and `maths/fi
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
-from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.atomic import staged_output, write_json, write_with
+from otb_diag.io.batch import make_batch
+from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.devices import resolve_device
+from otb_diag.io.distributed import Dist, require_groups, session, shard_by_tokens
 from otb_diag.io.inputs import (
     LoadOptions,
     checkpoint_batch,
@@ -22,8 +28,11 @@ from otb_diag.io.inputs import (
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
+from otb_diag.io.rollout_rows import Response
+from otb_diag.io.rollouts import Rollouts, tokenize_rollouts
 from otb_diag.maths.energy import checkpoint_stats
 from otb_diag.maths.fidelity import fidelity
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.scores import proxy_scores, token_scores
 from otb_diag.maths.variance import (
@@ -66,57 +75,137 @@ def run_variance(
     settings: VarianceSettings = VarianceSettings(),
     *,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Write variance.csv, fidelity.csv, the figures and summary.json into `out`."""
+) -> dict[str, Any] | None:
+    """Write variance.csv, fidelity.csv, the figures and summary.json into `out`.
+
+    Under torchrun each rank measures the statistics and score vectors of its share of the
+    groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
+    the whole pool with the same seeds as one process, writes, and returns the summary; the other
+    ranks return None."""
+    settings.load.check()
+    with session(resolve_device(settings.load.device).type) as d:
+        if not d.is_main:
+            _run(d, checkpoints, rollouts_path, out, settings, progress)
+            return None
+        with staged_output(out) as stage:
+            summary = _run(d, checkpoints, rollouts_path, stage, settings, progress)
+            assert summary is not None  # rank 0
+            summary["out"] = str(out.resolve())
+            write_json(stage / "summary.json", summary)
+        return summary
+
+
+@dataclass
+class _Measured:
+    """One checkpoint's measurements over the whole pool (rank 0)."""
+
+    batch: ResponseBatch
+    w: Tensor  # [B, T]
+    scores: dict[str, tuple[Tensor, Tensor]]  # mode -> (proj [B, T, k], sq_norm [B, T])
+
+
+def _measure(
+    d: Dist, path: Path, rollouts: Rollouts, mine: Rollouts, settings: VarianceSettings, bar
+) -> tuple[Checkpoint, _Measured | None]:
+    """This rank's share measured under the checkpoint at `path`, assembled on rank 0."""
+    ckpt, batch, _ = checkpoint_batch(path, mine, settings.load)
+    stats = checkpoint_stats(
+        ckpt.model,
+        batch,
+        batch_tokens=settings.batch_tokens,
+        chunk_size=settings.chunk_size,
+        progress=bar.update,
+    )
+    scores = {}
+    for mode in settings.modes:
+        if mode == "proxy":
+            continue
+        measured = token_scores(
+            ckpt.model,
+            batch,
+            mode,
+            settings.sketch_dim,
+            settings.seed,
+            chunk_size=settings.chunk_size,
+            batch_tokens=settings.batch_tokens,
+            force=settings.force,
+            progress=bar.update,
+        )
+        scores[mode] = (measured.proj, measured.sq_norm)
+    if d.world_size == 1:
+        return ckpt, _Measured(batch, stats.w, scores)
+    keys = [(r.group, r.sample) for r in mine.responses]
+    parts = d.gather((keys, stats.w, scores))
+    if parts is None:
+        return ckpt, None
+    tokenized, _ = tokenize_rollouts(rollouts, ckpt.tokenizer)
+    full = make_batch(tokenized)
+    row = {(r.group, r.sample): i for i, r in enumerate(rollouts.responses)}
+    w = torch.zeros(full.valid.shape)
+    assembled = {
+        m: (torch.zeros(*full.valid.shape, settings.sketch_dim), torch.zeros(full.valid.shape))
+        for m in scores
+    }
+    for part_keys, part_w, part_scores in parts:
+        rows = torch.tensor([row[k] for k in part_keys], dtype=torch.long)
+        width = part_w.shape[1]
+        w[rows, :width] = part_w
+        for m, (proj, sq) in part_scores.items():
+            assembled[m][0][rows, :width] = proj
+            assembled[m][1][rows, :width] = sq
+    return ckpt, _Measured(full, w, assembled)
+
+
+def _run(
+    d: Dist,
+    checkpoints: list[Path],
+    rollouts_path: Path,
+    out: Path,
+    settings: VarianceSettings,
+    progress: bool,
+) -> dict[str, Any] | None:
     started = time.perf_counter()
-    rollouts = load_rollouts(rollouts_path, settings.temperature)
+    rollouts = d.checked(lambda: load_rollouts(rollouts_path, settings.temperature))
+    groups = rollouts.groups()
+    d.checked(lambda: require_groups(len(groups), d, str(rollouts_path)))
+    sizes = [sum(_tokens(rollouts.responses[i]) for i in idx) for idx in groups.values()]
+    share = shard_by_tokens(sizes, d.world_size)[d.rank]
+    names = list(groups)
+    mine_rows = sorted(i for g in share for i in groups[names[g]])
+    mine = replace(rollouts, responses=[rollouts.responses[i] for i in mine_rows])
+    rank_tokens = d.all_gather(sum(sizes[g] for g in share))
     model_modes = [m for m in settings.modes if m != "proxy"]
-    per_ckpt = (response_tokens(rollouts) or 0) * (1 + len(model_modes))
+    per_ckpt = (response_tokens(mine) or 0) * (1 + len(model_modes))
     bar = tqdm(
         total=per_ckpt * len(checkpoints) or None,
         unit="tok",
         unit_scale=True,
         desc="variance",
-        disable=not progress,
+        disable=not (progress and d.is_main),
     )
     tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
     timings: dict[str, float] = {}
     for index, path in enumerate(checkpoints):
-        ckpt, batch, _ = checkpoint_batch(path, rollouts, settings.load)
-        step = ckpt.step if ckpt.step is not None else index
-        records.append(checkpoint_record(ckpt))
         t0 = time.perf_counter()
-        stats = checkpoint_stats(
-            ckpt.model,
-            batch,
-            batch_tokens=settings.batch_tokens,
-            chunk_size=settings.chunk_size,
-            progress=bar.update,
-        )
-        timings[f"stats_s@{step}"] = time.perf_counter() - t0
+        ckpt, measured = d.checked(lambda p=path: _measure(d, p, rollouts, mine, settings, bar))
+        step = ckpt.step if ckpt.step is not None else index
+        timings[f"measure_s@{step}"] = time.perf_counter() - t0
+        if measured is None:
+            continue
+        records.append(checkpoint_record(ckpt))
+        batch = measured.batch
         returns = returns_to_go(batch.token_rewards, batch.mask)
         for mode in settings.modes:
             t0 = time.perf_counter()
-            energies = {"proxy": stats.w}
+            energies = {"proxy": measured.w}
             if mode == "proxy":
-                scores = proxy_scores(stats.w, settings.sketch_dim, settings.seed)
+                scores = proxy_scores(measured.w, settings.sketch_dim, settings.seed)
             else:
-                measured = token_scores(
-                    ckpt.model,
-                    batch,
-                    mode,
-                    settings.sketch_dim,
-                    settings.seed,
-                    chunk_size=settings.chunk_size,
-                    batch_tokens=settings.batch_tokens,
-                    force=settings.force,
-                    progress=bar.update,
-                )
-                scores = measured.proj
+                scores, sq_norm = measured.scores[mode]
                 if mode == "full":
-                    energies["true"] = measured.sq_norm
+                    energies["true"] = sq_norm
                 fidelity_rows.append(
-                    {"step": step, "mode": mode, **fidelity(stats.w, measured.sq_norm, batch.mask)}
+                    {"step": step, "mode": mode, **fidelity(measured.w, sq_norm, batch.mask)}
                 )
                 keep = batch.mask.bool()
                 fidelity_tokens.append(
@@ -124,8 +213,8 @@ def run_variance(
                         {
                             "step": step,
                             "mode": mode,
-                            "w": stats.w[keep].numpy(),
-                            "true_sq_norm": measured.sq_norm[keep].numpy(),
+                            "w": measured.w[keep].numpy(),
+                            "true_sq_norm": sq_norm[keep].numpy(),
                         }
                     )
                 )
@@ -148,6 +237,8 @@ def run_variance(
             metadata[f"{mode}@{step}"] = meta
             timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
     bar.close()
+    if not d.is_main:
+        return None
 
     variance = pd.concat(tables, ignore_index=True)
     if len(checkpoints) == 1:
@@ -156,7 +247,7 @@ def run_variance(
     outputs = _write(out, variance, fid, fidelity_tokens, settings)
     timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
-    summary = {
+    return {
         "command": "variance-compare",
         "inputs": {"rollouts": rollouts_record(rollouts), "checkpoints": records},
         "settings": asdict(settings),
@@ -164,13 +255,16 @@ def run_variance(
         "headline": rows,
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
         "fidelity": fidelity_rows,
+        "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
         "timings": timings,
         "versions": library_versions(),
-        "out": str(out.resolve()),
         "outputs": [*outputs, "summary.json"],
     }
-    write_json(out / "summary.json", summary)
-    return summary
+
+
+def _tokens(r: Response) -> int:
+    """A response's tokens for balancing ranks (characters of its text when it has no ids)."""
+    return len(r.response_ids) if r.response_ids is not None else len(r.response or "")
 
 
 def _write(
