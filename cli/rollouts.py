@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from otb_diag.cli.common import friendly_errors, note, or_default, print_json
@@ -45,21 +45,20 @@ def inspect(
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
     """
-    from otb_diag.io.checkpoint import load_tokenizer
     from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.io.rollouts import check_vocab, read_rollouts, tokenize_rollouts
-    from otb_diag.pipelines.inspect import format_summary, summarize
+    from otb_diag.pipelines.inspect import format_summary, inspect_rollouts
+
+    def tokenizer() -> tuple[Any, int]:
+        from otb_diag.io.checkpoint import load_tokenizer
+
+        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
+        return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
     path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
-    data = read_rollouts(path)
-    needs_tokenizer = any(r.response_ids is None or r.prompt_ids is None for r in data.responses)
-    issues = []
-    if ckpt is not None or needs_tokenizer or file is None:
-        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
-        tokenizer, vocab_size = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
-        data, issues = tokenize_rollouts(data, tokenizer)
-        check_vocab(data, vocab_size)
-    summary = summarize(data)
+    result = inspect_rollouts(path, tokenizer, always_tokenizer=ckpt is not None or file is None)
+    if result is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return
+    summary, issues = result
     summary["round_trip_issues"] = [str(issue) for issue in issues]
     if as_json:
         print_json(summary)

@@ -1,7 +1,7 @@
 """torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, variance-compare
-proxy/head/full), a rank's own bad input stops every rank with one paragraph, more ranks than
-groups is refused; plus `--device auto` in every --help, device errors, and the sharding and
-proxy-combining rules."""
+proxy/head/full; rollouts inspect prints the same), a rank's own bad input stops every rank with
+one paragraph, more ranks than groups is refused; plus `--device auto` in every --help, device
+errors, and the sharding and proxy-combining rules."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +27,10 @@ from otb_diag.maths.proxies import combine_proxies, variance_proxies
 
 runner = CliRunner()
 BIN = Path(sys.executable).parent / "otb-diag"
-VARIANCE = ["--mode", "proxy,head,full", "--group-sizes", "2,4", "--draws", "40"]
-VARIANCE += ["--bootstrap", "100", "--sketch-dim", "32"]
+# Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.
+GROUPS, PER_GROUP = 3, 8  # 3 groups over 2 ranks: shares of unequal size
+VARIANCE = ["--mode", "proxy,head,full", "--group-sizes", "2,4", "--draws", "20"]
+VARIANCE += ["--bootstrap", "30", "--sketch-dim", "32"]
 
 
 def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
@@ -76,17 +79,38 @@ def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) ->
             assert (x == y).all(), col
 
 
-@pytest.fixture(scope="module")
-def rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return reduced(tmp_path_factory.mktemp("dist") / "r.jsonl", 4, 12)
+@dataclass(frozen=True)
+class Runs:
+    """Output folders of each command, run once and shared by the assertions: `one`/`two` are
+    1 process and 2 gloo ranks; `mapped` is 1 process with `--device-map auto`."""
+
+    energy_one: Path
+    energy_two: Path
+    energy_mapped: Path
+    variance_one: Path
+    variance_two: Path
 
 
-def test_energy_two_ranks_write_what_one_process_writes(rollouts: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    base = tmp_path_factory.mktemp("dist")
+    rollouts = reduced(base / "r.jsonl", GROUPS, PER_GROUP)
     common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
-    one_process("energy", *common, "--out", tmp_path / "one")
-    result = torchrun(2, "energy", *common, "--out", tmp_path / "two")
-    assert result.returncode == 0, result.stderr[-3000:]
-    one, two = tmp_path / "one", tmp_path / "two"
+    out = Runs(*(base / name for name in ("e1", "e2", "em", "v1", "v2")))
+    one_process("energy", *common, "--out", out.energy_one)
+    one_process("energy", *common, "--device-map", "auto", "--out", out.energy_mapped)
+    one_process("variance-compare", *common, *VARIANCE, "--out", out.variance_one)
+    for command, extra, folder in (
+        ("energy", [], out.energy_two),
+        ("variance-compare", VARIANCE, out.variance_two),
+    ):
+        result = torchrun(2, command, *common, *extra, "--out", folder)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_energy_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.energy_one, runs.energy_two
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     tokens = pd.read_parquet(one / "tokens.parquet")
     assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
@@ -96,24 +120,48 @@ def test_energy_two_ranks_write_what_one_process_writes(rollouts: Path, tmp_path
     for b in p1:
         for k in p1[b]:
             assert p2[b][k] == pytest.approx(p1[b][k], rel=1e-4), (b, k)
-    summary = json.loads((two / "summary.json").read_text())["distributed"]
+
+
+def test_energy_summary_records_each_ranks_tokens(runs: Runs) -> None:
+    tokens = pd.read_parquet(runs.energy_one / "tokens.parquet")
+    summary = json.loads((runs.energy_two / "summary.json").read_text())["distributed"]
     assert summary["world_size"] == 2 and sum(summary["rank_tokens"]) == len(tokens)
     assert min(summary["rank_tokens"]) > 0
+    assert json.loads((runs.energy_one / "summary.json").read_text())["distributed"] == {
+        "world_size": 1,
+        "rank_tokens": [len(tokens)],
+    }
 
 
-def test_variance_two_ranks_write_what_one_process_writes(rollouts: Path, tmp_path: Path) -> None:
-    common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet", *VARIANCE]
-    one_process("variance-compare", *common, "--out", tmp_path / "one")
-    result = torchrun(2, "variance-compare", *common, "--out", tmp_path / "two")
-    assert result.returncode == 0, result.stderr[-3000:]
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_variance_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.variance_one, runs.variance_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     variance = pd.read_csv(one / "variance.csv")
     assert set(variance["mode"]) == {"proxy", "head", "full"}
+    assert set(variance["group_size"]) == {2, 4}
     # The same seeded draws over the same pool: equal to float tolerance, mode by mode.
     assert_frames_close(variance, pd.read_csv(two / "variance.csv"), rtol=1e-4)
     # Rank correlations jump at near-ties of the true norms: a looser tolerance.
     assert_frames_close(pd.read_csv(one / "fidelity.csv"), pd.read_csv(two / "fidelity.csv"), 1e-3)
     assert json.loads((two / "summary.json").read_text())["distributed"]["world_size"] == 2
+
+
+def test_device_map_auto_gives_the_same_energy(runs: Runs) -> None:
+    """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
+    assert_frames_close(
+        pd.read_parquet(runs.energy_one / "tokens.parquet"),
+        pd.read_parquet(runs.energy_mapped / "tokens.parquet"),
+    )
+
+
+def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -> None:
+    path = reduced(tmp_path / "r.jsonl", GROUPS, PER_GROUP)
+    one = runner.invoke(app, ["rollouts", "inspect", str(path), "--json"])
+    assert one.exit_code == 0, one.output
+    two = torchrun(2, "rollouts", "inspect", path, "--json")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout) == json.loads(one.stdout)
+    assert json.loads(two.stdout)["rows"] == GROUPS * PER_GROUP
 
 
 def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
@@ -123,7 +171,7 @@ def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
     def plant(rows: list[dict]) -> None:
         rows[-1]["response_ids"] = [10_000] * len(rows[-1]["response_ids"])
 
-    path = reduced(tmp_path / "bad.jsonl", 2, 4, plant)
+    path = reduced(tmp_path / "bad.jsonl", 2, 2, plant)
     out = tmp_path / "out"
     result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
     assert result.returncode != 0
@@ -134,12 +182,12 @@ def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
 
 
 def test_more_ranks_than_groups_is_refused(tmp_path: Path) -> None:
-    path = reduced(tmp_path / "two_groups.jsonl", 2, 2)
+    path = reduced(tmp_path / "one_group.jsonl", 1, 2)
     out = tmp_path / "out"
-    result = torchrun(3, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
+    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
     assert result.returncode != 0
     assert result.stderr.count("otb-diag: error:") == 1
-    assert "3 ranks but only 2 group(s)" in result.stderr
+    assert "2 ranks but only 1 group(s)" in result.stderr
     assert not out.exists()
 
 
@@ -167,17 +215,6 @@ def test_missing_device_is_bad_input(option: str, value: str, words: str, tmp_pa
     assert result.exit_code == 2
     assert words in result.output and "Traceback" not in result.output
     assert not out.exists()
-
-
-def test_device_map_auto_gives_the_same_energy(rollouts: Path, tmp_path: Path) -> None:
-    """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
-    common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
-    one_process("energy", *common, "--out", tmp_path / "plain")
-    one_process("energy", *common, "--device-map", "auto", "--out", tmp_path / "mapped")
-    assert_frames_close(
-        pd.read_parquet(tmp_path / "plain" / "tokens.parquet"),
-        pd.read_parquet(tmp_path / "mapped" / "tokens.parquet"),
-    )
 
 
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])

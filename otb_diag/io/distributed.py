@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
-import torch.distributed as dist
-
 from otb_diag.errors import InputError
+
+# torch is imported where a collective runs, not here: every command imports this module (for
+# `DistributedError`), and a plain process should not pay for torch unless it measures.
 
 T = TypeVar("T")
 
@@ -55,6 +55,8 @@ class Dist:
         """Every rank's `obj`, in rank order, on rank 0 (None on the others)."""
         if self.world_size == 1:
             return [obj]
+        import torch.distributed as dist
+
         out: list[Any] | None = [None] * self.world_size if self.is_main else None
         _collective(lambda: dist.gather_object(obj, out, dst=0))
         return out
@@ -63,6 +65,8 @@ class Dist:
         """Every rank's `obj`, in rank order, on every rank."""
         if self.world_size == 1:
             return [obj]
+        import torch.distributed as dist
+
         out: list[Any] = [None] * self.world_size
         _collective(lambda: dist.all_gather_object(out, obj))
         return out
@@ -106,6 +110,9 @@ def session(device: str = "cpu") -> Iterator[Dist]:
     if world <= 1 or _current is not None:
         yield current()
         return
+    import torch
+    import torch.distributed as dist
+
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -147,6 +154,8 @@ def require_groups(n_groups: int, d: Dist, what: str) -> None:
 
 
 def _collective(op: Callable[[], None]) -> None:
+    import torch.distributed as dist
+
     try:
         op()
     except (RuntimeError, dist.DistBackendError) as err:

@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Protocol
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollout_records import file_kind, first_keys, records
 from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
@@ -49,6 +50,8 @@ class Rollouts:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per response, one column per `Response` field."""
+        import pandas as pd
+
         return pd.DataFrame([asdict(r) for r in self.responses])
 
     @property
@@ -171,6 +174,8 @@ def check_vocab(rollouts: Rollouts, vocab_size: int) -> None:
     for r in rollouts.responses:
         for name in ("prompt_ids", "response_ids"):
             ids = getattr(r, name) or []
+            if not ids or max(ids) < vocab_size:  # one C-level pass for the common case
+                continue
             bad = next((i for i, tok in enumerate(ids) if tok >= vocab_size), None)
             if bad is not None:
                 raise rollouts.error(
