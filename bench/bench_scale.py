@@ -2,7 +2,10 @@
 
 Generates synthetic model-free rollouts (Parquet: ids, reward, logprobs, sum_pi2; seeded) of
 about 3 M and 12.5 M response tokens, runs each command in a fresh process, and prints peak RSS
-(`ru_maxrss` of the child), tokens/s and the ratios the issue sets as targets, then one JSON line.
+(`ru_maxrss` of the child), tokens/s and the ratios the issue sets as targets; then the wall time
+of `energy` on the embedded default (checkpoint and rollouts) under `torchrun --nproc-per-node 2`
+(gloo) against one process. Every timing is printed with the 1-minute load average beside it
+(a shared machine slows everything by about load / cores), then one JSON line.
 
     python bench/bench_scale.py            # 3 M and 12.5 M tokens (several minutes, ~1 GB disk)
     python bench/bench_scale.py --quick    # 0.3 M and 1.25 M tokens
@@ -72,6 +75,31 @@ def run(args: list[str]) -> tuple[float, float]:
     return time.perf_counter() - t0, int(out.stdout) * 1024 / GIB
 
 
+def torchrun_vs_one(tmp: Path) -> dict[str, float]:
+    """Wall seconds of `energy` on the embedded default: 1 process, then 2 gloo ranks."""
+    out: dict[str, float] = {}
+    for n in (1, 2):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+        launcher += ["--master-addr", "127.0.0.1", "--master-port", str(29_400 + n)]
+        cmd = [*launcher, "--no-python", str(BIN)] if n > 1 else [str(BIN)]
+        t0 = time.perf_counter()
+        subprocess.run(
+            [*cmd, "energy", "--quiet", "--out", str(tmp / f"default{n}")],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        out[f"wall_s_{n}_process"] = time.perf_counter() - t0
+        out[f"load_average_{n}_process"] = os.getloadavg()[0]
+        print(
+            f"energy, default, {n} process(es): {out[f'wall_s_{n}_process']:.1f} s "
+            f"(load {out[f'load_average_{n}_process']:.1f})",
+            flush=True,
+        )
+    out["two_over_one"] = out["wall_s_2_process"] / out["wall_s_1_process"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -92,13 +120,26 @@ def main() -> None:
                     str(Path(tmp) / f"e{n}"),
                 ]
             )
-            iwall, _ = run(["rollouts", "inspect", str(path), "--json"])
+            energy_load = os.getloadavg()[0]
+            iwall, irss = run(["rollouts", "inspect", str(path), "--json"])
             results[str(n)] = {
                 "tokens": tokens,
                 "energy_peak_rss_gib": rss,
                 "energy_tokens_per_s": tokens / wall,
+                "energy_load_average": energy_load,
+                "inspect_peak_rss_gib": irss,
                 "inspect_tokens_per_s": tokens / iwall,
+                "inspect_load_average": os.getloadavg()[0],
             }
+            r = results[str(n)]
+            print(
+                f"{tokens:,} tokens: energy --model-free {r['energy_tokens_per_s']:,.0f} tok/s, "
+                f"peak RSS {rss:.2f} GiB (load {energy_load:.1f}); rollouts inspect "
+                f"{r['inspect_tokens_per_s']:,.0f} tok/s, peak RSS {irss:.2f} GiB "
+                f"(load {r['inspect_load_average']:.1f})",
+                flush=True,
+            )
+        results["torchrun"] = torchrun_vs_one(Path(tmp))
     small, large = (results[str(n)] for n in sizes)
     results["rss_growth"] = large["energy_peak_rss_gib"] / small["energy_peak_rss_gib"] - 1
     results["targets"] = {

@@ -9,23 +9,17 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
 from packaging.version import Version
-from transformers import (
-    CONFIG_MAPPING,
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-from transformers.utils import logging as hf_logging
 
 from otb_diag.errors import InputError
 from otb_diag.io.devices import device_map_kwargs, resolve_device
+
+if TYPE_CHECKING:  # transformers itself is imported where a checkpoint is read (seconds of
+    # start-up that model-free commands do not pay)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _DTYPES: dict[str, torch.dtype | str] = {
     "auto": "auto",
@@ -34,8 +28,13 @@ _DTYPES: dict[str, torch.dtype | str] = {
     "float16": torch.float16,
 }
 
-# transformers renamed `torch_dtype` to `dtype` in 4.56; the old name only warns in 5.x.
-_DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+def _dtype_kwarg() -> str:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; the old name only warns in 5.x."""
+    import transformers
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
 
 # HF Trainer / TRL write `checkpoint-<n>`, verl writes `global_step_<n>`.
 _STEP_DIR = re.compile(r"^(?:checkpoint-|global_step_)(\d+)$")
@@ -132,6 +131,8 @@ def load_checkpoint(
     has_safetensors = _check_weights(root, allow_pickle)
     _check_tokenizer_files(root)
 
+    from transformers import AutoModelForCausalLM
+
     with no_transformers_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
             root,
@@ -139,7 +140,7 @@ def load_checkpoint(
             use_safetensors=has_safetensors,
             trust_remote_code=trust_remote_code,
             **placement,
-            **{_DTYPE_KWARG: _resolve_dtype(dtype)},
+            **{_dtype_kwarg(): _resolve_dtype(dtype)},
         )
     model = (model if target is None else model.to(target)).eval()
     if model.get_output_embeddings().weight.device.type == "meta":
@@ -166,6 +167,8 @@ def load_checkpoint(
 @contextlib.contextmanager
 def no_transformers_progress_bars() -> Iterator[None]:
     """transformers' per-file loading bars off (our commands draw their own), then restored."""
+    from transformers.utils import logging as hf_logging
+
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -184,6 +187,8 @@ def load_tokenizer(
     _require_directory(root)
     _check_config(root, trust_remote_code)
     _check_tokenizer_files(root)
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(
         root, local_files_only=True, trust_remote_code=trust_remote_code
     )
@@ -194,6 +199,8 @@ def load_tokenizer(
 def _load_matching_tokenizer(
     root: Path, vocab_size: int, trust_remote_code: bool
 ) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(
         root, local_files_only=True, trust_remote_code=trust_remote_code
     )
@@ -234,6 +241,9 @@ def _verl_model_dir(step_dir: Path) -> Path:
 
 def _check_config(root: Path, trust_remote_code: bool) -> None:
     """config.json exists, parses, and names an architecture this transformers can build."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
     config_path = root / "config.json"
     if not config_path.is_file():
         raise InputError(
