@@ -35,6 +35,17 @@ class LoadOptions:
         else:
             device_map_kwargs(self.device_map)
 
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint at `path`, loaded as these options say."""
+        return load_checkpoint(
+            path,
+            device=self.device,
+            device_map=self.device_map,
+            dtype=self.dtype,
+            allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code,
+        )
+
 
 def load_rollouts(path: Path, temperature: float | None = None) -> Rollouts:
     """Read and validate rollouts; `temperature`, when given, overrides every row's τ."""
@@ -63,14 +74,7 @@ def checkpoint_batch(
     """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
     vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
     round-trip through the tokenizer."""
-    ckpt = load_checkpoint(
-        path,
-        device=options.device,
-        device_map=options.device_map,
-        dtype=options.dtype,
-        allow_pickle=options.allow_pickle,
-        trust_remote_code=options.trust_remote_code,
-    )
+    ckpt = options.load(path)
     tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer)
     check_vocab(tokenized, ckpt.vocab_size)
     return ckpt, make_batch(tokenized), len(issues)

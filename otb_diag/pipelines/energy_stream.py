@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
 from otb_diag.io.batch import make_batch
-from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
 from otb_diag.io.inputs import checkpoint_record, with_temperature
 from otb_diag.io.rollout_stream import (
@@ -115,7 +115,7 @@ def measure_and_write(
         tokens_path = out / "tokens.parquet"
         writer = _TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
-            ckpt = None if path is None else d.checked(lambda p=path: _load(p, settings))
+            ckpt = None if path is None else d.checked(lambda p=path: settings.load.load(p))
             t0 = time.perf_counter()
             step = i if ckpt is None or ckpt.step is None else ckpt.step
             several = len(checkpoints) > 1
@@ -180,18 +180,6 @@ def _plan(index: RolloutIndex, chunks: list[list[int]], world: int):
         for r in range(world):
             shares[r].append([chunk[k] for k in split[r]])
     return shares, [int(sum(tokens[g] for c in s for g in c)) for s in shares]
-
-
-def _load(path: Path, settings: Any) -> Checkpoint:
-    o = settings.load
-    return load_checkpoint(
-        path,
-        device=o.device,
-        device_map=o.device_map,
-        dtype=o.dtype,
-        allow_pickle=o.allow_pickle,
-        trust_remote_code=o.trust_remote_code,
-    )
 
 
 def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bool) -> _Part | None:
