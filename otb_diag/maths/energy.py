@@ -19,7 +19,7 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.maths.baselines import compute_advantages
 from otb_diag.maths.heterogeneity import group_heterogeneity
-from otb_diag.maths.proxies import variance_proxies
+from otb_diag.maths.proxies import proxies_by_baseline
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.token_stats import (
@@ -130,10 +130,7 @@ def energy_tables(
     advantages = {
         b: compute_advantages(b, returns, mask, batch.group, energy, **options) for b in baselines
     }
-    proxies = {
-        b: variance_proxies(a, mask, stats.w, is_weights=batch.is_weights)
-        for b, a in advantages.items()
-    }
+    proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
 
     rows, cols = batch.valid.nonzero(as_tuple=True)
     ids = batch.response_ids[rows, cols]
