@@ -21,7 +21,9 @@ from otb_diag.io.rollouts import (
     iter_responses,
     tokenize_rollouts,
 )
-from otb_diag.pipelines.inspect_facts import RowFacts
+from otb_diag.pipelines.inspect_facts import FIELDS, RowFacts
+
+__all__ = ["FIELDS", "format_summary", "inspect_rollouts", "summarize"]  # FIELDS: where it was
 
 # Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
 TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
