@@ -21,6 +21,7 @@ demo: setup
 	$(BIN)/otb-diag rollouts inspect
 	$(BIN)/otb-diag energy --out out/energy
 	$(BIN)/otb-diag variance-compare --out out/variance
+	$(BIN)/otb-diag report out/energy out/variance --out out/report.html
 
 test: setup
 	$(BIN)/ruff check .

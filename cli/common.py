@@ -1,14 +1,19 @@
-"""What every subcommand shares: turning bad input into one paragraph and a non-zero exit,
-and saying out loud when the embedded default stands in for an omitted option."""
+"""What every subcommand shares: turning bad input into one paragraph and a non-zero exit (and
+any other failure into one paragraph, a saved traceback and exit 3), and saying out loud when the
+embedded default stands in for an omitted option."""
 
 from __future__ import annotations
 
 import functools
 import os
+import tempfile
+import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import click
 import typer
 
 from otb_diag.errors import InputError
@@ -19,13 +24,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_BAD_INPUT = 2
 EXIT_FAULT = 1
+EXIT_INTERNAL = 3
+# `otb-diag --debug ...` (or OTB_DIAG_DEBUG=1) lets unexpected exceptions through with their
+# traceback instead of the one-paragraph report.
+DEBUG_ENV = "OTB_DIAG_DEBUG"
+REPORT_URL = "the otb-diag issue tracker"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def friendly_errors(fn: F) -> F:
     """Print an `InputError` as `otb-diag: error: ...` on stderr and exit 2, with no traceback.
     Under torchrun every rank raises the same error (`Dist.checked` shares a rank's own), so
     rank 0 alone prints it; a failed or lost rank (`DistributedError`) exits 1, said by every
-    surviving rank."""
+    surviving rank. Any other exception is one paragraph naming what failed and a file holding
+    the full traceback, exit 3 (with --debug the exception propagates, traceback and all).
+    Click's own exits pass through."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -38,8 +54,37 @@ def friendly_errors(fn: F) -> F:
         except DistributedError as err:
             typer.echo(f"otb-diag: error: {err}", err=True)
             raise typer.Exit(EXIT_FAULT) from None
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as err:
+            if debug_enabled():
+                raise
+            typer.echo(internal_error_report(fn.__name__, err), err=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def internal_error_report(command: str, err: BaseException) -> str:
+    """One paragraph for an unexpected exception: what failed, where the full traceback was
+    saved (a new file in the temporary directory) and how to report it."""
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    try:
+        fd, name = tempfile.mkstemp(
+            prefix=f"otb-diag-{command}-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt"
+        )
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        saved = f"the full traceback is in {name}"
+    except OSError as save_err:
+        saved = f"the traceback could not be saved ({save_err})"
+    summary = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    return (
+        f"otb-diag: internal error: '{command.replace('_', '-')}' failed unexpectedly "
+        f"({summary}); {saved}. This is a bug in otb-diag, not in your input: please report "
+        f"it on {REPORT_URL} with that file and the command line you ran; "
+        f"`otb-diag --debug ...` (or {DEBUG_ENV}=1) shows the traceback here."
+    )
 
 
 def note(message: str) -> None:
@@ -79,7 +124,34 @@ CkptOption = Annotated[
 ]
 RolloutsOption = Annotated[
     Path | None,
-    typer.Option("--rollouts", help="Rollouts file (JSONL/Parquet/verl dump). Default: embedded."),
+    typer.Option(
+        "--rollouts",
+        metavar="PATH",
+        help="Rollouts: a file (JSONL/Parquet, verl dump, TRL completion log), a directory "
+        "(verl's rollout_data_dir, a TRL output_dir; every *.jsonl/*.parquet in step order) or "
+        "a quoted glob. Default: embedded.",
+    ),
+]
+StepsOption = Annotated[
+    str | None,
+    typer.Option("--steps", metavar="A-B", help="Only rollout rows of training steps A to B."),
+]
+RewardColumnOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reward-column",
+        metavar="NAME",
+        help="TRL completion logs: the reward column(s) to sum (repeatable). Default: every "
+        "reward-function column.",
+    ),
+]
+ChatTemplateOption = Annotated[
+    bool,
+    typer.Option(
+        "--chat-template",
+        help="Tokenize each text prompt as one user turn through the tokenizer's chat "
+        "template, with the generation prompt (as chat trainers do).",
+    ),
 ]
 TemperatureOption = Annotated[
     float | None,

@@ -9,6 +9,7 @@ import typer
 from otb_diag.cli.common import (
     AllowPickleOption,
     BatchTokensOption,
+    ChatTemplateOption,
     ChunkSizeOption,
     CkptOption,
     DeviceMapOption,
@@ -17,7 +18,9 @@ from otb_diag.cli.common import (
     JsonOption,
     QuietOption,
     RemoteCodeOption,
+    RewardColumnOption,
     RolloutsOption,
+    StepsOption,
     TemperatureOption,
     ZeroTailOption,
     checkpoint_dirs,
@@ -59,6 +62,19 @@ def energy(
         typer.Option("--group", help="Group shown in fig3/fig4. Default: most heterogeneous."),
     ] = None,
     handle_zero_tail: ZeroTailOption = True,
+    steps: StepsOption = None,
+    reward_column: RewardColumnOption = None,
+    chat_template: ChatTemplateOption = False,
+    trainer_baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--trainer-baseline",
+            metavar="NAME",
+            help="Audit the advantages the rollouts carry (trainer_advantage; TRL's advantage) "
+            "against this registry baseline (verl: its algorithm.adv_estimator). Default for "
+            "TRL completion logs: grpo with ε = 1e-4, TRL's GRPO.",
+        ),
+    ] = None,
     allow_pickle: AllowPickleOption = False,
     trust_remote_code: RemoteCodeOption = False,
     as_json: JsonOption = False,
@@ -69,7 +85,8 @@ def energy(
     the forward-only variance proxies; and figures 3–5 of the OTB paper.
 
     Writes into --out: tokens.parquet, sequences.csv, groups.csv, proxies.json, summary.json and
-    fig3/fig4/fig5 (+ fig_energy_by_step with several checkpoints) as PNG and PDF.
+    fig3/fig4/fig5 (+ fig_energy_by_step with several checkpoints) as PNG and PDF. When the
+    rollouts carry the trainer's advantages, they are audited against its estimator.
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
@@ -91,11 +108,21 @@ def energy(
         chunk_size=chunk_size,
         group=group,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, chat_template, device_map),
+        steps=steps,
+        reward_columns=tuple(reward_column) if reward_column else None,
+        trainer_baseline=trainer_baseline,
     )
     summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
+    untemplated = summary["totals"]["prompts_without_chat_template"]
+    if untemplated:
+        note(
+            f"note: {untemplated} prompts were tokenized without the checkpoint's chat template; "
+            "trainers dump text without special tokens, so if the trainer applied the template, "
+            "pass --chat-template (or dump exact ids: see the README)"
+        )
     if as_json:
         print_json(summary)
     else:

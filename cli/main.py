@@ -4,10 +4,22 @@ Heavy imports (torch, transformers) happen inside the commands so `--help` stays
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
-from otb_diag.cli import dynamics, energy, figures, lab, regress, rollouts, train, variance
+from otb_diag.cli import (
+    dynamics,
+    energy,
+    figures,
+    lab,
+    regress,
+    report,
+    rollouts,
+    train,
+    variance,
+)
+from otb_diag.cli.common import DEBUG_ENV
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -30,6 +42,7 @@ app.command("figures")(figures.figures)
 app.command("regress")(regress.regress)
 app.command("dynamics")(dynamics.dynamics)
 app.command("train")(train.train)
+app.command("report")(report.report)
 
 
 def _version(value: bool) -> None:
@@ -48,8 +61,17 @@ def _root(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show the full traceback of an unexpected error instead of the short report.",
+        ),
+    ] = False,
 ) -> None:
     """Gradient-variance diagnostics for RL of language models."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 def main() -> None:

@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from otb_diag.cli.common import friendly_errors, note, or_default, print_json
+from otb_diag.cli.common import (
+    ChatTemplateOption,
+    RewardColumnOption,
+    StepsOption,
+    friendly_errors,
+    note,
+    or_default,
+    print_json,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -22,7 +30,10 @@ def inspect(
     file: Annotated[
         Path | None,
         typer.Argument(
-            help="Rollouts (JSONL, Parquet or a verl dump). Default: the embedded ones."
+            metavar="PATH",
+            help="Rollouts: a file (JSONL, Parquet, verl dump, TRL completion log), a directory "
+            "(verl's rollout_data_dir, a TRL output_dir) or a quoted glob. Default: the "
+            "embedded ones.",
         ),
     ] = None,
     ckpt: Annotated[
@@ -37,6 +48,9 @@ def inspect(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow a tokenizer that needs remote code.")
     ] = False,
+    steps: StepsOption = None,
+    reward_column: RewardColumnOption = None,
+    chat_template: ChatTemplateOption = False,
 ) -> None:
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
@@ -55,10 +69,22 @@ def inspect(
         return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
     path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
-    result = inspect_rollouts(path, tokenizer, always_tokenizer=ckpt is not None or file is None)
+    result = inspect_rollouts(
+        path,
+        tokenizer,
+        always_tokenizer=ckpt is not None or file is None,
+        steps=steps,
+        reward_columns=reward_column,
+        chat_template=chat_template,
+    )
     if result is None:  # a rank other than 0 under torchrun: rank 0 prints
         return
-    summary, issues = result
+    summary, issues = result.summary, result.issues
+    if result.untemplated:
+        note(
+            f"note: {result.untemplated} prompts were tokenized without the tokenizer's chat "
+            "template; pass --chat-template if the trainer applied it"
+        )
     summary["round_trip_issues"] = [str(issue) for issue in issues]
     if as_json:
         print_json(summary)

@@ -21,6 +21,7 @@ from otb_diag.cli.common import (
     ZeroTailOption,
     checkpoint_dirs,
     friendly_errors,
+    note,
     or_default,
     print_json,
 )
@@ -28,6 +29,25 @@ from otb_diag.cli.common import (
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(text: str) -> float:
+    """`90`, `90s`, `30m`, `2h` -> seconds."""
+    from otb_diag.errors import InputError
+
+    value, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(value) * _UNITS[unit]
+    except ValueError:
+        raise InputError(
+            f"budget must look like 90s, 30m or 2h, got '{text}'", field="budget"
+        ) from None
+    if not seconds > 0:
+        raise InputError(f"budget must be positive, got '{text}'", field="budget")
+    return seconds
 
 
 @friendly_errors
@@ -44,7 +64,8 @@ def variance_compare(
             "--mode",
             help="Comma-separated: proxy (forward only; synthetic scores with ‖s_t‖² = w_t), "
             "head (exact output-layer gradients, Kronecker-sketched), full (exact gradients of "
-            "all parameters, JL-projected; models ≤ 10 M parameters unless --force).",
+            "all parameters, JL-projected by forward- or reverse-mode autodiff; its cost "
+            "estimate is printed first).",
         ),
     ] = "proxy,head",
     group_sizes: Annotated[
@@ -63,7 +84,51 @@ def variance_compare(
     ] = 256,
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 1000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of draws and projections.")] = 0,
-    force: Annotated[bool, typer.Option("--force", help="Allow full mode on big models.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run full mode even when its estimate exceeds --budget.")
+    ] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="Full mode: jvp (forward mode, k passes for all tokens at once; per-token norms "
+            "estimated), vjp (reverse mode, one backward per token; exact norms) or auto (the "
+            "cost model's choice).",
+        ),
+    ] = "auto",
+    params: Annotated[
+        str | None,
+        typer.Option(
+            "--params",
+            metavar="REGEX",
+            help="Full mode: project only the parameters whose name matches (e.g. 'lm_head', "
+            "'layers\\.(2[0-9])\\.', 'lora_').",
+        ),
+    ] = None,
+    by_block: Annotated[
+        bool,
+        typer.Option(
+            "--by-block",
+            help="Full mode: directions per parameter block (embeddings, each layer, final "
+            "norm, head); writes variance_blocks.csv and per-block fidelity.",
+        ),
+    ] = False,
+    directions_per_block: Annotated[
+        int | None,
+        typer.Option(
+            "--directions-per-block",
+            help="With --by-block: directions per block (default ⌈sketch-dim / blocks⌉). "
+            "Forward mode costs one pass per direction and block.",
+        ),
+    ] = None,
+    budget: Annotated[
+        str,
+        typer.Option(
+            "--budget",
+            help="Full mode refuses runs estimated longer than this (e.g. 90s, 30m, 2h) "
+            "unless --force.",
+        ),
+    ] = "2h",
     temperature: TemperatureOption = None,
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
@@ -118,9 +183,23 @@ def variance_compare(
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map=device_map),
+        engine=engine,
+        params=params,
+        by_block=by_block,
+        directions_per_block=directions_per_block,
+        budget_s=_seconds(budget),
     )
-    summary = run_variance(checkpoint_dirs(ckpt), rollouts_path, out, settings, progress=not quiet)
+    if engine not in ("auto", "jvp", "vjp"):
+        raise InputError(f"unknown engine '{engine}'; choose auto, jvp or vjp", field="engine")
+    summary = run_variance(
+        checkpoint_dirs(ckpt),
+        rollouts_path,
+        out,
+        settings,
+        progress=not quiet,
+        notify=None if quiet else note,
+    )
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if as_json:

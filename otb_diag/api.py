@@ -1,6 +1,7 @@
 """The Python face of otb-diag: what a notebook or a trainer callback calls, in the order a
 measurement runs (read, load, tokenize, measure, compare, watch). `import otb_diag` exposes
-these names (lazily, so `import otb_diag` stays cheap); everything else is internal and may move.
+the names of its `__all__` from here (lazily, so `import otb_diag` stays cheap); everything else
+is internal and may move.
 
     rollouts = read_rollouts("rollouts.jsonl")
     ckpt = load_checkpoint("checkpoint-200")
@@ -19,34 +20,22 @@ import pandas as pd
 from torch import Tensor
 
 from otb_diag.io.batch import make_batch
-from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.checkpoint import load_checkpoint as load_checkpoint  # re-exported
 from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.io.inputs import load_rollouts
 from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
-from otb_diag.io.training_logs import read_training_log
-from otb_diag.maths.baselines import BASELINES, compute_advantages, register_baseline
-from otb_diag.maths.collapse import DetectionRule, RunDynamics, analyse_run
-from otb_diag.maths.energy import checkpoint_stats, energy_tables
+from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
+from otb_diag.maths.baselines import BASELINES, compute_advantages
+from otb_diag.maths.baselines import register_baseline as register_baseline  # re-exported
+from otb_diag.maths.collapse import DetectionRule as DetectionRule  # re-exported
+from otb_diag.maths.collapse import RunDynamics, analyse_run
+from otb_diag.maths.energy import checkpoint_stats
+from otb_diag.maths.energy import energy_tables as energy_tables  # re-exported
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.token_stats import TokenStats, cumulative_energy
 from otb_diag.pipelines.variance import VarianceSettings, run_variance
-
-__all__ = [
-    "DetectionRule",
-    "advantages",
-    "baseline_names",
-    "detect_collapse",
-    "embedded_default",
-    "energy_tables",
-    "load_checkpoint",
-    "read_rollouts",
-    "read_training_log",
-    "register_baseline",
-    "response_batch",
-    "token_statistics",
-    "variance_compare",
-]
 
 
 def embedded_default() -> tuple[Path, Path]:

@@ -1,11 +1,43 @@
 """Hypothesis runs derandomized by default, so CI sees the same examples on every run (the
 project's determinism rule). `HYPOTHESIS_PROFILE=explore pytest` searches with fresh randomness
-and more examples when hunting for new counterexamples."""
+and more examples when hunting for new counterexamples.
+
+The session fixtures `reduced_rollouts` and `runs` are small real runs shared by the modules that
+read run outputs (regress, report)."""
 
 import os
+from pathlib import Path
 
+import pytest
+import torch
 from hypothesis import settings
+from small_runs import reduce_rollouts, run_energy, run_variance
 
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(params=[1, 2], ids=["threads=1", "threads=2"])
+def torch_threads(request: pytest.FixtureRequest):
+    """Run a numerically sensitive test under 1 and 2 intra-op threads: float32 reductions
+    reorder with the thread count, and a tolerance must hold for both (issue 12)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 groups x 12 responses of the embedded rollouts (tests/small_runs.py)."""
+    return reduce_rollouts(tmp_path_factory.mktemp("reduced") / "rollouts.jsonl")
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Path:
+    """energy/ and variance/ run directories of the reduced default (seed 0); read-only."""
+    root = tmp_path_factory.mktemp("runs")
+    run_energy(reduced_rollouts, root / "energy")
+    run_variance(reduced_rollouts, root / "variance")
+    return root

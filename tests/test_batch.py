@@ -52,7 +52,7 @@ def test_token_rewards_win_and_optional_fields_pad(tmp_path: Path) -> None:
             "prompt_ids": [1],
             "response_ids": [2, 3],
             "token_rewards": [0.25, 0.5],
-            "logprobs": [-0.1, -0.2],
+            "logprobs": [-1.0, -1.2],
             "sum_pi2": [0.5, 0.6],
             "is_weights": [0.9, 1.1],
         },
@@ -61,7 +61,7 @@ def test_token_rewards_win_and_optional_fields_pad(tmp_path: Path) -> None:
             "prompt_ids": [1],
             "response_ids": [2],
             "reward": 3.0,
-            "logprobs": [-0.3],
+            "logprobs": [-0.9],
             "sum_pi2": [0.7],
             "is_weights": [0.8],
         },
@@ -69,7 +69,7 @@ def test_token_rewards_win_and_optional_fields_pad(tmp_path: Path) -> None:
     batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
     assert batch.token_rewards.tolist() == [[0.25, 0.5], [3.0, 0.0]]
     assert batch.reward.tolist() == [0.75, 3.0]
-    assert torch.allclose(batch.logprobs, torch.tensor([[-0.1, -0.2], [-0.3, 0.0]]))
+    assert torch.allclose(batch.logprobs, torch.tensor([[-1.0, -1.2], [-0.9, 0.0]]))
     # padding of importance weights is 1 (a no-op weight), never 0
     assert torch.allclose(batch.is_weights, torch.tensor([[0.9, 1.1], [0.8, 1.0]]))
 

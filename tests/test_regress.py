@@ -22,10 +22,10 @@ from typing import Any
 import pandas as pd
 import pytest
 from otb_diag.cli.main import app
+from small_runs import invoke, run_energy, run_variance
 from torch import Tensor
 from typer.testing import CliRunner
 
-from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.maths import baselines
 from otb_diag.pipelines import regress
 from otb_diag.pipelines.regress import DEFAULT_TOLERANCE, Tolerance, compare
@@ -34,76 +34,6 @@ from otb_diag.pipelines.run_metrics import Metric, collect_metrics
 runner = CliRunner()
 
 GOLDEN = Path(__file__).parent / "golden" / "energy_variance.json"
-# A reduced default keeps the suite fast: 4 prompts x 12 responses of the embedded rollouts.
-REDUCED_GROUPS, REDUCED_RESPONSES = 4, 12
-VARIANCE_ARGS = [
-    "--mode",
-    "proxy,full",
-    "--group-sizes",
-    "2,4",
-    "--draws",
-    "40",
-    "--bootstrap",
-    "200",
-    "--sketch-dim",
-    "32",
-]
-
-
-def invoke(*args: str | Path) -> tuple[int, str]:
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout
-
-
-def run_energy(rollouts: Path, out: Path) -> None:
-    code, output = invoke(
-        "energy", "--ckpt", default_checkpoint(), "--rollouts", rollouts, "--out", out, "--quiet"
-    )
-    assert code == 0, output
-
-
-def run_variance(rollouts: Path, out: Path, seed: int = 0) -> None:
-    code, output = invoke(
-        "variance-compare",
-        "--ckpt",
-        default_checkpoint(),
-        "--rollouts",
-        rollouts,
-        "--out",
-        out,
-        "--seed",
-        str(seed),
-        "--quiet",
-        *VARIANCE_ARGS,
-    )
-    assert code == 0, output
-
-
-@pytest.fixture(scope="module")
-def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first responses of the first groups, as the original lines (same bytes, same SHA)."""
-    kept: dict[str, list[str]] = {}
-    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines(keepends=True):
-        group = json.loads(line)["group"]
-        if group not in kept and len(kept) == REDUCED_GROUPS:
-            continue
-        members = kept.setdefault(group, [])
-        if len(members) < REDUCED_RESPONSES:
-            members.append(line)
-    path = tmp_path_factory.mktemp("reduced") / "rollouts.jsonl"
-    path.write_text("".join(line for lines in kept.values() for line in lines), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Path:
-    """energy/ and variance/ run directories of the reduced default (seed 0)."""
-    root = tmp_path_factory.mktemp("runs")
-    run_energy(reduced_rollouts, root / "energy")
-    run_variance(reduced_rollouts, root / "variance")
-    return root
 
 
 def copy_run(runs: Path, dest: Path, *names: str) -> None:
@@ -263,8 +193,14 @@ def test_update_writes_atomically_and_reports_changes(
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(OSError, match="disk full"):
-        invoke("regress", "--golden", golden, "--current", runs / "energy", "--update")
+    crash = tmp_path.parent / f"{tmp_path.name}-crash"  # where the traceback is saved
+    crash.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(crash))
+    result = runner.invoke(
+        app, ["regress", "--golden", str(golden), "--current", str(runs / "energy"), "--update"]
+    )
+    assert result.exit_code == 3 and "OSError: disk full" in result.stderr  # one paragraph
+    assert len(list(crash.iterdir())) == 1
     assert golden.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["golden.json"]
 

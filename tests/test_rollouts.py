@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def good_row(**changes: Any) -> dict[str, Any]:
         "token_rewards": [0.0, 0.0, 1.0],
         "mask": [1, 0, 1],
         "step": 7,
-        "logprobs": [-0.1, -0.2, -0.3],
+        "logprobs": [-1.0, -1.2, -1.5],
         "sum_pi2": [0.5, 0.6, 0.7],
         "is_weights": [1.0, 0.9, 1.1],
         "temperature": 0.8,
@@ -113,7 +114,7 @@ def test_jsonl_and_parquet_read_the_same_responses(tmp_path: Path) -> None:
         token_rewards=[0.0, 0.0, 1.0],
         mask=[1, 0, 1],
         step=7,
-        logprobs=[-0.1, -0.2, -0.3],
+        logprobs=[-1.0, -1.2, -1.5],
         sum_pi2=[0.5, 0.6, 0.7],
         is_weights=[1.0, 0.9, 1.1],
         temperature=0.8,
@@ -154,9 +155,9 @@ def test_defaults_blank_lines_and_extra_keys(tmp_path: Path) -> None:
 
 def test_aliases(tmp_path: Path) -> None:
     row = good_row(group=None, logprobs=None, sum_pi2=None)
-    row.update(uid="u1", old_log_probs=[-1.0, -2.0, -3.0], sum_pi_squared=[0.1, 0.2, 0.3])
+    row.update(uid="u1", old_log_probs=[-1.0, -2.0, -3.0], sum_pi_squared=[0.2, 0.2, 0.3])
     (r,) = read_rollouts(write_jsonl(tmp_path / "r.jsonl", [row])).responses
-    assert (r.group, r.logprobs, r.sum_pi2) == ("u1", [-1.0, -2.0, -3.0], [0.1, 0.2, 0.3])
+    assert (r.group, r.logprobs, r.sum_pi2) == ("u1", [-1.0, -2.0, -3.0], [0.2, 0.2, 0.3])
 
 
 def test_alias_errors_name_the_key_the_file_used(tmp_path: Path) -> None:
@@ -405,10 +406,24 @@ def rollout_row(draw: st.DrawFn) -> dict[str, Any]:
         n = draw(st.integers(1, 5))
         row["prompt_ids"] = draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=4))
         row["response_ids"] = draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n))
+        # Physically possible values (consistency.py): log p ≤ 0, p² ≤ Σπ² ≤ 1, ρ ≥ 0.
+        logprobs = draw(st.lists(st.floats(-30.0, 0.0), min_size=n, max_size=n))
+        share = draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))
+        values = {
+            "mask": draw(st.lists(st.sampled_from([0, 1]), min_size=n, max_size=n)),
+            "token_rewards": draw(st.lists(_float, min_size=n, max_size=n)),
+            "logprobs": logprobs,
+            "sum_pi2": [
+                math.exp(2 * lp) + u * (1 - math.exp(2 * lp))
+                for lp, u in zip(logprobs, share, strict=True)
+            ],
+            "is_weights": draw(st.lists(st.floats(0.0, 1e6), min_size=n, max_size=n)),
+        }
         for name in TOKEN_FIELDS:
-            values = st.sampled_from([0, 1]) if name == "mask" else _float
             if draw(st.booleans()):
-                row[name] = draw(st.lists(values, min_size=n, max_size=n))
+                row[name] = values[name]
+        if "sum_pi2" in row and "logprobs" not in row:
+            row["sum_pi2"] = [1.0] * n  # without logprobs, p is unknown
     if draw(st.booleans()):
         row["step"] = draw(st.integers(0, 10**9))
     if draw(st.booleans()):

@@ -17,16 +17,18 @@ from otb_diag.maths.returns import outcome_token_rewards, returns_to_go
 from otb_diag.maths.variance import (
     COLUMNS,
     BaselineSpec,
-    bias_z,
-    compare_to_mean,
     draw_estimates,
     draw_groups,
     empirical_variance,
-    equivalent_group_size,
     pool_rows,
     pool_score_means,
-    trace_variance,
     usable_group_sizes,
+)
+from otb_diag.maths.variance_stats import (
+    bias_z,
+    compare_to_mean,
+    equivalent_group_size,
+    trace_variance,
 )
 from otb_diag.plots.variance import (
     fig_proxy_fidelity,

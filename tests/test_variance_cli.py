@@ -163,3 +163,38 @@ def test_paper_claim_verdicts() -> None:
     assert paper_claim([claim_row(4, 40.0, "within")], 64)[0]["verdict"] == "reproduced"
     assert paper_claim([claim_row(4, 4.0, "below")], 16)[0]["verdict"] == "not reproduced"
     assert paper_claim([claim_row(8, 40.0, "within")], 64) == []  # no N = 4, no verdict
+
+
+BLOCK_COLUMNS = ["block", *COLUMNS, "draws", "groups", "constant_groups", "equivalent_range"]
+
+
+def test_full_mode_by_block_in_forward_mode(inputs, tmp_path: Path) -> None:
+    """`--by-block --engine jvp`: variance_blocks.csv (columns as documented; blocks sum to the
+    total), a fidelity row per block, and the summary's account of the engine and its error."""
+    out = tmp_path / "o"
+    result = run(inputs, out, "--mode", "full", "--group-sizes", "2,4", "--by-block",
+                 "--engine", "jvp", "--directions-per-block", "4")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    blocks = pd.read_csv(out / "variance_blocks.csv")
+    assert list(blocks.columns) == BLOCK_COLUMNS
+    assert list(blocks["block"].unique()) == ["embeddings", "layer.0", "final_norm", "head"]
+    total = pd.read_csv(out / "variance.csv").set_index(["aggregation", "baseline", "group_size"])
+    summed = blocks.groupby(["aggregation", "baseline", "group_size"])["variance"].sum()
+    np.testing.assert_allclose(summed.loc[total.index], total["variance"], rtol=1e-9)
+    fid = pd.read_csv(out / "fidelity.csv")
+    assert list(fid["block"]) == ["all", "embeddings", "layer.0", "final_norm", "head"]
+    summary = json.loads((out / "summary.json").read_text())
+    [full] = summary["full"].values()
+    assert full["engine"] == "jvp" and full["sq_norm"].startswith("JL estimate")
+    assert full["jl_error"]["k"] == 16 and full["jl_error"]["subsketches"] == 2
+    assert (out / "variance_by_block.png").stat().st_size > 1000
+    assert "engine jvp" in result.stdout and "projection error (k=16" in result.stdout
+
+
+def test_full_mode_over_budget_is_refused(inputs, tmp_path: Path) -> None:
+    result = run(inputs, tmp_path / "o", "--mode", "full", "--budget", "0.000001s")
+    assert result.exit_code == 2
+    assert "exceeds the budget" in result.stderr and "--force" in result.stderr
+    assert not (tmp_path / "o" / "variance.csv").exists()
+    bad = run(inputs, tmp_path / "p", "--mode", "full", "--budget", "soon")
+    assert bad.exit_code == 2 and "field 'budget'" in bad.stderr

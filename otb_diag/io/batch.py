@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from otb_diag.io.rollout_rows import Response
 from otb_diag.io.rollouts import Rollouts
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.maths.returns import outcome_token_rewards
@@ -55,4 +56,18 @@ def make_batch(rollouts: Rollouts) -> ResponseBatch:
         is_weights=optional("is_weights", 1.0),
         logprobs=optional("logprobs", 0.0),
         sum_pi2=optional("sum_pi2", 0.0),
+        trainer_advantage=_trainer_advantage(rs, width),
+    )
+
+
+def _trainer_advantage(rs: list[Response], width: int) -> Tensor | None:
+    """`[B, width]`: a per-response advantage repeated over its tokens, or the per-token list."""
+    if any(r.trainer_advantage is None for r in rs):
+        return None
+    return pad(
+        [
+            a if isinstance(a := r.trainer_advantage, list) else [a] * len(r.response_ids)
+            for r in rs
+        ],
+        width,
     )

@@ -13,18 +13,21 @@ from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
 from otb_diag.io.devices import device_map_kwargs, resolve_device
 from otb_diag.io.provenance import directory_sha256, file_sha256
-from otb_diag.io.rollouts import Rollouts, check_vocab, read_rollouts, tokenize_rollouts
+from otb_diag.io.rollout_sources import parse_steps, read_rollout_set
+from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
 from otb_diag.maths.response_batch import ResponseBatch
 
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)."""
+    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
+    and how text prompts are tokenized (--chat-template)."""
 
     device: str = "auto"
     dtype: str = "auto"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    chat_template: bool = False
     device_map: str | None = None
 
     def check(self) -> None:
@@ -47,9 +50,17 @@ class LoadOptions:
         )
 
 
-def load_rollouts(path: Path, temperature: float | None = None) -> Rollouts:
-    """Read and validate rollouts; `temperature`, when given, overrides every row's τ."""
-    return with_temperature(read_rollouts(path), temperature)
+def load_rollouts(
+    path: Path,
+    temperature: float | None = None,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+) -> Rollouts:
+    """Read and validate rollouts (a file, a directory or a glob; rows with a step in `steps`,
+    "A-B"); `temperature`, when given, overrides every row's τ."""
+    rollouts = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_columns)
+    return with_temperature(rollouts, temperature)
 
 
 def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:
@@ -75,7 +86,9 @@ def checkpoint_batch(
     vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
     round-trip through the tokenizer."""
     ckpt = options.load(path)
-    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer)
+    tokenized, issues = tokenize_rollouts(
+        rollouts, ckpt.tokenizer, chat_template=options.chat_template
+    )
     check_vocab(tokenized, ckpt.vocab_size)
     return ckpt, make_batch(tokenized), len(issues)
 
@@ -85,8 +98,12 @@ def checkpoint_record(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:
+    """Path, format and hash of the rollouts; with several files, each file's hash."""
+    files = rollouts.files or [Path(rollouts.path)]
+    record: dict[str, Any] = {"path": str(Path(rollouts.path).resolve()), "format": rollouts.format}
+    if len(files) == 1:
+        return {**record, "sha256": file_sha256(files[0])}
     return {
-        "path": str(Path(rollouts.path).resolve()),
-        "sha256": file_sha256(rollouts.path),
-        "format": rollouts.format,
+        **record,
+        "files": [{"path": str(f.resolve()), "sha256": file_sha256(f)} for f in files],
     }

@@ -48,8 +48,9 @@ def records(path: Path, kind: str, keep: Callable[[int], bool] | None = None) ->
 def first_keys(path: Path, kind: str) -> set[str] | None:
     """The keys of the first row (Parquet: the columns), or None when the file has no rows."""
     if kind == "parquet":
-        meta = _parquet_file(path).metadata
-        return set(meta.schema.names) if meta.num_rows else None
+        parquet = _parquet_file(path)
+        # The Arrow schema's names are the top-level columns (the Parquet schema's are leaves).
+        return set(parquet.schema_arrow.names) if parquet.metadata.num_rows else None
     first = next(_jsonl(path, None), None)
     return None if first is None else set(first[2])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otb_diag.errors import InputError
@@ -30,6 +30,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "sum_pi2": ("sum_pi2", "sum_pi_squared"),
     "is_weights": ("is_weights",),
     "temperature": ("temperature",),
+    "trainer_advantage": ("trainer_advantage",),
 }
 # verl dumps name the text and the score differently and group by `uid` when they have one.
 VERL_KEYS = {
@@ -69,6 +70,11 @@ class Response:
     sum_pi2: list[float] | None = None
     is_weights: list[float] | None = None
     temperature: float = 1.0
+    # The advantage the trainer used: one number per response (TRL) or one per token.
+    trainer_advantage: float | list[float] | None = None
+    # A conversational prompt (TRL): the messages, to which --chat-template applies the template.
+    prompt_messages: list[dict[str, str]] | None = None
+    source_path: str | None = field(default=None, compare=False)  # the file it came from
 
 
 class RawRow:
@@ -123,6 +129,12 @@ class RawRow:
         if fields["response"] == "" and fields["response_ids"] is None:
             raise self.fail("response", "the response is empty: there is no token to score.")
         temperature = self.parse_scalar("temperature", _positive)
+        advantage = self.value("trainer_advantage")
+        fields["trainer_advantage"] = (
+            self.parse_list("trainer_advantage", _finite)
+            if isinstance(advantage, list)
+            else self.parse_scalar("trainer_advantage", _finite)
+        )
         group = self.parse_scalar("group", _group_id)
         if group is None:  # a verl row without uid: group by (step, input)
             group = self.verl_group(verl_groups, fields["step"])
@@ -182,13 +194,14 @@ class RawRow:
         return out
 
     def verl_group(self, verl_groups: dict[tuple[int, str], str] | None, step: int | None) -> str:
-        """`s{step}:{k}`, k counting the distinct inputs of that step in order of appearance."""
-        assert verl_groups is not None  # only rows of non-verl files must have a group
+        """`s{step}:{k}`, k counting the distinct prompts of that step in order of appearance
+        (verl dumps without `uid`, TRL completion logs)."""
+        assert verl_groups is not None  # only rows of trainer dumps may lack a group
         if step is None:
             raise self.fail(
                 "step",
                 "missing required field 'step'.",
-                hint="verl dumps without 'uid' group responses by (step, input).",
+                hint="Trainer dumps without 'uid' group responses by (step, prompt).",
             )
         key = (step, self.value("prompt"))
         if key not in verl_groups:

@@ -264,7 +264,12 @@ def _tokens(
     if "tokens_total" not in column:
         return np.full(len(raw), np.nan)
     total = column["tokens_total"]
-    logged = np.flatnonzero(np.isfinite(total))
+    # Check the rows that will be kept (the last of each step, in step order): a resumed run
+    # logs some steps twice, and its first, abandoned pass may have counted further.
+    steps = pd.Series(column["step"])
+    kept = np.flatnonzero(~steps.duplicated(keep="last").to_numpy())
+    kept = kept[np.argsort(column["step"][kept], kind="stable")]
+    logged = kept[np.isfinite(total[kept])]
     drops = np.flatnonzero(np.diff(total[logged]) < 0)
     if len(drops):
         at = logged[drops[0] + 1]

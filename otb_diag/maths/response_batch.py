@@ -36,6 +36,8 @@ class ResponseBatch:
     token_rewards: `[B, T]`, the file's `token_rewards`, or the outcome `reward` on the last
     generated token. `reward: [B]` is their sum over generated tokens.
     is_weights, logprobs, sum_pi2: `[B, T]` or None when any row lacks them.
+    trainer_advantage: `[B, T]` advantages the trainer logged (a per-response number broadcast
+    over the response), or None when any row lacks them.
     """
 
     group_names: list[str]
@@ -53,3 +55,4 @@ class ResponseBatch:
     is_weights: Tensor | None
     logprobs: Tensor | None
     sum_pi2: Tensor | None
+    trainer_advantage: Tensor | None = None

@@ -1,9 +1,9 @@
 """Per-token score vectors `s_t = ∇_θ log π(y_t | x, y_<t)` projected to k dimensions (theory §4).
 
 The empirical policy-gradient variance needs, for every response token, a k-dimensional random
-projection `S s_t` of its score vector and the exact `‖s_t‖²`. A projection `S` with
-`E[Sᵀ S] = I` preserves inner products in expectation, `E[(S x)·(S y)] = x·y`, so sums of
-projected scores estimate the squared norms and inner products that the variance is made of.
+projection `S s_t` of its score vector and `‖s_t‖²`. A projection `S` with `E[Sᵀ S] = I`
+preserves inner products in expectation, `E[(S x)·(S y)] = x·y`, so sums of projected scores
+estimate the squared norms and inner products that the variance is made of.
 
 Two modes, both under the tempered policy `π_t = softmax(z_t / τ)`:
 
@@ -14,31 +14,34 @@ Two modes, both under the tempered policy `π_t = softmax(z_t / τ)`:
   is the rank-one `u h̃ᵀ` and the Kronecker sketch `(P₁ ⊗ P₂) vec(u h̃ᵀ) = (P₁ u) ⊗ (P₂ h̃)` needs
   neither `V × d` per token nor `[B, T, V]`: only `[chunk, V]` logits at a time.
   `‖s_t‖² = ‖u_t‖² ‖h̃_t‖²`.
-- `full`: the exact gradient of every parameter of a small model, one response at a time and,
-  within it, one chunk of tokens at a time (a forward pass over the prefix the chunk needs, then
-  its backward passes vectorised over the chunk's tokens), projected by a dense
-  Gaussian Johnson–Lindenstrauss matrix `R ∈ R^{n_params × k}`, `R_ij ~ N(0, 1/k)`: `Rᵀ s_t`.
+- `full`: the gradient of every selected parameter (all by default), projected on the seeded
+  directions of `directions.py` (Gaussian JL, block-diagonal when split into blocks), by one of
+  two engines that give the same projections: `vjp` (`scores_reverse.py`: per-token gradients,
+  exact `‖s_t‖²`) or `jvp` (`scores_forward.py`: one forward-mode pass per direction for all
+  tokens at once; `‖s_t‖²` estimated by `‖u_t‖²`, unbiased). `full_cost.py` estimates both,
+  picks one (`engine="auto"`) and refuses what exceeds the budget or the memory.
 
-Random matrices are drawn on the CPU from generators seeded by `(seed, stream)`, so equal seeds
-give the same matrices on every device and for every batching (and identical numbers when the
-call is repeated as is).
+The head and proxy matrices are drawn on the CPU from generators seeded by `(seed, stream)`, so
+equal seeds give the same matrices on every device and for every batching.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vjp, vmap
 
 from otb_diag.errors import InputError
+from otb_diag.maths.directions import parameter_blocks, select_parameters
+from otb_diag.maths.full_cost import DEFAULT_BUDGET_S, FullPlan, plan_full
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.scores_forward import forward_scores
+from otb_diag.maths.scores_reverse import reverse_scores
 from otb_diag.maths.token_stats import (
     check_output_layer,
     eval_mode,
@@ -49,26 +52,11 @@ from otb_diag.maths.token_stats import (
     pad_batch,
 )
 
-# `full` mode costs about n_params · (6 L + 2 k) flops per token (L: the prefix length, k: the
-# projection's); above this many parameters it is refused unless forced.
-FULL_MODE_MAX_PARAMS = 10_000_000
-
-# Rows of R drawn by one generator: 65 536 · k fp32 numbers (64 MiB at k = 256).
-_R_BLOCK_ROWS = 1 << 16
-
-# R is kept in memory up to this size and otherwise redrawn, block by block, for every product.
-_R_HOLD_BYTES = 1 << 30
-
-# Gradients of several responses are collected up to this size and projected in one product:
-# each product reads all of R (0.6 GiB for the default at k = 256), which cost more than the
-# arithmetic when every few-token response was projected on its own (61 s of 67 s, measured).
-_PENDING_BYTES = 1 << 28
-
 # Tokens per chunk when the caller does not say (see `token_scores`); also the valid modes.
 _DEFAULT_CHUNK = {"head": 256, "full": 32}
 
-# Generator streams, so that no two random matrices share numbers.
-_STREAM_VOCAB, _STREAM_HIDDEN, _STREAM_FULL, _STREAM_PROXY = 0, 1, 2, 3
+# Generator streams, so that no two random matrices share numbers (2: `directions.py`).
+_STREAM_VOCAB, _STREAM_HIDDEN, _STREAM_PROXY = 0, 1, 3
 
 
 @dataclass(frozen=True)
@@ -76,7 +64,10 @@ class TokenScores:
     """Projected per-token scores of a `ResponseBatch` (`B` responses, `T` = longest), on the CPU.
 
     proj: `[B, T, k]` fp32, the projection of `s_t`; 0 at padding (`t ≥ T_i`).
-    sq_norm: `[B, T]` fp32, the exact `‖s_t‖²` before projection; 0 at padding.
+    sq_norm: `[B, T]` fp32, `‖s_t‖²` (exact, or its JL estimate `‖u_t‖²` when not
+    `sq_norm_exact`: the `jvp` engine); 0 at padding.
+    blocks: `(name, first coordinate, k_b)` of each parameter block (`full`; one block `all`
+    unless split); block_sq_norm: `[B, T, n_blocks]` fp32, `‖s_{t,b}‖²` per block (`full`).
     Tool-output tokens (`mask` 0) get their scores too: applying `mask` is the estimator's job.
     """
 
@@ -85,6 +76,11 @@ class TokenScores:
     mode: str
     k: int
     seed: int
+    engine: str = "forward"
+    sq_norm_exact: bool = True
+    blocks: tuple[tuple[str, int, int], ...] = ()
+    block_sq_norm: Tensor | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
 
 
 def token_scores(
@@ -98,20 +94,31 @@ def token_scores(
     batch_tokens: int = 16384,
     force: bool = False,
     progress: Callable[[int], None] | None = None,
+    engine: Literal["auto", "jvp", "vjp"] = "auto",
+    params: str | None = None,
+    by_block: bool = False,
+    directions_per_block: int | None = None,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    on_plan: Callable[[FullPlan], None] | None = None,
 ) -> TokenScores:
     """Projected score vectors of every response token of `batch` under `model`.
 
     model: a Hugging Face causal LM (`*ForCausalLM`), run in eval mode (dropout off).
-    mode: `head` (output layer, Kronecker sketch, any model size) or `full` (all parameters,
-    Gaussian JL, fp32 models of at most `FULL_MODE_MAX_PARAMS` parameters unless `force`).
-    k: projection dimension; `head` splits it as `k₁ × k₂` (see `kronecker_split`).
+    mode: `head` (output layer, Kronecker sketch, any model size) or `full` (the selected
+    parameters, Gaussian JL directions, any model that fits in memory and the budget).
+    k: projection dimension; `head` splits it as `k₁ × k₂` (see `kronecker_split`); `full` with
+    `by_block` gives each block `directions_per_block` (default `⌈k / blocks⌉`) directions.
     seed: a non-negative integer; equal seeds give identical projections.
-    chunk_size: tokens handled at once: their `[chunk, V]` logits (`head`, default 256) or their
-    `[chunk, n_params]` gradients (`full`, default 32: each chunk's backward passes run over the
-    prefix it needs, so small chunks skip most of the causal triangle's unused half, while larger
-    ones vectorise better; 32 was fastest on a 2-core CPU for 3–80-token responses).
-    batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`).
+    chunk_size: tokens handled at once: their `[chunk, V]` logits (`head`, default 256; the
+    `jvp` engine's head too) or the `vjp` engine's per-token gradients `[chunk, n_params]`
+    (default 32, lowered to fit memory: each chunk's backward passes run over the prefix it
+    needs, so small chunks skip most of the causal triangle's unused half).
+    batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`, `jvp`).
+    force: run `full` mode even when its estimate exceeds `budget_s` (seconds; None: no limit).
     progress: called with the number of response tokens of each finished batch or response.
+    engine, params, by_block, directions_per_block: `full` only: the engine (`auto` by the cost
+    model), a regular expression selecting parameters by name, and the block split.
+    on_plan: called with the cost estimate before a `full` run starts.
     """
     if mode not in _DEFAULT_CHUNK:
         raise InputError(f"mode must be 'head' or 'full', got {mode!r}")
@@ -128,9 +135,38 @@ def token_scores(
         raise InputError("temperature must be positive")
     if mode == "head":
         proj, sq_norm = _head_scores(model, batch, k, seed, chunk_size, batch_tokens, progress)
+        return TokenScores(proj, sq_norm, mode, k, seed, engine="forward")
+    if directions_per_block is not None and directions_per_block < 1:
+        raise InputError("directions per block must be at least 1", field="directions-per-block")
+    selected = select_parameters(model, params)
+    blocks = parameter_blocks(
+        model, list(selected), by_block=by_block, k=k, directions_per_block=directions_per_block
+    )
+    plan = plan_full(
+        model, batch, selected, blocks, seed, engine=engine, budget_s=budget_s, force=force,
+        batch_tokens=batch_tokens, chunk_size=chunk_size,
+    )  # fmt: skip
+    if on_plan is not None:
+        on_plan(plan)
+    if plan.engine == "vjp":
+        proj, block_sq = reverse_scores(
+            model, batch, selected, blocks, seed, plan.reverse_chunk, progress
+        )
     else:
-        proj, sq_norm = _full_scores(model, batch, k, seed, chunk_size, force, progress)
-    return TokenScores(proj, sq_norm, mode, k, seed)
+        proj = forward_scores(
+            model, batch, selected, blocks, seed, batch_tokens=batch_tokens,
+            directions_batch=plan.directions_batch, chunk_size=_DEFAULT_CHUNK["head"],
+            progress=progress,
+        )  # fmt: skip
+        # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
+        block_sq = torch.stack(
+            [proj[..., b.offset : b.offset + b.k].square().sum(-1) for b in blocks], dim=-1
+        )
+    return TokenScores(
+        proj, block_sq.sum(-1), mode, proj.shape[-1], seed, engine=plan.engine,
+        sq_norm_exact=plan.engine == "vjp", blocks=tuple((b.name, b.offset, b.k) for b in blocks),
+        block_sq_norm=block_sq, plan=plan.as_dict(),
+    )  # fmt: skip
 
 
 def proxy_scores(w: Tensor, k: int, seed: int) -> Tensor:
@@ -167,31 +203,12 @@ def head_sketch_matrices(vocab: int, width: int, k: int, seed: int) -> tuple[Ten
     return _gaussian(vocab, k1, seed, _STREAM_VOCAB), _gaussian(width, k2, seed, _STREAM_HIDDEN)
 
 
-def jl_matrix(n_params: int, k: int, seed: int) -> Tensor:
-    """The `full`-mode projection `R [n_params, k]`, entries `N(0, 1/k)`, fp32 CPU.
-
-    Rows follow `model.named_parameters()` order (tied tensors once), each flattened row-major.
-    Memory `n_params · k · 4` bytes: 0.1 GiB for 10⁵ parameters at k = 256.
-    """
-    return torch.cat([_r_block(n_params, k, seed, b) for b in range(_n_blocks(n_params))])
-
-
 def _gaussian(rows: int, cols: int, seed: int, *stream: int) -> Tensor:
     """`[rows, cols]` fp32 with entries `N(0, 1/cols)` from the generator of `(seed, *stream)`."""
     # SeedSequence mixes the key into well-spread state, so nearby seeds give unrelated streams.
     state = np.random.SeedSequence([seed, *stream]).generate_state(1, np.uint64)[0]
     generator = torch.Generator().manual_seed(int(state))
     return torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
-
-
-def _n_blocks(n_params: int) -> int:
-    return -(-n_params // _R_BLOCK_ROWS)  # ⌈n / block⌉
-
-
-def _r_block(n_params: int, k: int, seed: int, b: int) -> Tensor:
-    """Rows `[b · block, min((b + 1) · block, n))` of R, drawable on their own."""
-    rows = min(_R_BLOCK_ROWS, n_params - b * _R_BLOCK_ROWS)
-    return _gaussian(rows, k, seed, _STREAM_FULL, b)
 
 
 def _grid(batch: ResponseBatch, k: int) -> tuple[Tensor, Tensor]:
@@ -267,98 +284,3 @@ def _head_scores(
             if progress is not None:
                 progress(int(n_tok.sum()))
     return proj, sq_norm
-
-
-def _full_scores(
-    model: nn.Module,
-    batch: ResponseBatch,
-    k: int,
-    seed: int,
-    chunk_size: int,
-    force: bool,
-    progress: Callable[[int], None] | None,
-) -> tuple[Tensor, Tensor]:
-    """`proj [B, T, k]`, `sq_norm [B, T]` of the all-parameter scores, `Rᵀ s_t` (module docstring).
-
-    Memory: one chunk's vectorised backward pass over one response's prefix, the gradients waiting
-    to be projected (at most `_PENDING_BYTES`, or one chunk if that is larger), and R
-    (`n_params · k · 4` bytes) when that is at most 1 GiB; a larger R is redrawn block by block for
-    every product (slow, but memory stays bounded).
-    Time: about `n_params · (6 L + 2 k)` flops per token, L the prefix length; at k = 256 the
-    projection costs as much as the gradients themselves.
-    """
-    params = {name: p.detach() for name, p in model.named_parameters()}  # tied tensors once
-    n_params = sum(p.numel() for p in params.values())
-    if n_params > FULL_MODE_MAX_PARAMS and not force:
-        raise InputError(
-            f"full mode computes every token's gradient of all {n_params:,} parameters; it is "
-            f"meant for models of at most {FULL_MODE_MAX_PARAMS:,}.",
-            hint="Use mode 'head' (exact output-layer scores, any model size), or force=True.",
-        )
-    if any(p.dtype != torch.float32 for p in params.values()):
-        raise InputError("full mode needs an fp32 model", hint="Load it with dtype float32.")
-    device = next(iter(params.values())).device
-    n_blocks = _n_blocks(n_params)
-    held = None
-    if n_params * k * 4 <= _R_HOLD_BYTES:
-        held = [_r_block(n_params, k, seed, b).to(device) for b in range(n_blocks)]
-
-    def r_block(b: int) -> Tensor:
-        return held[b] if held is not None else _r_block(n_params, k, seed, b).to(device)
-
-    proj, sq_norm = _grid(batch, k)
-    pending: list[tuple[int, int, Tensor]] = []  # (row, first t, gradients [c, n]) to project
-    pending_rows = max(chunk_size, _PENDING_BYTES // (4 * n_params))
-
-    def project_pending() -> None:
-        g = torch.cat([grads for _, _, grads in pending])
-        r_g = sum(
-            g[:, b * _R_BLOCK_ROWS : (b + 1) * _R_BLOCK_ROWS] @ r_block(b) for b in range(n_blocks)
-        ).cpu()  # Rᵀ s_t, block by block
-        at = 0
-        for i, lo, grads in pending:
-            proj[i, lo : lo + len(grads)] = r_g[at : at + len(grads)]
-            at += len(grads)
-        pending.clear()
-
-    with eval_mode(model), warnings.catch_warnings():
-        # The vectorised backward of CPU scaled-dot-product attention falls back to a loop and
-        # says so on every call; the numbers are exact, only the warning would alarm users.
-        warnings.filterwarnings("ignore", message=".*performance drop.*", category=UserWarning)
-        for i, n_tok in enumerate(batch.length.tolist()):
-            if n_tok == 0:
-                continue
-            prompt = batch.prompt_ids[i]
-            ids = torch.tensor(prompt + batch.response_ids[i, :n_tok].tolist(), device=device)
-            tau = float(batch.temperature[i])
-            for lo in range(0, n_tok, chunk_size):
-                hi = min(lo + chunk_size, n_tok)
-                # Causal: tokens lo … hi − 1 depend on the first P + hi − 1 positions only, so the
-                # backward passes run over that prefix, not the whole row.
-                prefix = ids[: len(prompt) + hi]
-                logprobs = _logprob_fn(model, prefix, len(prompt) + lo, tau)
-                _, pullback = vjp(logprobs, params)
-                (grads,) = vmap(pullback)(torch.eye(hi - lo, device=device))  # {name: [c, ...]}
-                g = torch.cat([grads[name].flatten(1) for name in params], dim=1)  # [chunk, n]
-                sq_norm[i, lo:hi] = g.square().sum(-1).cpu()  # ‖∇_θ log p_t‖²
-                pending.append((i, lo, g))
-                if sum(len(grads) for _, _, grads in pending) >= pending_rows:
-                    project_pending()
-            if progress is not None:
-                progress(n_tok)
-        if pending:
-            project_pending()
-    return proj, sq_norm
-
-
-def _logprob_fn(
-    model: nn.Module, ids: Tensor, first: int, tau: float
-) -> Callable[[dict[str, Tensor]], Tensor]:
-    """`params -> [L − first]` tempered log p of the tokens `ids[first:]` of one unpadded row."""
-
-    def logprobs(params: dict[str, Tensor]) -> Tensor:
-        out = functional_call(model, params, (ids[None],), {"use_cache": False})
-        z = out.logits[0, first - 1 : -1] / tau  # the logits at position j − 1 predict token j
-        return torch.log_softmax(z, -1).gather(-1, ids[first:, None])[:, 0]
-
-    return logprobs

@@ -44,7 +44,6 @@ All arithmetic is float64 on the device of the inputs; results are deterministic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,13 +57,21 @@ from otb_diag.errors import InputError
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.baselines import compute_advantages
 from otb_diag.maths.token_stats import cumulative_energy
+from otb_diag.maths.variance_stats import (
+    REFERENCE,
+    bias_z,
+    bootstrap_counts,
+    bootstrap_interval,
+    compare_to_mean,
+    trace_variance,
+)
 
 PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
 ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")
 DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", *ENERGY_BASELINES)
 DEFAULT_AGGREGATIONS = ("token-sum", "seq-mean-token-mean", "token-mean")
 DEFAULT_GROUP_SIZES = (2, 4, 8, 16)
-REFERENCE, UNBIASED_REFERENCE = "mean", "none"
+UNBIASED_REFERENCE = "none"
 # variance.csv's documented columns, in order (extra columns follow them).
 COLUMNS = [
     "mode", "aggregation", "baseline", "group_size", "variance", "ci_low", "ci_high",
@@ -214,99 +221,6 @@ def draw_estimates(
 
 
 # ---------------------------------------------------------------------------------------------
-# Statistics over draws
-# ---------------------------------------------------------------------------------------------
-
-
-def trace_variance(g: np.ndarray) -> float:
-    """`sum_r ||g_r - mean g||^2 / (R - 1)` for `g: [R, k]` (trace of the unbiased covariance)."""
-    centred = g - g.mean(0)
-    return float(np.square(centred).sum() / (len(g) - 1))
-
-
-def bootstrap_counts(draws: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """`[S, R]` multiplicities of each draw in S bootstrap resamples (R draws with replacement)."""
-    return rng.multinomial(draws, np.full(draws, 1.0 / draws), size=resamples)
-
-
-def bootstrap_interval(
-    g: np.ndarray, counts: np.ndarray, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile interval of `trace_variance` over the resamples `counts: [S, R]` of `g: [R, k]`.
-
-    A resample's variance is `(sum_r n_r ||x_r||^2 - R ||m||^2) / (R - 1)`, `m = sum_r n_r x_r / R`,
-    on draws centred first (the variance is shift-invariant; centring avoids cancellation).
-    """
-    r = len(g)
-    centred = g - g.mean(0)
-    means = counts @ centred / r  # [S, k]
-    variances = (counts @ np.square(centred).sum(1) - r * np.square(means).sum(1)) / (r - 1)
-    low, high = np.percentile(variances, [50 * (1 - level), 50 * (1 + level)])
-    return float(low), float(high)
-
-
-def bias_z(d: np.ndarray) -> float:
-    """Root-mean-square over coordinates of `z_j = mean_r d_rj / (std_r d_rj / sqrt(R))` for the
-    paired differences `d: [R, k]`; a coordinate that never varies counts 0 if its mean is 0 and
-    inf otherwise."""
-    mean = d.mean(0)
-    se = d.std(0, ddof=1) / math.sqrt(len(d))
-    z = np.divide(mean, se, out=np.where(mean == 0, 0.0, np.inf), where=se > 0)
-    return float(np.sqrt(np.mean(np.square(z))))
-
-
-def equivalent_group_size(
-    sizes: Sequence[int], reference: Sequence[float], target: float
-) -> tuple[float, str]:
-    """The N' at which the reference variance curve `reference[j]` at `sizes[j]` (increasing N)
-    first comes down to `target`, by linear interpolation of log variance against log N.
-
-    Returns (N', range) with range "within", "beyond" (N' = inf) or "below" (N' = min N, an
-    upper bound), as the module docstring defines.
-    """
-    for j, v in enumerate(reference):
-        if v > target:
-            continue
-        if v == target:
-            return float(sizes[j]), "within"
-        if j == 0:
-            return float(sizes[0]), "below"
-        # log N' = log N_{j-1} + (log V* - log V_{j-1}) / (log V_j - log V_{j-1}) * (log N_j - ...)
-        with np.errstate(divide="ignore"):
-            lv = np.log([reference[j - 1], v, target])
-        frac = (lv[2] - lv[0]) / (lv[1] - lv[0])
-        ln = np.log([sizes[j - 1], sizes[j]])
-        return float(np.exp(ln[0] + frac * (ln[1] - ln[0]))), "within"
-    return math.inf, "beyond"
-
-
-def compare_to_mean(table: pd.DataFrame, sizes: Sequence[int]) -> pd.DataFrame:
-    """Add ratio_to_mean, equivalent_mean_group_size, equivalent_range and token_savings to
-    `table` (one row per aggregation, baseline and N; columns aggregation, baseline, group_size,
-    variance), against the rows labelled `mean` at the measured `sizes`."""
-    columns: dict[str, list] = {k: [] for k in ("ratio", "equivalent", "range", "savings")}
-    for row in table.itertuples():
-        curve = table[(table.aggregation == row.aggregation) & (table.baseline == REFERENCE)]
-        curve = curve.set_index("group_size").loc[list(sizes), "variance"]
-        reference = curve.loc[row.group_size]
-        ratio = (
-            row.variance / reference if reference > 0 else (1.0 if row.variance == 0 else np.inf)
-        )
-        n_prime, where = equivalent_group_size(sizes, curve.to_list(), row.variance)
-        bound = {"within": n_prime, "beyond": max(sizes), "below": min(sizes)}[where]
-        columns["ratio"].append(ratio)
-        columns["equivalent"].append(n_prime)
-        columns["range"].append(where)
-        columns["savings"].append(1.0 - row.group_size / bound)  # 1 - N / N'
-    return table.assign(
-        ratio_to_mean=columns["ratio"],
-        equivalent_mean_group_size=columns["equivalent"],
-        equivalent_range=columns["range"],
-        token_savings=columns["savings"],
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole measurement
 # ---------------------------------------------------------------------------------------------
 
@@ -338,7 +252,25 @@ def _check(specs: Sequence[BaselineSpec], energies: Mapping[str, Tensor], draws:
         raise InputError(f"need at least 2 draws for a variance, got {draws}", field="draws")
 
 
-def empirical_variance(
+@dataclass(frozen=True)
+class PairedDraws:
+    """The draws of every N with their estimates, ready for `variance_table`.
+
+    per_size: N -> (`draw_estimates`' output, bootstrap counts `[S, R]`, constant groups).
+    """
+
+    per_size: dict[
+        int, tuple[dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], np.ndarray, int]
+    ]
+    specs: list[BaselineSpec]
+    aggregations: list[str]
+    sizes: list[int]
+    draws: int
+    prompts: int
+    metadata: dict[str, Any]
+
+
+def paired_estimates(
     returns: Tensor,
     mask: Tensor,
     group: Tensor,
@@ -354,20 +286,9 @@ def empirical_variance(
     mode: str = PROXY,
     baseline_options: Mapping[str, Any] | None = None,
     max_elements: int = 2**24,
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Variance, bootstrap interval, bias check and equivalent group size of every baseline.
-
-    returns: `[B, T]` reward-to-go `G_t` of the pool (`returns_to_go`); mask: `[B, T]`;
-    group: `[B]` prompt ids; scores: `[B, T, k]` projected per-token scores;
-    energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`).
-    specs: default `default_specs` of the extra energy sources. N runs over `group_sizes` capped
-    at M/2 (M the smallest pool); the draws of one N come from `default_rng([seed, N])` and their
-    bootstrap resamples from `default_rng([seed, N, 1])`, so N's numbers do not depend on the
-    other sizes asked for. `mode` is only recorded.
-
-    Returns the table (columns in the module docstring, plus draws, groups, constant_groups,
-    equivalent_range) and metadata (seed, draws, sizes, pool counts, specs).
-    """
+) -> PairedDraws:
+    """The paired draws and estimates `g_r` of every baseline and N (arguments as
+    `empirical_variance`), from which `variance_table` reads any subset of coordinates."""
     specs = list(specs or default_specs(extra_sources=[s for s in energies if s != PROXY]))
     _check(specs, energies, draws)
     pools = pool_rows(group)
@@ -386,23 +307,6 @@ def empirical_variance(
             bootstrap_counts(draws, bootstrap, np.random.default_rng([seed, n, 1])),
             int((np.ptp(sequence_return[rows], axis=-1) == 0).sum()),
         )  # fmt: skip
-    records = [
-        {
-            "mode": mode,
-            "aggregation": agg,
-            "baseline": spec.label,
-            "group_size": n,
-            **_summary(*estimates[agg, spec.label], estimates[agg, UNBIASED_REFERENCE][1], counts),
-            "draws": draws,
-            "groups": draws * len(pools),
-            "constant_groups": constant,
-        }
-        for agg in aggregations
-        for spec in specs
-        for n, (estimates, counts, constant) in per_size.items()
-    ]
-    table = compare_to_mean(pd.DataFrame(records), sizes)
-    table = table[[*COLUMNS, *(c for c in table.columns if c not in COLUMNS)]]
     metadata = {
         "mode": mode,
         "seed": seed,
@@ -418,4 +322,61 @@ def empirical_variance(
         "score_dim": int(scores.shape[-1]),
         "variance": "trace of the sample covariance over draws, 1/(R-1)",
     }
-    return table, metadata
+    return PairedDraws(per_size, specs, list(aggregations), sizes, draws, len(pools), metadata)
+
+
+def variance_table(
+    paired: PairedDraws, coordinates: slice | np.ndarray = slice(None)
+) -> pd.DataFrame:
+    """The table of `empirical_variance` over the score `coordinates` only (default all).
+
+    The trace is additive over coordinates: for a partition into blocks (block-diagonal
+    projection, theory.md §4) the blocks' variances sum to the total, draw by draw.
+    """
+    records = []
+    for agg in paired.aggregations:
+        for spec in paired.specs:
+            for n, (estimates, counts, constant) in paired.per_size.items():
+                g, centred = (x[:, coordinates] for x in estimates[agg, spec.label])
+                none_centred = estimates[agg, UNBIASED_REFERENCE][1][:, coordinates]
+                records.append(
+                    {
+                        "mode": paired.metadata["mode"],
+                        "aggregation": agg,
+                        "baseline": spec.label,
+                        "group_size": n,
+                        **_summary(g, centred, none_centred, counts),
+                        "draws": paired.draws,
+                        "groups": paired.draws * paired.prompts,
+                        "constant_groups": constant,
+                    }
+                )
+    table = compare_to_mean(pd.DataFrame(records), paired.sizes)
+    return table[[*COLUMNS, *(c for c in table.columns if c not in COLUMNS)]]
+
+
+def empirical_variance(
+    returns: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    scores: Tensor,
+    energies: Mapping[str, Tensor],
+    **options: Any,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Variance, bootstrap interval, bias check and equivalent group size of every baseline.
+
+    returns: `[B, T]` reward-to-go `G_t` of the pool (`returns_to_go`); mask: `[B, T]`;
+    group: `[B]` prompt ids; scores: `[B, T, k]` projected per-token scores;
+    energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`).
+    options (keyword only): specs (default `default_specs` of the extra energy sources),
+    aggregations, group_sizes, draws (200), bootstrap (1000), seed (0), mode (only recorded),
+    baseline_options, max_elements (see `paired_estimates`). N runs over `group_sizes` capped
+    at M/2 (M the smallest pool); the draws of one N come from `default_rng([seed, N])` and their
+    bootstrap resamples from `default_rng([seed, N, 1])`, so N's numbers do not depend on the
+    other sizes asked for.
+
+    Returns the table (columns in the module docstring, plus draws, groups, constant_groups,
+    equivalent_range) and metadata (seed, draws, sizes, pool counts, specs).
+    """
+    paired = paired_estimates(returns, mask, group, scores, energies, **options)
+    return variance_table(paired), paired.metadata

@@ -5,6 +5,7 @@ tokens (`plots/dynamics.py`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,28 @@ from otb_diag.maths.collapse import DetectionRule, analyse_run
 from otb_diag.plots import dynamics as plots_dynamics
 from otb_diag.plots.style import save_figure
 
-# A log's file name says little when every run writes the same one; its directory says more.
+# A log's file name says little when every run writes the same one; its directory says more,
+# unless it is a checkpoint folder (TRL writes trainer_state.json into checkpoint-<step>/).
 _GENERIC_STEMS = {"metrics", "trainer_state", "history", "log", "logs"}
+_CHECKPOINT_DIR = re.compile(r"^(checkpoint-\d+|global_step_?\d+|checkpoints?|logs?)$")
+
+
+def run_name(path: Path) -> str:
+    """The run a log belongs to: its file stem, or for a generic name its run directory (the
+    first folder above it that is not a checkpoint folder)."""
+    if path.stem not in _GENERIC_STEMS:
+        return path.stem
+    folder = path.resolve().parent
+    while _CHECKPOINT_DIR.match(folder.name) and folder.parent != folder:
+        folder = folder.parent
+    return folder.name or path.stem
 
 
 def default_names(paths: list[Path]) -> list[str]:
-    """File stems (the directory for generic names), made unique with #2, #3, ..."""
+    """Run names (`run_name`), made unique with #2, #3, ..."""
     names: list[str] = []
     for path in paths:
-        base = path.parent.name if path.stem in _GENERIC_STEMS and path.parent.name else path.stem
+        base = run_name(path)
         name, k = base, 1
         while name in names:
             k += 1

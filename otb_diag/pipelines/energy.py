@@ -11,6 +11,7 @@ from typing import Any
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json
+from otb_diag.io.consistency import TOLERANCE
 from otb_diag.io.devices import resolve_device
 from otb_diag.io.distributed import session
 from otb_diag.io.inputs import LoadOptions, rollouts_record
@@ -31,6 +32,9 @@ class EnergySettings:
     handle_zero_tail: bool = True
     tir: bool | None = None  # None: on when any response holds tool output (mask 0)
     load: LoadOptions = LoadOptions()
+    steps: str | None = None  # "A-B": only rows of these training steps
+    reward_columns: tuple[str, ...] | None = None  # TRL completion logs: the reward's columns
+    trainer_baseline: str | None = None  # audit the trainer's advantages against this baseline
 
 
 def run_energy(
@@ -90,7 +94,10 @@ def _summary(m: Measured, settings: EnergySettings, out: Path, world_size: int) 
             "generated_tokens": int(seqs["generated"].sum()),
             "checkpoints": len(m.results),
             "round_trip_issues": final.round_trip_issues,
+            "prompts_without_chat_template": final.untemplated_prompts,
         },
+        "consistency": {"tolerance": TOLERANCE, "clamped": dict(m.index.clamped)},
+        "advantage_audit": final.audit,
         "energy": {
             "step": final.step,
             "sequence_energy_mean": float(seqs["energy"].mean()),
@@ -140,5 +147,26 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{name:<10} {p['proxy2_total_power']:>19.4g} {p['token_total_power']:>18.4g} "
             f"{p['expected_a_squared']:>19.4g}"
         )
+    audit = summary.get("advantage_audit")
+    if audit:
+        lines += ["", format_audit(audit)]
     lines += ["", f"wrote {len(summary['outputs'])} files to {summary['out']}"]
     return "\n".join(lines)
+
+
+def format_audit(audit: dict[str, Any]) -> str:
+    """One line on the trainer's advantages against its documented estimator."""
+    if "skipped" in audit:
+        return f"advantages   not audited: {audit['skipped']}"
+    eps = audit["options"].get("eps")
+    verdict = (
+        "agree"
+        if audit["agrees"]
+        else f"DIFFER (beyond {audit['tolerance']:.2g}; worst: response {audit['worst_response']})"
+    )
+    return (
+        f"advantages   {audit['trainer']} logged vs registry '{audit['baseline']}'"
+        + (f" (ε={eps:g})" if eps is not None else "")
+        + f": max |Δ| {audit['max_abs_diff']:.3g}, mean |Δ| {audit['mean_abs_diff']:.3g} over "
+        f"{audit['tokens']} tokens of {audit['responses']} responses: {verdict}"
+    )

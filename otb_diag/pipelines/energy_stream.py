@@ -28,6 +28,7 @@ from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
 from otb_diag.io.inputs import checkpoint_record, with_temperature
+from otb_diag.io.rollout_sources import parse_steps
 from otb_diag.io.rollout_stream import (
     CHUNK_TOKENS,
     RolloutIndex,
@@ -35,7 +36,12 @@ from otb_diag.io.rollout_stream import (
     index_rollouts,
     stream_chunks,
 )
-from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts import (
+    Rollouts,
+    check_vocab,
+    prompts_without_template,
+    tokenize_rollouts,
+)
 from otb_diag.maths.energy import (
     EnergyTables,
     checkpoint_stats,
@@ -44,6 +50,7 @@ from otb_diag.maths.energy import (
     pick_group,
 )
 from otb_diag.maths.proxies import combine_proxies
+from otb_diag.pipelines.energy_audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
 
@@ -65,6 +72,8 @@ class StepResult:
     tokens: int
     round_trip_issues: int
     fig5_tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
+    untemplated_prompts: int = 0  # text prompts tokenized without the chat template
+    audit: dict[str, Any] | None = None  # the advantage audit (`energy_audit.py`)
 
 
 @dataclass
@@ -87,6 +96,8 @@ class _Part:
     tables: EnergyTables
     generated_sequences: int  # sequences with a generated token: the proxies' weight
     round_trip_issues: int
+    untemplated_prompts: int
+    audit: dict[str, Any] | None
 
 
 def measure_and_write(
@@ -95,7 +106,13 @@ def measure_and_write(
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
     (rank 0: the caller's staging directory); returns None on the other ranks."""
     started = time.perf_counter()
-    index = d.checked(lambda: index_rollouts(rollouts_path))
+    index = d.checked(
+        lambda: index_rollouts(
+            rollouts_path,
+            steps=parse_steps(settings.steps),
+            reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+        )
+    )
     d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
     chunks = chunk_groups(index.group_tokens(), CHUNK_TOKENS)
     shares, rank_tokens = _plan(index, chunks, d.world_size)
@@ -132,7 +149,7 @@ def measure_and_write(
                 present = [p for p in parts if p is not None]
                 merged = _merge([p.tables for p in present], index)
                 writer.write(merged.tokens.assign(step=step) if several else merged.tokens)
-                acc.add(merged, present)
+                acc.add(merged, present, index.format)
                 bar.update(len(merged.tokens))
             timings["measure_s"] += time.perf_counter() - t0
             if d.is_main:
@@ -186,13 +203,15 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
     """The tables of this rank's share of one chunk (None when the share is empty)."""
     if not rollouts.responses:
         return None
-    issues = 0
+    issues = untemplated = 0
     if ckpt is None:
         batch = make_batch(rollouts)
         stats = logged_stats(batch, path=str(rollouts.path))
         token_text: Callable[[list[int]], list[str]] | None = None
     else:
-        tokenized, found = tokenize_rollouts(rollouts, ckpt.tokenizer)
+        chat = settings.load.chat_template
+        untemplated = 0 if chat else prompts_without_template(rollouts, ckpt.tokenizer)
+        tokenized, found = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat)
         check_vocab(tokenized, ckpt.vocab_size)
         issues = len(found)
         batch = make_batch(tokenized)
@@ -208,7 +227,9 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
         handle_zero_tail=settings.handle_zero_tail,
         tir=tir,
     )
-    return _Part(tables, int((tables.sequences["generated"] > 0).sum()), issues)
+    generated = int((tables.sequences["generated"] > 0).sum())
+    audit = audit_share(batch, stats.w, rollouts, settings, tir)
+    return _Part(tables, generated, issues, untemplated, audit)
 
 
 def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
@@ -248,8 +269,14 @@ class _Accumulator:
         self.fig5: list[pd.DataFrame] = []
         self.tokens = 0
         self.issues = 0
+        self.untemplated = 0
+        self.audits = AuditParts()
+        self.format = ""
 
-    def add(self, merged: EnergyTables, parts: list[_Part]) -> None:
+    def add(self, merged: EnergyTables, parts: list[_Part], fmt: str) -> None:
+        self.format = fmt
+        self.audits.add([p.audit for p in parts], merged.sequences)
+        self.untemplated += sum(p.untemplated_prompts for p in parts)
         self.sequences.append(merged.sequences)
         self.groups.append(merged.groups)
         self.proxies += [(p.tables.proxies, p.generated_sequences) for p in parts]
@@ -272,6 +299,8 @@ class _Accumulator:
             tokens=self.tokens,
             round_trip_issues=self.issues,
             fig5_tokens=_concat(self.fig5) if self.fig5 else pd.DataFrame(),
+            untemplated_prompts=self.untemplated,
+            audit=self.audits.result(self.format),
         )
 
 

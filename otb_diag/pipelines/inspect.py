@@ -1,6 +1,7 @@
-"""What `otb-diag rollouts inspect` reports: the first things to check in a rollout file.
+"""What `otb-diag rollouts inspect` reports: the first things to check in rollouts.
 
-`inspect_rollouts` streams the file (one row at a time: memory is set by a row, not the file),
+`inspect_rollouts` streams the rollout files (one row at a time: memory is set by a row, not the
+files),
 tokenizes text-only rows and checks ids against a checkpoint's vocabulary when asked, and
 summarizes the per-row facts of `inspect_facts.RowFacts`; `summarize` does the same for
 `Rollouts` already in memory. `format_summary` renders the summary for the terminal (pure).
@@ -9,16 +10,20 @@ summarizes the per-row facts of `inspect_facts.RowFacts`; `summarize` does the s
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from otb_diag.errors import InputError
 from otb_diag.io.distributed import session
+from otb_diag.io.rollout_sources import expand_rollouts, parse_steps
+from otb_diag.io.rollout_stream import set_rows
 from otb_diag.io.rollouts import (
     Rollouts,
     RoundTripIssue,
     TextTokenizer,
     check_vocab,
-    iter_responses,
+    prompts_without_template,
     tokenize_rollouts,
 )
 from otb_diag.pipelines.inspect_facts import FIELDS, RowFacts
@@ -34,43 +39,90 @@ def summarize(rollouts: Rollouts) -> dict[str, Any]:
     facts = RowFacts()
     for r in rollouts.responses:
         facts.add(r)
-    return facts.summary(rollouts.path, rollouts.format)
+    return facts.summary(rollouts)
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """What `inspect_rollouts` finds: the summary, the texts that do not round-trip through the
+    tokenizer, and the text prompts tokenized without the tokenizer's chat template."""
+
+    summary: dict[str, Any]
+    issues: list[RoundTripIssue]
+    untemplated: int
 
 
 def inspect_rollouts(
-    path: Path, load_tokenizer: TokenizerLoader, always_tokenizer: bool
-) -> tuple[dict[str, Any], list[RoundTripIssue]] | None:
-    """Stream the file once: validate every row, fill in missing ids with the tokenizer (loaded
-    on the first row without ids, or up front when `always_tokenizer`), check the ids against
-    its vocabulary, and summarize. Returns the summary and the texts that do not round-trip.
+    path: Path,
+    load_tokenizer: TokenizerLoader,
+    always_tokenizer: bool,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+    chat_template: bool = False,
+) -> Inspected | None:
+    """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B")
+    once: validate every row, fill in missing ids with the tokenizer (loaded on the first row
+    without ids, or up front when `always_tokenizer`), check the ids against its vocabulary, and
+    summarize.
 
-    Under torchrun rank 0 reads the file and the other ranks wait for its outcome (its error
+    Under torchrun rank 0 reads the rollouts and the other ranks wait for its outcome (its error
     stops them too); they return None, and the output is one process's.
     """
     with session("cpu") as d:
         result = d.checked(
-            lambda: _inspect(path, load_tokenizer, always_tokenizer) if d.is_main else None
+            lambda: (
+                _inspect(
+                    path, load_tokenizer, always_tokenizer, steps, reward_columns, chat_template
+                )
+                if d.is_main
+                else None
+            )
         )
     return result
 
 
 def _inspect(
-    path: Path, load_tokenizer: TokenizerLoader, always_tokenizer: bool
-) -> tuple[dict[str, Any], list[RoundTripIssue]]:
-    shell, rows = iter_responses(path)
+    path: Path,
+    load_tokenizer: TokenizerLoader,
+    always_tokenizer: bool,
+    steps: str | None,
+    reward_columns: list[str] | None,
+    chat_template: bool,
+) -> Inspected:
+    files = expand_rollouts(path)
+    shells: list[Rollouts] = []
+    range_ = parse_steps(steps)
+    rows = set_rows(files, shells, steps=range_, reward_columns=reward_columns)
     tokenizer = load_tokenizer() if always_tokenizer else None
     facts = RowFacts()
     issues: list[RoundTripIssue] = []
-    for _, r in rows:
+    untemplated = 0
+    for f, _, r, wanted in rows:
+        if not wanted:
+            continue
         if tokenizer is None and (r.response_ids is None or r.prompt_ids is None):
             tokenizer = load_tokenizer()
         if tokenizer is not None:
-            one, found = tokenize_rollouts(Rollouts(shell.path, shell.format, [r]), tokenizer[0])
+            one = replace(shells[f], responses=[r])
+            if not chat_template:
+                untemplated += prompts_without_template(one, tokenizer[0])
+            one, found = tokenize_rollouts(one, tokenizer[0], chat_template=chat_template)
             check_vocab(one, tokenizer[1])
             issues += found
             r = one.responses[0]
-        facts.add(r)
-    return facts.summary(shell.path, shell.format), issues
+        facts.add(r, f)
+    if range_ is not None and not facts.row_group:
+        raise InputError(f"no rollout row has a step in {range_}", path=Path(path))
+    formats = {shell.format for shell in shells}
+    shell = Rollouts(
+        Path(path),
+        formats.pop() if len(formats) == 1 else "mixed",
+        [],
+        clamped={k: sum(s.clamped[k] for s in shells) for k in shells[0].clamped},
+        files=files,
+    )
+    return Inspected(facts.summary(shell), issues, untemplated)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

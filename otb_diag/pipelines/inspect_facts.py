@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from otb_diag.io.rollout_rows import Response
+from otb_diag.io.rollout_stream import group_names
+from otb_diag.io.rollouts import Rollouts
 
 # Fields whose presence is counted (temperature is always set: it defaults to 1.0).
 FIELDS = (
@@ -43,7 +45,8 @@ class RowFacts:
     """Per-row facts of a rollout file, in file order (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.group_position: dict[str, int] = {}  # group id -> position, first appearance
+        # (file position, group id) -> group position, in order of first appearance
+        self.group_position: dict[tuple[int, str], int] = {}
         self.row_group = array("q")  # [rows]
         self.reward = array("d")  # [rows] outcome reward
         self.tokens = array("q")  # [rows] response tokens; -1 for a row without ids
@@ -52,8 +55,10 @@ class RowFacts:
         self.steps: set[int] = set()
         self.fields: Counter[str] = Counter({name: 0 for name in FIELDS})
 
-    def add(self, r: Response) -> None:
-        self.row_group.append(self.group_position.setdefault(r.group, len(self.group_position)))
+    def add(self, r: Response, file: int = 0) -> None:
+        """One more row, of the file at position `file` of the set."""
+        key = (file, r.group)
+        self.row_group.append(self.group_position.setdefault(key, len(self.group_position)))
         self.reward.append(outcome_reward(r))
         self.tokens.append(-1 if r.response_ids is None else len(r.response_ids))
         self.masked.append(r.mask.count(0) if r.mask is not None else 0)
@@ -62,15 +67,16 @@ class RowFacts:
             self.steps.add(r.step)
         self.fields.update(name for name in FIELDS if getattr(r, name) is not None)
 
-    def summary(self, path: Path, fmt: str) -> dict[str, Any]:
-        """Rows, groups, lengths, rewards, masking, temperatures, steps and fields.
+    def summary(self, shell: Rollouts) -> dict[str, Any]:
+        """Rows, groups, lengths, rewards, masking, temperatures, steps, clamped logged values
+        and fields of the rows added from `shell` (its path, format, files and clamped counts).
 
         Token statistics (`response_tokens`, `masked_tokens`) need every response's ids and are
         None otherwise. `uniform_groups` counts groups of two or more responses whose rewards are
         all equal: under a group baseline their advantages are all zero, so they cost compute and
         carry no signal. Groups of one are listed in `singleton_groups`.
         """
-        names = list(self.group_position)
+        names = group_names(list(self.group_position), shell.files or [Path(shell.path)])
         row_group = np.frombuffer(self.row_group, dtype=np.int64)
         rewards = np.frombuffer(self.reward, dtype=np.float64)
         tokens = np.frombuffer(self.tokens, dtype=np.int64)
@@ -84,8 +90,9 @@ class RowFacts:
         size_counts = Counter(sizes.tolist())
         has_ids = bool((tokens >= 0).all())
         return {
-            "path": str(path),
-            "format": fmt,
+            "path": str(shell.path),
+            "format": shell.format,
+            "files": len(shell.files) or 1,
             "rows": len(rewards),
             "groups": len(names),
             "group_size": {
@@ -100,6 +107,7 @@ class RowFacts:
             "masked_tokens": _masked_tokens(tokens, self.masked) if has_ids else None,
             "temperatures": sorted(self.temperatures),
             "steps": sorted(self.steps),
+            "clamped_round_off": dict(shell.clamped),
             "fields_present": {name: self.fields[name] for name in FIELDS},
         }
 

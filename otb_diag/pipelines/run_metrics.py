@@ -105,23 +105,43 @@ def collect_metrics(path: Path) -> dict[str, Metric]:
     return metrics
 
 
-def find_runs(path: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(directory, summary) of every `summary.json` at or under `path` written by a command
-    that `regress` knows; other summaries are skipped. None at all is an input error."""
+# The file each command writes its record into; dynamics' collapse.json carries no "command".
+RECORD_FILES = {
+    "energy": "summary.json",
+    "variance-compare": "summary.json",
+    "train": "train.json",
+    "dynamics": "collapse.json",
+}
+
+
+def find_runs(
+    path: Path, commands: Sequence[str] = RUN_COMMANDS, field: str = "--current"
+) -> list[tuple[Path, dict[str, Any]]]:
+    """(directory, record) of every run at or under `path` written by one of `commands`: the
+    record file of `RECORD_FILES` (summary.json, train.json, collapse.json), with its
+    "command" key set. Other JSON files of the same names are skipped; none at all is an input
+    error naming `field`."""
+    names = sorted({RECORD_FILES[c] for c in commands})
+    files = sorted(f for name in names for f in path.rglob(name)) if path.is_dir() else []
     runs = []
-    for summary_path in sorted(path.rglob("summary.json")) if path.is_dir() else []:
+    for record_path in files:
         try:
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+            record = json.loads(record_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InputError(f"cannot read the run summary: {err}", path=summary_path) from None
-        if isinstance(summary, dict) and summary.get("command") in RUN_COMMANDS:
-            runs.append((summary_path.parent, summary))
+            raise InputError(f"cannot read the run record: {err}", path=record_path) from None
+        if not isinstance(record, dict):
+            continue
+        if record_path.name == RECORD_FILES["dynamics"] and "runs" in record:
+            record = {**record, "command": "dynamics"}
+        if record.get("command") in commands:
+            runs.append((record_path.parent, record))
     if not runs:
+        written_by = " or ".join(f"`otb-diag {c}`" for c in commands)
         raise InputError(
-            "no run outputs here: expected a directory written by `otb-diag energy` or "
-            "`otb-diag variance-compare` (summary.json, ...) or a directory holding several",
+            f"no run outputs here: expected a directory written by {written_by} "
+            f"({', '.join(names)}, ...) or a directory holding several",
             path=path,
-            field="--current",
+            field=field,
         )
     return runs
 
@@ -201,7 +221,7 @@ def _read_advantages(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path, columns=wanted)
 
 
-def _read_fidelity(path: Path) -> pd.DataFrame:
+def read_fidelity(path: Path) -> pd.DataFrame:
     """fidelity.csv; a proxy-only run writes it without rows (or even a header)."""
     try:
         return pd.read_csv(path)
@@ -211,7 +231,7 @@ def _read_fidelity(path: Path) -> pd.DataFrame:
 
 def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric]:
     """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
-    from otb_diag.maths.variance import REFERENCE
+    from otb_diag.maths.variance_stats import REFERENCE
 
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
@@ -243,12 +263,16 @@ def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric
                     (max(0.0, z - Z_95) / math.sqrt(q_hi), (z + Z_95) / math.sqrt(q_lo)),
                 )
 
-    fidelity = _read(run_dir / "fidelity.csv", _read_fidelity)
+    fidelity = _read(run_dir / "fidelity.csv", read_fidelity)
     for step, rows in _steps(fidelity):
         for row in rows.to_dict("records"):
+            # The whole parameter vector (block "all", or no block column in older runs) keeps
+            # the plain name; a parameter block adds its name: fidelity/full/layer.0/...
+            block = row.get("block", "all")
+            where = f"{row['mode']}" if block == "all" else f"{row['mode']}/{block}"
             for column, value in row.items():
-                if column not in ("step", "mode"):
-                    metrics[f"fidelity/{step}{row['mode']}/{column}"] = Metric(
+                if column not in ("step", "mode", "block"):
+                    metrics[f"fidelity/{step}{where}/{column}"] = Metric(
                         "deterministic", float(value)
                     )
     return metrics
@@ -260,7 +284,7 @@ def _derived_intervals(
     """Interval of each derived ratio per row of one mode's table: the range of
     `compare_to_mean` over the four corners of (this baseline's variance interval) x (the
     reference curve's intervals), and the point value itself."""
-    from otb_diag.maths.variance import compare_to_mean
+    from otb_diag.maths.variance_stats import compare_to_mean
 
     sizes = sorted(rows["group_size"].unique().tolist())
     is_reference = rows["baseline"] == reference

@@ -1,47 +1,45 @@
 """`otb-diag variance-compare` end to end: per checkpoint, measure the per-token statistics and
 score vectors, run the paired-draw variance comparison in each mode, and write the tables and
-figures. The maths lives in `maths/variance.py`, `maths/scores.py` and `maths/fidelity.py`."""
+figures. The maths lives in `maths/variance.py`, `maths/scores.py` (and the `full` engines it
+dispatches to), `maths/coordinate_variance.py` and `maths/fidelity.py`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from otb_diag.io.atomic import staged_output, write_json, write_with
-from otb_diag.io.batch import make_batch
-from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.devices import resolve_device
 from otb_diag.io.distributed import Dist, require_groups, session, shard_by_tokens
 from otb_diag.io.inputs import (
     LoadOptions,
-    checkpoint_batch,
     checkpoint_record,
     load_rollouts,
     response_tokens,
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
-from otb_diag.io.rollout_rows import Response
-from otb_diag.io.rollouts import Rollouts, tokenize_rollouts
-from otb_diag.maths.energy import checkpoint_stats
-from otb_diag.maths.fidelity import fidelity
-from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.coordinate_variance import block_tables, projection_error
+from otb_diag.maths.full_cost import DEFAULT_BUDGET_S
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.scores import proxy_scores, token_scores
+from otb_diag.maths.scores import proxy_scores
 from otb_diag.maths.variance import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_BASELINES,
     DEFAULT_GROUP_SIZES,
     default_specs,
-    empirical_variance,
+    paired_estimates,
+    variance_table,
 )
+from otb_diag.pipelines.variance_measure import fidelity_rows as fidelity_rows_of
+from otb_diag.pipelines.variance_measure import full_record, measure
+from otb_diag.pipelines.variance_measure import response_tokens_for_balance as balance_size
 from otb_diag.plots import variance as plots_variance
 from otb_diag.plots.style import save_figure
 
@@ -66,6 +64,11 @@ class VarianceSettings:
     chunk_size: int = 256
     handle_zero_tail: bool = True
     load: LoadOptions = LoadOptions()
+    engine: str = "auto"  # full mode: auto, jvp (forward mode) or vjp (reverse mode)
+    params: str | None = None  # full mode: regular expression selecting parameters by name
+    by_block: bool = False  # full mode: variance per parameter block (variance_blocks.csv)
+    directions_per_block: int | None = None  # default ⌈sketch_dim / blocks⌉
+    budget_s: float | None = DEFAULT_BUDGET_S  # full mode refuses longer runs unless force
 
 
 def run_variance(
@@ -75,8 +78,10 @@ def run_variance(
     settings: VarianceSettings = VarianceSettings(),
     *,
     progress: bool = True,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any] | None:
-    """Write variance.csv, fidelity.csv, the figures and summary.json into `out`.
+    """Write variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
+    summary.json into `out`. `notify` receives the full-mode cost estimate before the run.
 
     Under torchrun each rank measures the statistics and score vectors of its share of the
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
@@ -85,75 +90,14 @@ def run_variance(
     settings.load.check()
     with session(resolve_device(settings.load.device).type) as d:
         if not d.is_main:
-            _run(d, checkpoints, rollouts_path, out, settings, progress)
+            _run(d, checkpoints, rollouts_path, out, settings, progress, notify)
             return None
         with staged_output(out) as stage:
-            summary = _run(d, checkpoints, rollouts_path, stage, settings, progress)
+            summary = _run(d, checkpoints, rollouts_path, stage, settings, progress, notify)
             assert summary is not None  # rank 0
             summary["out"] = str(out.resolve())
             write_json(stage / "summary.json", summary)
         return summary
-
-
-@dataclass
-class _Measured:
-    """One checkpoint's measurements over the whole pool (rank 0)."""
-
-    batch: ResponseBatch
-    w: Tensor  # [B, T]
-    scores: dict[str, tuple[Tensor, Tensor]]  # mode -> (proj [B, T, k], sq_norm [B, T])
-
-
-def _measure(
-    d: Dist, path: Path, rollouts: Rollouts, mine: Rollouts, settings: VarianceSettings, bar
-) -> tuple[Checkpoint, _Measured | None]:
-    """This rank's share measured under the checkpoint at `path`, assembled on rank 0."""
-    ckpt, batch, _ = checkpoint_batch(path, mine, settings.load)
-    stats = checkpoint_stats(
-        ckpt.model,
-        batch,
-        batch_tokens=settings.batch_tokens,
-        chunk_size=settings.chunk_size,
-        progress=bar.update,
-    )
-    scores = {}
-    for mode in settings.modes:
-        if mode == "proxy":
-            continue
-        measured = token_scores(
-            ckpt.model,
-            batch,
-            mode,
-            settings.sketch_dim,
-            settings.seed,
-            chunk_size=settings.chunk_size,
-            batch_tokens=settings.batch_tokens,
-            force=settings.force,
-            progress=bar.update,
-        )
-        scores[mode] = (measured.proj, measured.sq_norm)
-    if d.world_size == 1:
-        return ckpt, _Measured(batch, stats.w, scores)
-    keys = [(r.group, r.sample) for r in mine.responses]
-    parts = d.gather((keys, stats.w, scores))
-    if parts is None:
-        return ckpt, None
-    tokenized, _ = tokenize_rollouts(rollouts, ckpt.tokenizer)
-    full = make_batch(tokenized)
-    row = {(r.group, r.sample): i for i, r in enumerate(rollouts.responses)}
-    w = torch.zeros(full.valid.shape)
-    assembled = {
-        m: (torch.zeros(*full.valid.shape, settings.sketch_dim), torch.zeros(full.valid.shape))
-        for m in scores
-    }
-    for part_keys, part_w, part_scores in parts:
-        rows = torch.tensor([row[k] for k in part_keys], dtype=torch.long)
-        width = part_w.shape[1]
-        w[rows, :width] = part_w
-        for m, (proj, sq) in part_scores.items():
-            assembled[m][0][rows, :width] = proj
-            assembled[m][1][rows, :width] = sq
-    return ckpt, _Measured(full, w, assembled)
 
 
 def _run(
@@ -163,12 +107,13 @@ def _run(
     out: Path,
     settings: VarianceSettings,
     progress: bool,
+    notify: Callable[[str], None] | None,
 ) -> dict[str, Any] | None:
     started = time.perf_counter()
     rollouts = d.checked(lambda: load_rollouts(rollouts_path, settings.temperature))
     groups = rollouts.groups()
     d.checked(lambda: require_groups(len(groups), d, str(rollouts_path)))
-    sizes = [sum(_tokens(rollouts.responses[i]) for i in idx) for idx in groups.values()]
+    sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
     share = shard_by_tokens(sizes, d.world_size)[d.rank]
     names = list(groups)
     mine_rows = sorted(i for g in share for i in groups[names[g]])
@@ -184,41 +129,41 @@ def _run(
         disable=not (progress and d.is_main),
     )
     tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
+    block_frames, full_info = [], {}
     timings: dict[str, float] = {}
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
-        ckpt, measured = d.checked(lambda p=path: _measure(d, p, rollouts, mine, settings, bar))
+        ckpt, found = d.checked(lambda p=path: measure(d, p, rollouts, mine, settings, bar, notify))
         step = ckpt.step if ckpt.step is not None else index
         timings[f"measure_s@{step}"] = time.perf_counter() - t0
-        if measured is None:
+        if found is None:
             continue
         records.append(checkpoint_record(ckpt))
-        batch = measured.batch
+        batch = found.batch
         returns = returns_to_go(batch.token_rewards, batch.mask)
         for mode in settings.modes:
             t0 = time.perf_counter()
-            energies = {"proxy": measured.w}
+            energies = {"proxy": found.w}
             if mode == "proxy":
-                scores = proxy_scores(measured.w, settings.sketch_dim, settings.seed)
+                scores = proxy_scores(found.w, settings.sketch_dim, settings.seed)
             else:
-                scores, sq_norm = measured.scores[mode]
+                measured = found.scores[mode]
+                scores = measured.proj
                 if mode == "full":
-                    energies["true"] = sq_norm
-                fidelity_rows.append(
-                    {"step": step, "mode": mode, **fidelity(measured.w, sq_norm, batch.mask)}
-                )
+                    energies["true"] = measured.sq_norm
+                fidelity_rows += fidelity_rows_of(step, mode, found.w, measured, batch.mask)
                 keep = batch.mask.bool()
                 fidelity_tokens.append(
                     pd.DataFrame(
                         {
                             "step": step,
                             "mode": mode,
-                            "w": measured.w[keep].numpy(),
-                            "true_sq_norm": sq_norm[keep].numpy(),
+                            "w": found.w[keep].numpy(),
+                            "true_sq_norm": measured.sq_norm[keep].numpy(),
                         }
                     )
                 )
-            table, meta = empirical_variance(
+            paired = paired_estimates(
                 returns,
                 batch.mask,
                 batch.group,
@@ -233,8 +178,14 @@ def _run(
                 mode=mode,
                 baseline_options={"handle_zero_tail": settings.handle_zero_tail},
             )
-            tables.append(table.assign(step=step))
-            metadata[f"{mode}@{step}"] = meta
+            tables.append(variance_table(paired).assign(step=step))
+            metadata[f"{mode}@{step}"] = paired.metadata
+            if mode == "full":
+                full_info[str(step)] = full_record(
+                    measured, projection_error(paired, measured.blocks)
+                )
+                if settings.by_block:
+                    block_frames.append(block_tables(paired, measured.blocks).assign(step=step))
             timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
     bar.close()
     if not d.is_main:
@@ -244,7 +195,10 @@ def _run(
     if len(checkpoints) == 1:
         variance = variance.drop(columns="step")
     fid = pd.DataFrame(fidelity_rows)
-    outputs = _write(out, variance, fid, fidelity_tokens, settings)
+    blocks = pd.concat(block_frames, ignore_index=True) if block_frames else None
+    if blocks is not None and len(checkpoints) == 1:
+        blocks = blocks.drop(columns="step")
+    outputs = _write(out, variance, fid, fidelity_tokens, settings, blocks)
     timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return {
@@ -256,15 +210,11 @@ def _run(
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
         "fidelity": fidelity_rows,
         "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
+        "full": full_info,
         "timings": timings,
         "versions": library_versions(),
         "outputs": [*outputs, "summary.json"],
     }
-
-
-def _tokens(r: Response) -> int:
-    """A response's tokens for balancing ranks (characters of its text when it has no ids)."""
-    return len(r.response_ids) if r.response_ids is not None else len(r.response or "")
 
 
 def _write(
@@ -273,11 +223,15 @@ def _write(
     fid: pd.DataFrame,
     fidelity_tokens: list[pd.DataFrame],
     settings: VarianceSettings,
+    blocks: pd.DataFrame | None,
 ) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "variance.csv", lambda p: variance.to_csv(p, index=False))
     write_with(out / "fidelity.csv", lambda p: fid.to_csv(p, index=False))
     files = ["variance.csv", "fidelity.csv"]
+    if blocks is not None:
+        write_with(out / "variance_blocks.csv", lambda p: blocks.to_csv(p, index=False))
+        files.append("variance_blocks.csv")
     final = (
         variance if "step" not in variance else variance[variance["step"] == variance["step"].max()]
     )
@@ -295,6 +249,11 @@ def _write(
         last = tokens[tokens["step"] == tokens["step"].max()]
         exact = "full" if (last["mode"] == "full").any() else "head"
         figures["proxy_fidelity"] = plots_variance.fig_proxy_fidelity(last[last["mode"] == exact])
+    if blocks is not None:
+        last = blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
+        figures["variance_by_block"] = plots_variance.fig_variance_by_block(
+            last, aggregation=settings.aggregations[0]
+        )
     for name, fig in figures.items():
         files += [p.name for p in save_figure(fig, out, name)]
     return files
@@ -394,7 +353,21 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"paper's claim (OTB N={CLAIM_N} ≈ mean N={CLAIM_EQUIVALENT_N}), {c['mode']}: "
             f"{c['verdict']}: {c['text']}."
         )
+    for step, full in summary.get("full", {}).items():
+        err = full["jl_error"]
+        lines.append(
+            f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² {full['sq_norm']}"
+        )
+        if err:
+            lines.append(
+                f"projection error (k={err['k']}, measured over {err['subsketches']} "
+                f"sub-sketches): variances ±{err['variance_relative_error']:.1%} (worst case "
+                f"√(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
+                f"±{err['ratio_relative_error']:.1%}"
+            )
     for f in summary["fidelity"]:
+        if f.get("block", "all") != "all":
+            continue
         lines.append(
             f"proxy fidelity ({f['mode']}, step {f['step']}): Spearman "
             f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "

@@ -5,7 +5,12 @@ Every function takes the tidy table `otb-diag dynamics` writes (dynamics.csv: on
 and logged step, columns run, step, grad_norm, score, variance_proxy, tokens_sampled, baseline,
 group_size) and the per-run results (collapse.json's `runs`: run, collapse_step,
 warning_step, tokens_to_target). A run is coloured by its baseline (`baseline_color`; unknown
-baselines share the fallback colour) and its line style says its group size."""
+baselines share the fallback colour) and its line style says its group size.
+
+Log axes draw what a log axis can: positive finite values as lines (a lone point as a dot);
+zeros and negatives (TRL logs `grad_norm = 0.0` when every group had equal rewards) as
+triangles on the axis floor, with a note saying so; NaN and ±inf are left out. A panel with no
+positive value says so instead of failing."""
 
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from matplotlib.figure import Figure
 from otb_diag.plots.style import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
 
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
+# Beside the axes, off the curves (a legend inside covered the top of the log-scale panels).
+LEGEND_BESIDE = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0), "frameon": False}
 UNKNOWN = "?"
 
 
@@ -61,22 +68,70 @@ def _results(runs: list[dict]) -> dict[str, dict]:
     return {r["run"]: r for r in runs}
 
 
+def _log_panel(ax: Axes, lines: list[tuple[pd.DataFrame, str, dict, str | None]], what: str):
+    """Draw `(rows, column, style, label)` lines on a log y axis (see the module docstring)."""
+    values = [rows[column].to_numpy(dtype=float) for rows, column, _, _ in lines]
+    positive = np.concatenate([v[np.isfinite(v) & (v > 0)] for v in values] or [np.empty(0)])
+    if positive.size == 0:
+        for _rows, _, style, label in lines:  # keep the legend entries
+            ax.plot([], [], label=label, **style)
+        ax.text(0.5, 0.5, f"no positive {what} logged", transform=ax.transAxes, ha="center")
+        return
+    floor = float(positive.min()) / 3
+    on_floor = 0
+    for (rows, _, style, label), v in zip(lines, values, strict=True):
+        steps = rows["step"].to_numpy(dtype=float)
+        good = np.isfinite(v) & (v > 0)
+        ax.plot(steps, np.where(good, v, np.nan), label=label, **style)
+        lone = good & ~np.roll(good, 1) & ~np.roll(good, -1) if len(v) > 1 else good
+        ax.plot(steps[lone], v[lone], linestyle="none", marker="o", markersize=2.5, **_color(style))
+        low = np.isfinite(v) & (v <= 0)
+        if low.any():
+            on_floor += int(low.sum())
+            ax.plot(
+                steps[low],
+                np.full(int(low.sum()), floor),
+                linestyle="none",
+                marker="v",
+                markersize=3,
+                **_color(style),
+            )
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor / 1.5)
+    if on_floor:
+        ax.text(
+            0.99,
+            0.98,
+            f"▼ {on_floor} zero or negative {what} values, drawn on the axis floor",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=5.5,
+        )
+
+
+def _color(style: dict) -> dict:
+    return {"color": style["color"]}
+
+
 def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
     """Gradient norm (log scale) above, score below, against step; one line per run, its
     collapse step (if any) as a dotted vertical line in the run's colour on both panels."""
     styles, results = _styles(table), _results(runs)
     fig, (top, bottom) = _stacked(4.0)
     with mpl.rc_context(STYLE):
-        for run, rows in table.groupby("run", sort=False):
+        groups = list(table.groupby("run", sort=False))
+        _log_panel(
+            top, [(rows, "grad_norm", styles[run], run) for run, rows in groups], "grad_norm"
+        )
+        for run, rows in groups:
             style = styles[run]
-            top.plot(rows["step"], rows["grad_norm"], label=run, **style)
-            bottom.plot(rows["step"], rows["score"], **style)
+            bottom.plot(rows["step"], rows["score"], marker="o" if len(rows) == 1 else "", **style)
             for ax in (top, bottom):
                 _mark(ax, results[run]["collapse_step"], style["color"], ":")
-        top.set_yscale("log")
         top.set_ylabel("gradient norm ‖g‖")
         top.set_title("Gradient norm and score (dotted: detected collapse)")
-        top.legend(loc="upper left", frameon=False)
+        top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("score (mean reward)")
         bottom.set_xlabel("training step")
     return fig
@@ -88,17 +143,18 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure
     styles, results = _styles(table), _results(runs)
     fig, (top, bottom) = _stacked(4.0)
     with mpl.rc_context(STYLE):
-        for run, rows in table.groupby("run", sort=False):
+        groups = list(table.groupby("run", sort=False))
+        kinds = sorted({r["variance_proxy_kind"] for r in runs} - {"none"})
+        proxy_lines = [(rows, "variance_proxy", styles[run], run) for run, rows in groups]
+        _log_panel(top, proxy_lines, "variance proxy" if kinds else "variance proxy (none)")
+        _log_panel(
+            bottom, [(rows, "grad_norm", styles[run], None) for run, rows in groups], "grad_norm"
+        )
+        for run, _ in groups:
             style, result = styles[run], results[run]
-            top.plot(rows["step"], rows["variance_proxy"], label=run, **style)
-            bottom.plot(rows["step"], rows["grad_norm"], **style)
             for ax in (top, bottom):
                 _mark(ax, result["warning_step"], style["color"], "--")
                 _mark(ax, result["collapse_step"], style["color"], ":")
-        kinds = sorted({r["variance_proxy_kind"] for r in runs} - {"none"})
-        if not kinds:
-            top.text(0.5, 0.5, "no run logs a variance proxy", transform=top.transAxes, ha="center")
-        top.set_yscale("log")
         top.set_ylabel("variance proxy")
         top.set_title(
             "Variance proxy and gradient norm (dashed: warning, dotted: collapse)\n"
@@ -106,8 +162,7 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure
             + (", ".join(kinds) or "none"),
             fontsize=6.5,
         )
-        top.legend(loc="upper left", frameon=False)
-        bottom.set_yscale("log")
+        top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("gradient norm ‖g‖")
         bottom.set_xlabel("training step")
     return fig
@@ -142,7 +197,7 @@ def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | N
         if target is not None:
             ax.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
         if plotted:
-            ax.legend(loc="lower right", frameon=False)
+            ax.legend(**LEGEND_BESIDE)
         else:
             ax.text(0.5, 0.5, "no run logs sampled tokens", transform=ax.transAxes, ha="center")
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))

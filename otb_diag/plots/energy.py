@@ -46,11 +46,22 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
 
 
 def spread_samples(sequences: pd.DataFrame, group: str, count: int) -> list[int]:
-    """Up to `count` members of `group` spread evenly over its range of sequence energy, so the
-    plotted profiles differ (a group often holds many identical responses)."""
+    """Up to `count` members of `group` with distinct sequence energies, spread evenly over its
+    range, so the plotted profiles differ (a group often holds many identical responses, whose
+    curves would hide one another)."""
     seqs = sequences[sequences["group"].astype(str) == str(group)].sort_values("energy")
+    seqs = seqs.drop_duplicates("energy")
     picks = np.unique(np.linspace(0, len(seqs) - 1, min(count, len(seqs))).round().astype(int))
     return sorted(seqs["sample"].iloc[picks].tolist())
+
+
+def _same_profiles(curves: dict[int, np.ndarray]) -> dict[int, list[int]]:
+    """Samples grouped by identical W_t profiles: first sample -> every sample with its curve."""
+    shared: dict[int, list[int]] = {}
+    for s, curve in curves.items():
+        twin = next((k for k in shared if np.array_equal(curves[k], curve)), None)
+        shared.setdefault(s if twin is None else twin, []).append(s)
+    return shared
 
 
 def fig4_cumulative_energy(
@@ -58,18 +69,29 @@ def fig4_cumulative_energy(
 ) -> Figure:
     """Cumulative realized energy W_t against t for `samples` of one group, with their energy
     ranking (lowest → highest) at 25/50/75 % of the longest shown response; a finished response
-    keeps its total, as in `groups.csv`.
+    keeps its total, as in `groups.csv`. Samples with identical profiles share one line and one
+    legend entry (`seq 3 = 5`); a marker on every token keeps overlapping stretches visible;
+    legend and ranking sit beside the axes, off the curves.
 
     `tokens`: one row per response token with columns group, sample, t, W."""
     toks = tokens[tokens["group"].astype(str) == str(group)]
     palette = list(OKABE_ITO.values())[1:] + [OKABE_ITO["black"]]
-    fig, ax = new_figure(height_in=2.9)
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    fig, ax = new_figure(height_in=2.6)
     with mpl.rc_context(STYLE):
-        curves = {}
-        for k, s in enumerate(samples):
+        curves, positions = {}, {}
+        for s in samples:
             curve = toks[toks["sample"] == s].sort_values("t")
-            curves[s] = curve["W"].to_numpy()
-            ax.plot(curve["t"], curve["W"], color=palette[k % len(palette)], label=f"seq {s}")
+            curves[s], positions[s] = curve["W"].to_numpy(), curve["t"].to_numpy()
+        for k, (s, members) in enumerate(_same_profiles(curves).items()):
+            ax.plot(
+                positions[s],
+                curves[s],
+                color=palette[k % len(palette)],
+                marker=markers[k % len(markers)],
+                markersize=2.5,
+                label="seq " + " = ".join(str(m) for m in members),
+            )
         longest = max(len(c) for c in curves.values())
         rankings = []
         for f in fractions:
@@ -78,20 +100,21 @@ def fig4_cumulative_energy(
             order = " < ".join(str(s) for s, _ in sorted(at.items(), key=lambda kv: kv[1]))
             rankings.append(f"t={pos}: {order}")
             ax.axvline(pos, color="0.5", linestyle=":", linewidth=0.8)
-        ax.text(
-            0.02,
-            0.98,
-            "ranking, low → high\n" + "\n".join(rankings),
-            transform=ax.transAxes,
-            va="top",
-            ha="left",
-            fontsize=5.5,
-            family="monospace",
-        )
         ax.set_xlabel("response position t (tokens)")
         ax.set_ylabel(r"realized energy $W_t=\sum_{j\leq t} m_j w_j$")
         ax.set_title(f"Energy profiles in group {group}")
-        ax.legend(loc="lower right", frameon=False, ncol=2)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.text(
+            0.0,
+            -0.22,
+            "ranking by W_t, low → high\n" + "\n".join(rankings),
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=6,
+            family="monospace",
+        )
     return fig
 
 

@@ -106,6 +106,28 @@ def _mark_equivalent(ax, rows: pd.DataFrame, baseline: str, n: int) -> None:
     ax.set_ylim(bottom=bottom)
 
 
+def _grouped_bars(ax, rows: pd.DataFrame, by: str, groups: list, value: str) -> None:
+    """One bar per baseline inside each group `rows[by] == g` (g in `groups`), log y axis."""
+    labels = list(dict.fromkeys(rows["baseline"]))
+    width = 0.8 / len(labels)
+    for k, label in enumerate(labels):
+        values = rows[rows["baseline"] == label].set_index(by)[value]
+        ax.bar(
+            np.arange(len(groups)) + (k - (len(labels) - 1) / 2) * width,
+            values.reindex(groups).to_numpy(),
+            width=width,
+            color=baseline_color(label),
+            hatch=HATCHES.get(_variant(label), ""),
+            edgecolor="white",
+            linewidth=0.3,
+            label=label,
+        )
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
+    ax.set_xticks(np.arange(len(groups)), [str(g) for g in groups])
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
 def fig_ratio_to_mean(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
     """Variance relative to the `mean` baseline at the same N: bars grouped by N (log scale; the
     line at 1 is the mean baseline itself, below it is better).
@@ -114,30 +136,35 @@ def fig_ratio_to_mean(table: pd.DataFrame, aggregation: str = "token-sum") -> Fi
     rows = _rows(table, aggregation)
     rows = rows[rows["baseline"] != "mean"]
     sizes = sorted(rows["group_size"].unique())
-    labels = list(dict.fromkeys(rows["baseline"]))
-    width = 0.8 / len(labels)
     fig, ax = new_figure(width_in=max(3.4, 0.9 * len(sizes) + 1.0))
     with mpl.rc_context(STYLE):
-        for k, label in enumerate(labels):
-            ratios = rows[rows["baseline"] == label].set_index("group_size")["ratio_to_mean"]
-            ax.bar(
-                np.arange(len(sizes)) + (k - (len(labels) - 1) / 2) * width,
-                ratios.reindex(sizes).to_numpy(),
-                width=width,
-                color=baseline_color(label),
-                hatch=HATCHES.get(_variant(label), ""),
-                edgecolor="white",
-                linewidth=0.3,
-                label=label,
-            )
+        _grouped_bars(ax, rows, "group_size", sizes, "ratio_to_mean")
         ax.axhline(1.0, color="0.3", linewidth=0.8)
-        ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
-        ax.set_xticks(np.arange(len(sizes)), [str(n) for n in sizes])
         ax.set_xlabel("group size N (responses per prompt)")
         ax.set_ylabel("variance / variance of mean baseline")
         ax.set_title(f"Variance relative to the group mean ({aggregation})")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
+def fig_variance_by_block(
+    blocks: pd.DataFrame, aggregation: str = "token-sum", group_size: int = 4
+) -> Figure:
+    """Where the gradient variance lives: tr Cov(ĝ_b) per parameter block b (embeddings, layers,
+    final norm, head), one bar per baseline, at N = `group_size` (or the largest N below it).
+
+    `blocks`: variance_blocks.csv (columns block, aggregation, baseline, group_size, variance)."""
+    rows = _rows(blocks, aggregation)
+    sizes = sorted(rows["group_size"].unique())
+    n = max([s for s in sizes if s <= group_size] or sizes[:1])
+    rows = rows[rows["group_size"] == n]
+    names = list(dict.fromkeys(rows["block"]))
+    fig, ax = new_figure(width_in=max(3.4, 0.5 * len(names) + 1.5), height_in=2.8)
+    with mpl.rc_context(STYLE):
+        _grouped_bars(ax, rows, "block", names, "variance")
+        ax.tick_params(axis="x", labelrotation=45)
+        ax.set_xlabel("parameter block")
+        ax.set_ylabel(r"variance tr Cov($\hat g_b$)")
+        ax.set_title(f"Gradient variance per block, N = {n} ({aggregation})")
     return fig
 
 

@@ -1,0 +1,237 @@
+"""Cost of `full` mode's two engines on random GPT-2-style models, measured in one run.
+
+For models of ~5 M, ~25 M and ~100 M parameters and one response of T ∈ {256, 2048} tokens
+(`--quick`: the ~5 M model at T = 256 only):
+- forward mode (jvp): seconds per response and direction, and that ÷ a bare forward (target ≤ 3);
+- reverse mode (vjp, k directions): seconds per response, measured on the first `--prefix`
+  tokens and extrapolated to T by the cost model's `Σ_t L_t` (marked "extrapolated");
+- peak resident memory of a forward-mode pass ÷ a bare forward's (target ≤ 3), each in a fresh
+  subprocess (`VmHWM` reset once the model and inputs are ready);
+- the crossover T above which forward mode wins for k directions, from the two measured T
+  (forward ∝ T, reverse = b T² + c T).
+`--e2e`: `token_scores(engine="auto")` on a ~25 M model, 32 responses of T = 512, k = 32.
+`--jl-seeds S`: the projection error on the embedded default: full-mode variances at N = 4
+(token-sum, same draws) under S projection seeds, their relative spread for `mean`, `otb` and
+the ratio OTB/mean, beside √(2/k) and the sub-sketch estimate the summary prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from bench_stats import _rss_kib
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from otb_diag.maths.directions import Block, select_parameters
+from otb_diag.maths.full_cost import _prefix_work, _sub_batch
+from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.scores import token_scores
+from otb_diag.maths.scores_forward import eager_attention, forward_scores
+from otb_diag.maths.scores_reverse import _Columns, reverse_scores
+
+MODELS = {"5M": (256, 4, 4096), "25M": (512, 6, 4096), "100M": (768, 12, 8192)}  # d, layers, V
+PROMPT = 8
+
+
+def model_of(name: str, positions: int) -> GPT2LMHeadModel:
+    d, layers, vocab = MODELS[name]
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=d // 64,
+                        n_positions=positions, tie_word_embeddings=False)  # fmt: skip
+    return GPT2LMHeadModel(config).eval()
+
+
+def responses(vocab: int, rows: int, length: int) -> ResponseBatch:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (rows, PROMPT + length), generator=gen)
+    length_t = torch.full((rows,), length)
+    valid = torch.ones(rows, length, dtype=torch.bool)
+    zeros = torch.zeros(rows, length)
+    return ResponseBatch(
+        group_names=[str(i // 8) for i in range(rows)], group=torch.arange(rows) // 8,
+        sample=torch.arange(rows), length=length_t, prompt_ids=ids[:, :PROMPT].tolist(),
+        response_ids=pad(ids[:, PROMPT:].tolist(), length, 0, torch.long), valid=valid,
+        mask=valid.float(), token_rewards=zeros, reward=torch.zeros(rows),
+        temperature=torch.ones(rows), step=[None] * rows, is_weights=None, logprobs=None,
+        sum_pi2=None,
+    )  # fmt: skip
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bare_forward(model, batch) -> None:
+    ids = torch.tensor([batch.prompt_ids[0] + batch.response_ids[0].tolist()])
+    with torch.no_grad(), eager_attention(model):
+        model(ids, use_cache=False)
+
+
+def jvp_pass(model, batch, directions: int) -> None:
+    params = select_parameters(model, None)
+    blocks = [Block("all", tuple(params), directions, 0)]
+    forward_scores(model, batch, params, blocks, 0, batch_tokens=1 << 20,
+                   directions_batch=directions, chunk_size=256)  # fmt: skip
+
+
+def memory_child(name: str, length: int, what: str) -> None:
+    model = model_of(name, PROMPT + length)
+    batch = responses(MODELS[name][2], 1, length)
+    ready = _rss_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    bare_forward(model, batch) if what == "bare" else jvp_pass(model, batch, 1)
+    print(json.dumps({"peak_extra_mib": (_rss_kib("VmHWM") - ready) / 1024}))
+
+
+def peak(name: str, length: int, what: str) -> float:
+    cmd = [sys.executable, __file__, "--_memory", f"{name},{length},{what}"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[
+        "peak_extra_mib"
+    ]
+
+
+def measure(name: str, length: int, k: int, prefix: int, directions: int) -> dict:
+    model = model_of(name, PROMPT + length)
+    batch = responses(MODELS[name][2], 1, length)
+    bare_forward(model, batch)  # warm-up
+    bare = min(timed(lambda: bare_forward(model, batch)) for _ in range(2))
+    jvp_pass(model, _sub_batch(batch, [0], 8), directions)  # warm-up
+    jvp = timed(lambda: jvp_pass(model, batch, directions)) / directions
+    params = select_parameters(model, None)
+    cut = _sub_batch(batch, [0], prefix)
+    blocks = [Block("all", tuple(params), k, 0)]
+    # the direction columns are drawn once per run: timed apart, not extrapolated
+    draw = timed(lambda: _Columns(params, blocks, 0, torch.device("cpu")))
+    rev_prefix = timed(lambda: reverse_scores(model, cut, params, blocks, 0, 32)) - draw
+    rows, cut_rows = [(PROMPT, length)], [(PROMPT, min(prefix, length))]
+    scale = _prefix_work(rows, 32) / _prefix_work(cut_rows, 32)
+    return {
+        "model": name, "params": sum(p.numel() for p in model.parameters()), "T": length,
+        "bare_forward_s": bare, "jvp_s_per_direction": jvp, "jvp_over_bare": jvp / bare,
+        "vjp_s": draw + rev_prefix * scale, "vjp_extrapolated": prefix < length,
+        "rss_ratio": peak(name, length, "jvp") / max(peak(name, length, "bare"), 1e-9),
+    }  # fmt: skip
+
+
+def crossover(a: dict, b: dict, k: int) -> float:
+    """T at which k jvp passes cost as much as reverse mode (module docstring)."""
+    alpha = (a["jvp_s_per_direction"] / a["T"] + b["jvp_s_per_direction"] / b["T"]) / 2
+    (t1, r1), (t2, r2) = (a["T"], a["vjp_s"]), (b["T"], b["vjp_s"])
+    bq = (r2 / t2 - r1 / t1) / (t2 - t1)  # r/T = b T + c
+    c = r1 / t1 - bq * t1
+    return (k * alpha - c) / bq if bq > 0 else float("nan")
+
+
+def end_to_end(k: int) -> dict:
+    model = model_of("25M", PROMPT + 512)
+    batch = responses(MODELS["25M"][2], 32, 512)
+    plans = []
+    seconds = timed(lambda: token_scores(model, batch, "full", k, 0, on_plan=plans.append))
+    return {"e2e_s": seconds, "engine": plans[0].engine, "estimate_s": plans[0].estimate_s}
+
+
+def describe(r: dict, k: int) -> str:
+    def verdict(x: float) -> str:
+        return "PASS" if x <= 3 else "FAIL"
+
+    extrapolated = " (extrapolated)" if r["vjp_extrapolated"] else ""
+    return (
+        f"{r['model']:>5} ({r['params'] / 1e6:.1f} M) T={r['T']:>5}: jvp "
+        f"{r['jvp_s_per_direction']:.3f} s/direction = {r['jvp_over_bare']:.2f} x bare forward "
+        f"[{verdict(r['jvp_over_bare'])} <= 3]; vjp (k={k}) {r['vjp_s']:.1f} s{extrapolated}; "
+        f"peak RSS {r['rss_ratio']:.2f} x bare [{verdict(r['rss_ratio'])} <= 3]"
+    )
+
+
+def jl_seeds(seeds: int, k: int) -> dict:
+    import numpy as np
+
+    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.io.inputs import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.maths.coordinate_variance import projection_error
+    from otb_diag.maths.returns import returns_to_go
+    from otb_diag.maths.variance import paired_estimates, variance_table
+
+    ckpt, batch, _ = checkpoint_batch(
+        default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()
+    )
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    values, sub = [], None
+    for seed in range(seeds):
+        scores = token_scores(ckpt.model, batch, "full", k, seed, engine="vjp")
+        paired = paired_estimates(
+            returns, batch.mask, batch.group, scores.proj, {"proxy": scores.sq_norm},
+            aggregations=("token-sum",), group_sizes=(4,), draws=200, bootstrap=10, seed=0,
+        )  # fmt: skip
+        table = variance_table(paired).set_index("baseline")["variance"]
+        values.append([table["mean"], table["otb"], table["otb"] / table["mean"]])
+        sub = sub or projection_error(paired, scores.blocks)
+    v = np.array(values)
+    spread = v.std(0, ddof=1) / v.mean(0)
+    return {"k": k, "seeds": seeds, "theory": (2 / k) ** 0.5, "mean_rel_err": spread[0],
+            "otb_rel_err": spread[1], "ratio_rel_err": spread[2], "subsketch": sub}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--e2e", action="store_true", help="the 25 M end-to-end run")
+    parser.add_argument("--k", type=int, default=32, help="directions for reverse mode")
+    parser.add_argument("--prefix", type=int, default=64, help="reverse-mode tokens measured")
+    parser.add_argument("--directions", type=int, default=4, help="directions per jvp (vmap)")
+    parser.add_argument("--jl-seeds", type=int, default=0, help="projection seeds (default)")
+    parser.add_argument("--models", default=",".join(MODELS), help="subset of 5M,25M,100M")
+    parser.add_argument("--_memory", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._memory:
+        name, length, what = args._memory.split(",")
+        return memory_child(name, int(length), what)
+    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with "
+          f"{torch.get_num_threads()} threads, {platform.python_version()}, load average "
+          f"{os.getloadavg()}")  # fmt: skip
+    chosen = args.models.split(",")
+    cases = [("5M", (256,))] if args.quick else [(m, (256, 2048)) for m in chosen if m]
+    rows = []
+    for name, lengths in cases:
+        per_model = [measure(name, t, args.k, args.prefix, args.directions) for t in lengths]
+        for r in per_model:
+            print(describe(r, args.k))
+        if len(per_model) == 2:
+            t_star = crossover(*per_model, args.k)
+            where = (
+                f"above T ≈ {t_star:.0f}"
+                if t_star > 0
+                else "at every T (reverse mode's per-token cost alone exceeds k passes' share)"
+            )
+            print(f"{name}: forward mode wins {where} for k = {args.k}")
+            per_model[-1]["crossover_T"] = t_star
+        rows += per_model
+    if args.e2e:
+        e2e = end_to_end(args.k)
+        minutes, estimate = e2e["e2e_s"] / 60, e2e["estimate_s"] / 60
+        print(f"end to end: 25 M model, 32 x T=512, k={args.k}: {minutes:.1f} min "
+              f"({e2e['engine']}; estimated {estimate:.1f} min) [target <= 20]")  # fmt: skip
+        rows.append(e2e)
+    if args.jl_seeds:
+        jl = jl_seeds(args.jl_seeds, args.k)
+        print(f"projection error on the default, k={jl['k']}, {jl['seeds']} seeds: variance of "
+              f"mean ±{jl['mean_rel_err']:.1%}, of otb ±{jl['otb_rel_err']:.1%}, OTB/mean "
+              f"±{jl['ratio_rel_err']:.1%} (√(2/k) = {jl['theory']:.1%}); sub-sketch estimate "
+              f"(seed 0): variances ±{jl['subsketch']['variance_relative_error']:.1%}, ratios "
+              f"±{jl['subsketch']['ratio_relative_error']:.1%}")  # fmt: skip
+        rows.append(jl)
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Statistics over the paired draws of `variance.py`: the trace variance, its bootstrap
+interval, the bias z-score and the equivalent group size (definitions in `variance.py`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+REFERENCE = "mean"  # the curve equivalent group sizes are read off
+
+
+def trace_variance(g: np.ndarray) -> float:
+    """`sum_r ||g_r - mean g||^2 / (R - 1)` for `g: [R, k]` (trace of the unbiased covariance)."""
+    centred = g - g.mean(0)
+    return float(np.square(centred).sum() / (len(g) - 1))
+
+
+def bootstrap_counts(draws: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """`[S, R]` multiplicities of each draw in S bootstrap resamples (R draws with replacement)."""
+    return rng.multinomial(draws, np.full(draws, 1.0 / draws), size=resamples)
+
+
+def bootstrap_interval(
+    g: np.ndarray, counts: np.ndarray, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile interval of `trace_variance` over the resamples `counts: [S, R]` of `g: [R, k]`.
+
+    A resample's variance is `(sum_r n_r ||x_r||^2 - R ||m||^2) / (R - 1)`, `m = sum_r n_r x_r / R`,
+    on draws centred first (the variance is shift-invariant; centring avoids cancellation).
+    """
+    r = len(g)
+    centred = g - g.mean(0)
+    means = counts @ centred / r  # [S, k]
+    variances = (counts @ np.square(centred).sum(1) - r * np.square(means).sum(1)) / (r - 1)
+    low, high = np.percentile(variances, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
+def bias_z(d: np.ndarray) -> float:
+    """Root-mean-square over coordinates of `z_j = mean_r d_rj / (std_r d_rj / sqrt(R))` for the
+    paired differences `d: [R, k]`; a coordinate that never varies counts 0 if its mean is 0 and
+    inf otherwise."""
+    mean = d.mean(0)
+    se = d.std(0, ddof=1) / math.sqrt(len(d))
+    z = np.divide(mean, se, out=np.where(mean == 0, 0.0, np.inf), where=se > 0)
+    return float(np.sqrt(np.mean(np.square(z))))
+
+
+def equivalent_group_size(
+    sizes: Sequence[int], reference: Sequence[float], target: float
+) -> tuple[float, str]:
+    """The N' at which the reference variance curve `reference[j]` at `sizes[j]` (increasing N)
+    first comes down to `target`, by linear interpolation of log variance against log N.
+
+    Returns (N', range) with range "within", "beyond" (N' = inf) or "below" (N' = min N, an
+    upper bound), as the module docstring defines.
+    """
+    for j, v in enumerate(reference):
+        if v > target:
+            continue
+        if v == target:
+            return float(sizes[j]), "within"
+        if j == 0:
+            return float(sizes[0]), "below"
+        # log N' = log N_{j-1} + (log V* - log V_{j-1}) / (log V_j - log V_{j-1}) * (log N_j - ...)
+        with np.errstate(divide="ignore"):
+            lv = np.log([reference[j - 1], v, target])
+        frac = (lv[2] - lv[0]) / (lv[1] - lv[0])
+        ln = np.log([sizes[j - 1], sizes[j]])
+        return float(np.exp(ln[0] + frac * (ln[1] - ln[0]))), "within"
+    return math.inf, "beyond"
+
+
+def compare_to_mean(table: pd.DataFrame, sizes: Sequence[int]) -> pd.DataFrame:
+    """Add ratio_to_mean, equivalent_mean_group_size, equivalent_range and token_savings to
+    `table` (one row per aggregation, baseline and N; columns aggregation, baseline, group_size,
+    variance), against the rows labelled `mean` at the measured `sizes`."""
+    columns: dict[str, list] = {k: [] for k in ("ratio", "equivalent", "range", "savings")}
+    for row in table.itertuples():
+        curve = table[(table.aggregation == row.aggregation) & (table.baseline == REFERENCE)]
+        curve = curve.set_index("group_size").loc[list(sizes), "variance"]
+        reference = curve.loc[row.group_size]
+        ratio = (
+            row.variance / reference if reference > 0 else (1.0 if row.variance == 0 else np.inf)
+        )
+        n_prime, where = equivalent_group_size(sizes, curve.to_list(), row.variance)
+        bound = {"within": n_prime, "beyond": max(sizes), "below": min(sizes)}[where]
+        columns["ratio"].append(ratio)
+        columns["equivalent"].append(n_prime)
+        columns["range"].append(where)
+        columns["savings"].append(1.0 - row.group_size / bound)  # 1 - N / N'
+    return table.assign(
+        ratio_to_mean=columns["ratio"],
+        equivalent_mean_group_size=columns["equivalent"],
+        equivalent_range=columns["range"],
+        token_savings=columns["savings"],
+    )

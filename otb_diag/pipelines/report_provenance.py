@@ -1,0 +1,109 @@
+"""Where each number of the report came from: the exact command that reproduces a run (and so
+its figures), rebuilt from the settings its record holds, and the files with their SHA-256."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from otb_diag.io.provenance import directory_sha256, file_sha256
+
+
+def _flags(pairs: list[tuple[str, Any]]) -> list[str]:
+    """CLI words for (option, value) pairs: None is left out, True is a bare flag (False
+    too), a list or tuple is comma-joined."""
+    words: list[str] = []
+    for option, value in pairs:
+        if value is None or value is False:
+            continue
+        if value is True:
+            words.append(option)
+        elif isinstance(value, (list, tuple)):
+            words += [option, ",".join(str(v) for v in value)]
+        else:
+            words += [option, str(value)]
+    return words
+
+
+def _load_flags(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    load = settings.get("load", {})
+    return [
+        ("--device", load.get("device")),
+        ("--dtype", load.get("dtype")),
+        ("--allow-pickle", load.get("allow_pickle")),
+        ("--trust-remote-code", load.get("trust_remote_code")),
+    ]
+
+
+def _zero_tail(settings: dict[str, Any]) -> list[tuple[str, Any]]:
+    on = settings.get("handle_zero_tail", True)
+    return [("--handle-zero-tail" if on else "--no-handle-zero-tail", True)]
+
+
+def _inputs(record: dict[str, Any]) -> list[tuple[str, Any]]:
+    inputs = record.get("inputs", {})
+    pairs = [("--ckpt", c["path"]) for c in inputs.get("checkpoints", [])]
+    return pairs + [("--rollouts", inputs.get("rollouts", {}).get("path"))]
+
+
+def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(option, value) for settings whose option is the key with dashes (`modes` is `--mode`)."""
+    options = {"modes": "--mode"}
+    return [(options.get(k, f"--{k.replace('_', '-')}"), settings.get(k)) for k in keys]
+
+
+def command(command_name: str, record: dict[str, Any], out: Path) -> str:
+    """The `otb-diag ...` line that rewrites the run directory `out` with the same settings."""
+    s = record.get("settings", {})
+    if command_name in ("energy", "variance-compare"):
+        model_free = record.get("mode") == "model-free"  # energy's --model-free
+        keys = (
+            ("baselines", "temperature", "group")
+            if command_name == "energy"
+            else ("modes", "baselines", "aggregations", "group_sizes", "draws", "bootstrap")
+            + ("sketch_dim", "seed", "force", "temperature")
+        )
+        pairs = _inputs(record) + [("--model-free", model_free)] + _named(s, keys)
+        pairs += _named(s, ("batch_tokens", "chunk_size")) + _zero_tail(s) + _load_flags(s)
+    elif command_name == "train":
+        pairs = [("--ckpt", record.get("checkpoint"))] + _named(
+            s,
+            ("baseline", "group_size", "aggregation", "prompts_per_step", "lr", "steps")
+            + ("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
+        )
+    else:  # dynamics
+        pairs = [
+            p for r in record.get("runs", []) for p in (("--log", r["file"]), ("--label", r["run"]))
+        ]
+        pairs += _named(
+            record.get("rule", {}),
+            ("window", "threshold", "persist", "lead_threshold", "lead_horizon", "smooth"),
+        )
+        pairs.append(("--target", record.get("target")))
+    return shlex.join(["otb-diag", command_name, *_flags(pairs), "--out", str(out)])
+
+
+def input_files(command_name: str, record: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(what, path, SHA-256) of each input: as recorded by the run, or hashed now (marked so)
+    for the commands whose record does not hash its inputs."""
+    inputs = record.get("inputs", {})
+    rollouts = inputs.get("rollouts")
+    if rollouts:
+        yield "rollouts", rollouts["path"], rollouts.get("sha256") or "—"
+    for c in inputs.get("checkpoints", []):
+        yield f"checkpoint (step {c.get('step')})", c["path"], c.get("sha256") or "—"
+    if command_name == "train":
+        yield "checkpoint (start)", record["checkpoint"], _hash_now(Path(record["checkpoint"]))
+    if command_name == "dynamics":
+        for r in record.get("runs", []):
+            yield f"training log ({r['run']})", r["file"], _hash_now(Path(r["file"]))
+
+
+def _hash_now(path: Path) -> str:
+    if path.is_file():
+        return file_sha256(path) + " (hashed now)"
+    if path.is_dir():
+        return directory_sha256(path) + " (hashed now)"
+    return "— (no longer there)"

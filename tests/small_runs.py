@@ -1,0 +1,57 @@
+"""Small real runs of the embedded default that several test modules share (through the
+session fixtures of conftest.py): the first 4 groups x 12 responses of the embedded rollouts
+under the embedded final checkpoint, measured by the real commands with reduced settings."""
+
+import json
+from pathlib import Path
+
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+
+runner = CliRunner()
+
+# A reduced default keeps the suite fast: 4 prompts x 12 responses of the embedded rollouts.
+REDUCED_GROUPS, REDUCED_RESPONSES = 4, 12
+VARIANCE_ARGS = [
+    *("--mode", "proxy,full", "--group-sizes", "2,4", "--draws", "40"),
+    *("--bootstrap", "200", "--sketch-dim", "32"),
+]
+
+
+def invoke(*args: str | Path) -> tuple[int, str]:
+    result = runner.invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout
+
+
+def reduce_rollouts(path: Path) -> Path:
+    """The first responses of the first groups, as the original lines (same bytes, same SHA)."""
+    kept: dict[str, list[str]] = {}
+    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines(keepends=True):
+        group = json.loads(line)["group"]
+        if group not in kept and len(kept) == REDUCED_GROUPS:
+            continue
+        members = kept.setdefault(group, [])
+        if len(members) < REDUCED_RESPONSES:
+            members.append(line)
+    path.write_text("".join(line for lines in kept.values() for line in lines), encoding="utf-8")
+    return path
+
+
+def run_energy(rollouts: Path, out: Path) -> None:
+    code, output = invoke(
+        "energy", "--ckpt", default_checkpoint(), "--rollouts", rollouts, "--out", out, "--quiet"
+    )
+    assert code == 0, output
+
+
+def run_variance(rollouts: Path, out: Path, seed: int = 0, args: list[str] = VARIANCE_ARGS) -> None:
+    code, output = invoke(
+        "variance-compare",
+        *("--ckpt", default_checkpoint(), "--rollouts", rollouts, "--out", out),
+        *("--seed", str(seed), "--quiet", *args),
+    )
+    assert code == 0, output
