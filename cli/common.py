@@ -18,10 +18,12 @@ import typer
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import json_text
+from otb_diag.io.distributed import DistributedError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_BAD_INPUT = 2
+EXIT_FAULT = 1
 EXIT_INTERNAL = 3
 # `otb-diag --debug ...` (or OTB_DIAG_DEBUG=1) lets unexpected exceptions through with their
 # traceback instead of the one-paragraph report.
@@ -34,17 +36,24 @@ def debug_enabled() -> bool:
 
 
 def friendly_errors(fn: F) -> F:
-    """Print an `InputError` as `otb-diag: error: ...` on stderr and exit 2; any other exception
-    as one paragraph naming what failed and a file holding the full traceback, exit 3 (with
-    --debug the exception propagates, traceback and all). Click's own exits pass through."""
+    """Print an `InputError` as `otb-diag: error: ...` on stderr and exit 2, with no traceback.
+    Under torchrun every rank raises the same error (`Dist.checked` shares a rank's own), so
+    rank 0 alone prints it; a failed or lost rank (`DistributedError`) exits 1, said by every
+    surviving rank. Any other exception is one paragraph naming what failed and a file holding
+    the full traceback, exit 3 (with --debug the exception propagates, traceback and all).
+    Click's own exits pass through."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except InputError as err:
-            typer.echo(f"otb-diag: error: {err}", err=True)
+            if _is_rank_zero():
+                typer.echo(f"otb-diag: error: {err}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
+        except DistributedError as err:
+            typer.echo(f"otb-diag: error: {err}", err=True)
+            raise typer.Exit(EXIT_FAULT) from None
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as err:
@@ -79,8 +88,14 @@ def internal_error_report(command: str, err: BaseException) -> str:
 
 
 def note(message: str) -> None:
-    """Informational line on stderr, so stdout stays clean for `--json`."""
-    typer.echo(message, err=True)
+    """Informational line on stderr, so stdout stays clean for `--json` (under torchrun by
+    rank 0 only)."""
+    if _is_rank_zero():
+        typer.echo(message, err=True)
+
+
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
 
 
 def or_default(value: Path | None, default: Path, what: str) -> Path:
@@ -142,7 +157,23 @@ TemperatureOption = Annotated[
     float | None,
     typer.Option("--temperature", help="Sampling temperature τ; default: each row's own."),
 ]
-DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...")]
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="auto (cuda, then mps, then cpu; the choice is said on stderr), cpu, cuda, cuda:1, "
+        "mps. Under torchrun each rank takes cuda:<LOCAL_RANK>.",
+    ),
+]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread a checkpoint too large for one GPU over devices with accelerate: auto "
+        "(every visible GPU, then CPU offload) or a list such as cuda:0,cuda:1,cpu. Replaces "
+        "--device; not under torchrun.",
+    ),
+]
 DtypeOption = Annotated[
     str, typer.Option("--dtype", help="auto (the checkpoint's), float32, bfloat16, float16.")
 ]

@@ -12,6 +12,7 @@ from otb_diag.cli.common import (
     ChatTemplateOption,
     ChunkSizeOption,
     CkptOption,
+    DeviceMapOption,
     DeviceOption,
     DtypeOption,
     JsonOption,
@@ -51,7 +52,8 @@ def energy(
             help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable).",
         ),
     ] = False,
-    device: DeviceOption = "cpu",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
@@ -106,12 +108,14 @@ def energy(
         chunk_size=chunk_size,
         group=group,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, chat_template),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, chat_template, device_map),
         steps=steps,
         reward_columns=tuple(reward_column) if reward_column else None,
         trainer_baseline=trainer_baseline,
     )
     summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     untemplated = summary["totals"]["prompts_without_chat_template"]
     if untemplated:
         note(

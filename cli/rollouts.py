@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from otb_diag.cli.common import (
@@ -59,28 +59,32 @@ def inspect(
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
     """
-    from otb_diag.io.checkpoint import load_tokenizer
     from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.io.rollout_sources import parse_steps, read_rollout_set
-    from otb_diag.io.rollouts import check_vocab, prompts_without_template, tokenize_rollouts
-    from otb_diag.pipelines.inspect import format_summary, summarize
+    from otb_diag.pipelines.inspect import format_summary, inspect_rollouts
+
+    def tokenizer() -> tuple[Any, int]:
+        from otb_diag.io.checkpoint import load_tokenizer
+
+        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
+        return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
     path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
-    data = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_column)
-    needs_tokenizer = any(r.response_ids is None or r.prompt_ids is None for r in data.responses)
-    issues = []
-    if ckpt is not None or needs_tokenizer or file is None:
-        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
-        tokenizer, vocab_size = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
-        untemplated = 0 if chat_template else prompts_without_template(data, tokenizer)
-        data, issues = tokenize_rollouts(data, tokenizer, chat_template=chat_template)
-        check_vocab(data, vocab_size)
-        if untemplated:
-            note(
-                f"note: {untemplated} prompts were tokenized without the tokenizer's chat "
-                "template; pass --chat-template if the trainer applied it"
-            )
-    summary = summarize(data)
+    result = inspect_rollouts(
+        path,
+        tokenizer,
+        always_tokenizer=ckpt is not None or file is None,
+        steps=steps,
+        reward_columns=reward_column,
+        chat_template=chat_template,
+    )
+    if result is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return
+    summary, issues = result.summary, result.issues
+    if result.untemplated:
+        note(
+            f"note: {result.untemplated} prompts were tokenized without the tokenizer's chat "
+            "template; pass --chat-template if the trainer applied it"
+        )
     summary["round_trip_issues"] = [str(issue) for issue in issues]
     if as_json:
         print_json(summary)

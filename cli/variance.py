@@ -11,6 +11,7 @@ from otb_diag.cli.common import (
     BatchTokensOption,
     ChunkSizeOption,
     CkptOption,
+    DeviceMapOption,
     DeviceOption,
     DtypeOption,
     JsonOption,
@@ -20,6 +21,7 @@ from otb_diag.cli.common import (
     ZeroTailOption,
     checkpoint_dirs,
     friendly_errors,
+    note,
     or_default,
     print_json,
 )
@@ -128,7 +130,8 @@ def variance_compare(
         ),
     ] = "2h",
     temperature: TemperatureOption = None,
-    device: DeviceOption = "cpu",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
@@ -180,7 +183,7 @@ def variance_compare(
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code),
+        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map=device_map),
         engine=engine,
         params=params,
         by_block=by_block,
@@ -195,8 +198,10 @@ def variance_compare(
         out,
         settings,
         progress=not quiet,
-        notify=None if quiet else (lambda text: typer.echo(text, err=True)),
+        notify=None if quiet else note,
     )
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if as_json:
         print_json(summary)
     else:

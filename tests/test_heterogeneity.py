@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy.stats import kendalltau
 
 from otb_diag.maths.heterogeneity import (
     frozen_paths,
     group_heterogeneity,
+    kendall_tau_b,
     quantile_positions,
     rank_changes,
     tie_keys,
@@ -112,3 +114,17 @@ def test_atomic_writes_leave_nothing_behind_and_normal_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=2, max_size=20),
+)
+def test_kendall_tau_b_is_scipys(pairs: list[tuple[int, int]]) -> None:
+    """Tie-heavy integer rankings (what `tie_keys` gives): scipy's τ-b, NaN where it is NaN."""
+    x, y = (np.array(v, dtype=np.int64) for v in zip(*pairs, strict=True))
+    ours = kendall_tau_b(x, y)
+    theirs = float(kendalltau(x, y).statistic)
+    if math.isnan(theirs):
+        assert math.isnan(ours)
+    else:
+        assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12)

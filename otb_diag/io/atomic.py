@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,3 +66,24 @@ def write_with(dest: str | Path, writer: Callable[[Path], None]) -> None:
     """Atomic version of any `writer(path)`, e.g. `lambda p: frame.to_parquet(p)`."""
     with atomic_path(dest) as tmp:
         writer(tmp)
+
+
+@contextlib.contextmanager
+def staged_output(out: str | Path) -> Iterator[Path]:
+    """A hidden staging directory inside `out` for all of a run's files: on success each moves
+    into `out` (`os.replace`, a rename each) and the staging directory goes; on any failure or
+    interruption (Ctrl-C, SIGTERM from torchrun when another rank died) it goes with everything
+    in it, and `out` too if this run created it and nothing else is in it. So `out` holds either
+    every output of the run or none, never some of them."""
+    out = Path(out)
+    existed = out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".otb-diag-staging-", dir=out))
+    try:
+        yield stage
+        for item in sorted(stage.iterdir()):
+            os.replace(item, out / item.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not existed and not any(out.iterdir()):
+            out.rmdir()

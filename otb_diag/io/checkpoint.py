@@ -9,22 +9,17 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
 from packaging.version import Version
-from transformers import (
-    CONFIG_MAPPING,
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-from transformers.utils import logging as hf_logging
 
 from otb_diag.errors import InputError
+from otb_diag.io.devices import device_map_kwargs, resolve_device
+
+if TYPE_CHECKING:  # transformers itself is imported where a checkpoint is read (seconds of
+    # start-up that model-free commands do not pay)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _DTYPES: dict[str, torch.dtype | str] = {
     "auto": "auto",
@@ -33,8 +28,13 @@ _DTYPES: dict[str, torch.dtype | str] = {
     "float16": torch.float16,
 }
 
-# transformers renamed `torch_dtype` to `dtype` in 4.56; the old name only warns in 5.x.
-_DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+def _dtype_kwarg() -> str:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; the old name only warns in 5.x."""
+    import transformers
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
 
 # HF Trainer / TRL write `checkpoint-<n>`, verl writes `global_step_<n>`.
 _STEP_DIR = re.compile(r"^(?:checkpoint-|global_step_)(\d+)$")
@@ -109,6 +109,7 @@ def load_checkpoint(
     path: str | Path,
     *,
     device: str | torch.device = "cpu",
+    device_map: str | None = None,
     dtype: str | torch.dtype | None = None,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
@@ -119,12 +120,18 @@ def load_checkpoint(
     "float16" or a `torch.dtype`. Pickled weights (`pytorch_model*.bin`) are refused unless
     `allow_pickle`, and checkpoints that ship their own modelling code unless `trust_remote_code`.
     Nothing is ever downloaded. Raises `InputError` for every problem with the directory.
+    `device` is one device (`auto`: see `devices.resolve_device`); `device_map` (`auto` or a
+    list of devices) spreads the model over GPUs and CPU offload with accelerate instead.
     """
+    target = resolve_device(str(device)) if device_map is None else None
+    placement = device_map_kwargs(device_map)
     root = Path(path).resolve()
     _require_directory(root)
     _check_config(root, trust_remote_code)
     has_safetensors = _check_weights(root, allow_pickle)
     _check_tokenizer_files(root)
+
+    from transformers import AutoModelForCausalLM
 
     with no_transformers_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
@@ -132,9 +139,18 @@ def load_checkpoint(
             local_files_only=True,
             use_safetensors=has_safetensors,
             trust_remote_code=trust_remote_code,
-            **{_DTYPE_KWARG: _resolve_dtype(dtype)},
+            **placement,
+            **{_dtype_kwarg(): _resolve_dtype(dtype)},
         )
-    model = model.to(device).eval()
+    model = (model if target is None else model.to(target)).eval()
+    if model.get_output_embeddings().weight.device.type == "meta":
+        raise InputError(
+            f"--device-map {device_map}: the output layer was offloaded to disk, but the "
+            "statistics read its weights directly.",
+            path=root,
+            field="device-map",
+            hint="Give the GPUs or the CPU room for it (add cpu to the list).",
+        )
     vocab_size = model.get_output_embeddings().weight.shape[0]
     tokenizer = _load_matching_tokenizer(root, vocab_size, trust_remote_code)
     return Checkpoint(
@@ -151,6 +167,8 @@ def load_checkpoint(
 @contextlib.contextmanager
 def no_transformers_progress_bars() -> Iterator[None]:
     """transformers' per-file loading bars off (our commands draw their own), then restored."""
+    from transformers.utils import logging as hf_logging
+
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -169,6 +187,8 @@ def load_tokenizer(
     _require_directory(root)
     _check_config(root, trust_remote_code)
     _check_tokenizer_files(root)
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(
         root, local_files_only=True, trust_remote_code=trust_remote_code
     )
@@ -179,6 +199,8 @@ def load_tokenizer(
 def _load_matching_tokenizer(
     root: Path, vocab_size: int, trust_remote_code: bool
 ) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(
         root, local_files_only=True, trust_remote_code=trust_remote_code
     )
@@ -219,6 +241,9 @@ def _verl_model_dir(step_dir: Path) -> Path:
 
 def _check_config(root: Path, trust_remote_code: bool) -> None:
     """config.json exists, parses, and names an architecture this transformers can build."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
     config_path = root / "config.json"
     if not config_path.is_file():
         raise InputError(

@@ -11,6 +11,7 @@ from typing import Any
 from otb_diag.errors import InputError
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.devices import device_map_kwargs, resolve_device
 from otb_diag.io.provenance import directory_sha256, file_sha256
 from otb_diag.io.rollout_sources import parse_steps, read_rollout_set
 from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
@@ -19,14 +20,34 @@ from otb_diag.maths.response_batch import ResponseBatch
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How checkpoints are loaded (the CLI's --device, --dtype and safety flags) and how text
-    prompts are tokenized (--chat-template)."""
+    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
+    and how text prompts are tokenized (--chat-template)."""
 
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str = "auto"
     allow_pickle: bool = False
     trust_remote_code: bool = False
     chat_template: bool = False
+    device_map: str | None = None
+
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a device this
+        machine does not have."""
+        if self.device_map is None:
+            resolve_device(self.device)
+        else:
+            device_map_kwargs(self.device_map)
+
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint at `path`, loaded as these options say."""
+        return load_checkpoint(
+            path,
+            device=self.device,
+            device_map=self.device_map,
+            dtype=self.dtype,
+            allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code,
+        )
 
 
 def load_rollouts(
@@ -39,6 +60,11 @@ def load_rollouts(
     """Read and validate rollouts (a file, a directory or a glob; rows with a step in `steps`,
     "A-B"); `temperature`, when given, overrides every row's τ."""
     rollouts = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_columns)
+    return with_temperature(rollouts, temperature)
+
+
+def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:
+    """`rollouts` with every row's τ replaced by `temperature`, when given."""
     if temperature is None:
         return rollouts
     if temperature <= 0:
@@ -59,13 +85,7 @@ def checkpoint_batch(
     """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
     vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
     round-trip through the tokenizer."""
-    ckpt = load_checkpoint(
-        path,
-        device=options.device,
-        dtype=options.dtype,
-        allow_pickle=options.allow_pickle,
-        trust_remote_code=options.trust_remote_code,
-    )
+    ckpt = options.load(path)
     tokenized, issues = tokenize_rollouts(
         rollouts, ckpt.tokenizer, chat_template=options.chat_template
     )

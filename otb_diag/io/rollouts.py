@@ -17,24 +17,22 @@ checks them against the checkpoint's vocabulary.
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Protocol
 
 from otb_diag.errors import InputError
 from otb_diag.io.consistency import CLAMPED_FIELDS, check_probabilities
-from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response, describe
+from otb_diag.io.rollout_records import file_kind, first_keys, records
+from otb_diag.io.rollout_rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response
 from otb_diag.io.trl_completions import TRL_KEYS, is_trl_record, trl_record
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
-
-_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
 
 @dataclass
@@ -61,6 +59,8 @@ class Rollouts:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per response, one column per `Response` field."""
+        import pandas as pd
+
         return pd.DataFrame([asdict(r) for r in self.responses])
 
     @property
@@ -119,48 +119,57 @@ def read_rollouts(path: str | Path, reward_columns: list[str] | None = None) -> 
 
     `reward_columns` names the reward columns of a TRL completion log (default: every numeric
     reward-function column)."""
-    path = Path(path)
-    kind = _SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise InputError(
-            f"unknown rollout file type '{path.suffix}'",
-            path=path,
-            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
-        )
-    if not path.exists():
-        raise InputError("file does not exist", path=path)
-    if not path.is_file():
-        raise InputError("not a file", path=path)
-    # Read lazily, so that errors come in file order (a bad line 2 before a malformed line 3).
-    records = _read_jsonl(path) if kind == "jsonl" else _read_parquet(path)
-    first = next(records, None)
-    if first is None:
-        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
+    rollouts, rows = iter_responses(path, reward_columns=reward_columns)
+    rollouts.responses = _number_samples([response for _, response in rows])
+    return rollouts
 
-    verl = all(key in first[1] for key in VERL_SIGNATURE)
-    trl = not verl and is_trl_record(first[1])
+
+def iter_responses(
+    path: str | Path,
+    keep: Callable[[int], bool] | None = None,
+    *,
+    reward_columns: list[str] | None = None,
+) -> tuple[Rollouts, Iterator[tuple[int, Response]]]:
+    """The file's (still empty) `Rollouts` and an iterator over `(index, Response)`, validated
+    one row at a time, in file order (errors too: a bad line 2 before a malformed line 3).
+
+    Rows that `keep(index)` rejects are not decoded. Sample numbers are not set (they need the
+    rows before); rows of trainer dumps (verl, TRL) without a group id are grouped by
+    (step, prompt) as they come. Logged probabilities are checked as rows come, and the values
+    clamped onto a consistency rule are counted in `rollouts.clamped`.
+    """
+    path = Path(path)
+    kind = file_kind(path)
+    keys = first_keys(path, kind)
+    if keys is None:
+        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
+    verl = all(key in keys for key in VERL_SIGNATURE)
+    trl = not verl and is_trl_record(keys)
     trainer = "verl" if verl else "trl" if trl else None
     rollouts = Rollouts(path, f"{trainer}-{kind}" if trainer else kind, [])
-    keys = VERL_KEYS if verl else TRL_KEYS if trl else KEYS
-    step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)
-    for source_row, record in itertools.chain([first], records):
+    row_keys = VERL_KEYS if verl else TRL_KEYS if trl else KEYS
 
-        def fail(name: str, message: str, hint: str | None, at: int = source_row) -> InputError:
-            return rollouts.error(at, message, field=name, hint=hint)
+    def rows() -> Iterator[tuple[int, Response]]:
+        step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)
+        for index, source_row, record in records(path, kind, keep):
 
-        if trl:
-            record = trl_record(record, reward_columns, fail)
-        row = RawRow(rollouts.error, source_row, record, keys)
-        response = row.parse(step_groups if trainer else None)
-        response = replace(
-            response, prompt_messages=record.get("prompt_messages"), source_path=str(path)
-        )
-        _check_token_fields(rollouts, response, row.key)
-        response, counts = check_probabilities(response, row.fail)
-        for name, count in counts.items():
-            rollouts.clamped[name] += count
-        rollouts.responses.append(response)
-    rollouts.responses = _number_samples(rollouts.responses)
+            def fail(name: str, message: str, hint: str | None, at: int = source_row) -> InputError:
+                return rollouts.error(at, message, field=name, hint=hint)
+
+            if trl:
+                record = trl_record(record, reward_columns, fail)
+            row = RawRow(rollouts.error, source_row, record, row_keys)
+            response = row.parse(step_groups if trainer else None)
+            response = replace(
+                response, prompt_messages=record.get("prompt_messages"), source_path=str(path)
+            )
+            _check_token_fields(rollouts, response, row.key)
+            response, counts = check_probabilities(response, row.fail)
+            for name, count in counts.items():
+                rollouts.clamped[name] += count
+            yield index, response
+
+    return rollouts, rows()
     return rollouts
 
 
@@ -236,6 +245,8 @@ def check_vocab(rollouts: Rollouts, vocab_size: int) -> None:
     for r in rollouts.responses:
         for name in ("prompt_ids", "response_ids"):
             ids = getattr(r, name) or []
+            if not ids or max(ids) < vocab_size:  # one C-level pass for the common case
+                continue
             bad = next((i for i, tok in enumerate(ids) if tok >= vocab_size), None)
             if bad is not None:
                 hint = "Were these rollouts made with another model's tokenizer? Give its "
@@ -252,44 +263,6 @@ def check_vocab(rollouts: Rollouts, vocab_size: int) -> None:
                     field=name,
                     hint=hint + ".",
                 )
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line."""
-    try:
-        # Split on "\n" only: splitlines() would also break inside a string at U+2028 and kin.
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as err:
-        raise InputError(f"not UTF-8 text ({err.reason} at byte {err.start})", path=path) from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(
-                f"malformed JSON: {err.msg} at column {err.colno}.",
-                path=path,
-                line=number,
-                hint="Each line must hold one JSON object (JSON Lines).",
-            ) from None
-        if not isinstance(record, dict):
-            raise InputError(
-                f"expected a JSON object, got {describe(record)}.", path=path, line=number
-            )
-        yield number, record
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, record) for every row; nulls become None, so they read as absent."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as err:
-        raise InputError(f"not a readable Parquet file ({err})", path=path) from None
-    yield from enumerate(table.to_pylist())
 
 
 def _check_token_fields(

@@ -18,7 +18,7 @@ numeric; `--reward-column` settles any doubt.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from otb_diag.errors import InputError
@@ -35,8 +35,9 @@ TRL_KEYS = {
 _NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image", "images"}
 
 
-def is_trl_record(record: dict[str, Any]) -> bool:
-    return all(key in record for key in TRL_SIGNATURE) and "input" not in record
+def is_trl_record(keys: Collection[str]) -> bool:
+    """Whether a record with these keys (or a Parquet file with these columns) is TRL's."""
+    return all(key in keys for key in TRL_SIGNATURE) and "input" not in keys
 
 
 def trl_record(

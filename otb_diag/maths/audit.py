@@ -54,6 +54,17 @@ def advantage_audit(
     """Compare `batch.trainer_advantage` with `baseline`'s advantages (None when the rollouts
     carry no trainer advantages). `w` is the per-token proxy `[B, T]` (energy-weighted
     baselines need it); `options` go to the baseline as in `compute_advantages`."""
+    part = audit_part(batch, w, baseline, **options)
+    return None if part is None else combine_audits([part])
+
+
+def audit_part(
+    batch: ResponseBatch, w: Tensor, baseline: str, **options: Any
+) -> dict[str, Any] | None:
+    """The audit's sums and maxima over `batch` (whole groups: the baseline needs them), to be
+    combined over the parts of a pool by `combine_audits`; `worst_response` is an index into
+    `batch` (a caller combining parts makes it one into the pool). None without trainer
+    advantages."""
     trainer = batch.trainer_advantage
     if trainer is None:
         return None
@@ -63,22 +74,42 @@ def advantage_audit(
     options = {"is_weights": batch.is_weights, **options}
     registry = compute_advantages(baseline, returns, mask, batch.group, energy, **options)
     on = mask.bool()
-    diff = (trainer - registry).abs()[on].double()
-    scale = max(1.0, float(registry[on].abs().max())) if on.any() else 1.0
-    rewards = float(batch.reward.abs().max()) if batch.reward.numel() else 0.0
-    rounding = ROUNDING_ULPS * 2.0**-23 * rewards / _std_eps(baseline, options)
-    tolerance = AGREEMENT_REL * scale + rounding
-    max_diff = float(diff.max()) if diff.numel() else 0.0
+    diff = (trainer - registry).abs()[on].double()  # |A^trainer − A^registry| on mask 1
     return {
         "baseline": baseline,
         "options": {k: v for k, v in options.items() if not isinstance(v, Tensor | type(None))},
         "responses": int(batch.group.numel()),
         "tokens": int(on.sum()),
+        "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
+        "sum_abs_diff": float(diff.sum()),
+        "registry_max": float(registry[on].abs().max()) if on.any() else 0.0,
+        "reward_max": float(batch.reward.abs().max()) if batch.reward.numel() else 0.0,
+        "worst_response": int(torch.nonzero(on)[int(diff.argmax())][0]) if diff.numel() else None,
+    }
+
+
+def combine_audits(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The audit of a pool from its parts (`audit_part`, same baseline and options): max and
+    token-weighted mean of |Δ| over all parts, and the tolerance of the module docstring from
+    the pool's max |A^registry| and max |R|."""
+    baseline, options = parts[0]["baseline"], parts[0]["options"]
+    tokens = sum(p["tokens"] for p in parts)
+    worst = max(parts, key=lambda p: p["max_abs_diff"])
+    max_diff = worst["max_abs_diff"]
+    scale = max(1.0, *(p["registry_max"] for p in parts))
+    rewards = max(p["reward_max"] for p in parts)
+    rounding = ROUNDING_ULPS * 2.0**-23 * rewards / _std_eps(baseline, options)
+    tolerance = AGREEMENT_REL * scale + rounding
+    return {
+        "baseline": baseline,
+        "options": options,
+        "responses": sum(p["responses"] for p in parts),
+        "tokens": tokens,
         "max_abs_diff": max_diff,
-        "mean_abs_diff": float(diff.mean()) if diff.numel() else 0.0,
+        "mean_abs_diff": sum(p["sum_abs_diff"] for p in parts) / tokens if tokens else 0.0,
         "tolerance": tolerance,
         "agrees": bool(max_diff <= tolerance),
-        "worst_response": int(torch.nonzero(on)[int(diff.argmax())][0]) if diff.numel() else None,
+        "worst_response": worst["worst_response"],
     }
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.maths.baselines import compute_advantages
 from otb_diag.maths.heterogeneity import group_heterogeneity
-from otb_diag.maths.proxies import variance_proxies
+from otb_diag.maths.proxies import proxies_by_baseline
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.token_stats import (
@@ -130,16 +130,13 @@ def energy_tables(
     advantages = {
         b: compute_advantages(b, returns, mask, batch.group, energy, **options) for b in baselines
     }
-    proxies = {
-        b: variance_proxies(a, mask, stats.w, is_weights=batch.is_weights)
-        for b, a in advantages.items()
-    }
+    proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
 
     rows, cols = batch.valid.nonzero(as_tuple=True)
     ids = batch.response_ids[rows, cols]
     tokens = pd.DataFrame(
         {
-            "group": [batch.group_names[g] for g in batch.group[rows].tolist()],
+            "group": np.asarray(batch.group_names, dtype=object)[batch.group[rows].numpy()],
             "sample": batch.sample[rows].numpy(),
             "t": cols.numpy(),
             "token_id": ids.numpy(),
@@ -158,7 +155,10 @@ def energy_tables(
         }
     )
     sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
-    groups = group_table(sequences, tokens)
+    # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
+    ends = np.cumsum(batch.valid.sum(-1).numpy())
+    paths = np.split(tokens["W"].to_numpy(), ends[:-1])  # [B] of [length_i]
+    groups = group_table(sequences, paths)
     return EnergyTables(tokens, sequences, groups, proxies)
 
 
@@ -183,15 +183,14 @@ def sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
     return seqs
 
 
-def group_table(sequences: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
-    """One row per group: size, rewards and the energy heterogeneity of its members."""
-    paths = {
-        key: frame["W"].to_numpy() for key, frame in tokens.groupby(["group", "sample"], sort=False)
-    }
+def group_table(sequences: pd.DataFrame, paths: Sequence[np.ndarray]) -> pd.DataFrame:
+    """One row per group: size, rewards and the energy heterogeneity of its members.
+
+    `paths[i]` is the cumulative energy `W_t` of the response in row i of `sequences`."""
     rows = []
     for group, members in sequences.groupby("group", sort=False):
         rewards = members["reward"].to_numpy()
-        member_paths = [paths[(group, s)] for s in members["sample"]]
+        member_paths = [paths[i] for i in members.index]
         rows.append(
             {
                 "group": group,

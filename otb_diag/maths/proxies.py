@@ -8,6 +8,9 @@ proxies it cannot compute; here those keys are left out instead.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import Tensor
 
@@ -15,13 +18,13 @@ _VERL_MASKED_MEAN_EPS = 1e-8  # verl_F.masked_mean adds it to the token count
 _VERL_RHO2_FLOOR = 1e-10  # verl divides w rho^2 by max(rho^2, 1e-10) to recover w
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Per-sequence masked mean, verl's way: `[B, T] -> [B]`."""
-    return torch.where(mask.bool(), x, 0.0).sum(-1) / (mask.sum(-1) + _VERL_MASKED_MEAN_EPS)
+def _masked_mean(x: Tensor, keep: Tensor) -> Tensor:
+    """Per-sequence masked mean, verl's way: `[B, T] -> [B]` (`keep`: the mask as booleans)."""
+    return _masked_sum(x, keep) / (keep.sum(-1).to(x.dtype) + _VERL_MASKED_MEAN_EPS)
 
 
-def _masked_sum(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask.bool(), x, 0.0).sum(-1)
+def _masked_sum(x: Tensor, keep: Tensor) -> Tensor:
+    return torch.where(keep, x, 0.0).sum(-1)
 
 
 def variance_proxies(
@@ -54,21 +57,11 @@ def variance_proxies(
         expected_w          = mean_i W_i; with IS verl uses sum_t mask_t rho_t^2 w_t, unclamped
         token_total_power   = mean_i sum_t mask_t w_t A_t^2 (w rho^2 with IS; not in verl)
     """
-    valid = mask.sum(-1) > 0
-    if valid.any():
-        metrics = _sequence_proxies(
-            advantages[valid],
-            mask[valid],
-            w[valid],
-            None if is_weights is None else is_weights[valid],
-        )
-    else:
-        # verl's early exit: nothing was generated, so every proxy is 0.
-        metrics = dict.fromkeys(_SEQUENCE_PROXIES, 0.0)
+    metrics = proxies_by_baseline({"": advantages}, mask, w, is_weights=is_weights)[""]
     if grad_norm is not None:
         proxy1 = grad_norm**2  # ||gbar||^2
         metrics["proxy1_signal_strength"] = proxy1
-        n_batch = int(valid.sum())
+        n_batch = int((mask.sum(-1) > 0).sum())
         if n_batch > 1:
             noise = (metrics["proxy2_total_power"] - proxy1) / (n_batch - 1)
             metrics["proxy3_pure_noise"] = max(0.0, noise)
@@ -78,26 +71,71 @@ def variance_proxies(
 _SEQUENCE_PROXIES = ("proxy2_total_power", "expected_a_squared", "expected_w", "token_total_power")
 
 
-def _sequence_proxies(
-    advantages: Tensor, mask: Tensor, w: Tensor, is_weights: Tensor | None
-) -> dict[str, float]:
-    """The proxies that need no gradient, over sequences that all have a generated token."""
-    a_bar = _masked_mean(advantages, mask)  # Abar_i
+def proxies_by_baseline(
+    advantages: Mapping[str, Tensor], mask: Tensor, w: Tensor, is_weights: Tensor | None = None
+) -> dict[str, dict[str, float]]:
+    """`variance_proxies` (without `grad_norm` and `prefix`) of each baseline's `[B, T]`
+    advantages over one batch: the terms that do not depend on the advantages (`W_i`,
+    `expected_w`, `rhobar_i^2`, `w rho^2`) are computed once."""
+    valid = mask.sum(-1) > 0
+    if not valid.any():
+        # verl's early exit: nothing was generated, so every proxy is 0.
+        return {b: dict.fromkeys(_SEQUENCE_PROXIES, 0.0) for b in advantages}
+    every = bool(valid.all())  # the common case: no copy of the [B, T] tensors
+
+    def rows(x: Tensor) -> Tensor:
+        return x if every else x[valid]
+
+    keep = rows(mask).bool()
+    shared = _shared_terms(keep, rows(w), None if is_weights is None else rows(is_weights))
+    return {b: _sequence_proxies(rows(a), keep, shared) for b, a in advantages.items()}
+
+
+def _shared_terms(keep: Tensor, w: Tensor, is_weights: Tensor | None) -> dict[str, Tensor]:
+    """The advantage-free terms over sequences that all have a generated token (`keep`: the
+    `[N, T]` mask as booleans)."""
     if is_weights is None:
         w_scaled = w
-        rho_bar2 = torch.ones_like(a_bar)
-        energy = _masked_sum(w, mask)  # W_i
+        rho_bar2 = torch.ones(keep.shape[0], dtype=w.dtype)
+        energy = _masked_sum(w, keep)  # W_i
     else:
         rho2 = is_weights**2
         w_scaled = w * rho2  # w rho^2 in place of w
-        rho_bar2 = _masked_mean(is_weights, mask) ** 2  # rhobar_i^2
+        rho_bar2 = _masked_mean(is_weights, keep) ** 2  # rhobar_i^2
         # verl recovers W_i by dividing w rho^2 back by rho^2 floored at 1e-10: exact unless
         # rho is about 0.
-        energy = _masked_sum(w_scaled / rho2.clamp_min(_VERL_RHO2_FLOOR), mask)
+        energy = _masked_sum(w_scaled / rho2.clamp_min(_VERL_RHO2_FLOOR), keep)
+    return {
+        "w_scaled": w_scaled,
+        "power_weight": rho_bar2 * energy.clamp_min(0.0),  # rhobar_i^2 max(W_i, 0)
+        "expected_w": _masked_sum(w_scaled, keep).mean(),
+    }
+
+
+def _sequence_proxies(
+    advantages: Tensor, keep: Tensor, shared: dict[str, Tensor]
+) -> dict[str, float]:
+    """The proxies that need no gradient, over sequences that all have a generated token."""
+    a_bar2 = _masked_mean(advantages, keep) ** 2  # Abar_i^2
     values = {
-        "proxy2_total_power": (rho_bar2 * a_bar**2 * energy.clamp_min(0.0)).mean(),
-        "expected_a_squared": (a_bar**2).mean(),
-        "expected_w": _masked_sum(w_scaled, mask).mean(),
-        "token_total_power": _masked_sum(w_scaled * advantages**2, mask).mean(),
+        "proxy2_total_power": (shared["power_weight"] * a_bar2).mean(),
+        "expected_a_squared": a_bar2.mean(),
+        "expected_w": shared["expected_w"],
+        "token_total_power": _masked_sum(shared["w_scaled"] * advantages**2, keep).mean(),
     }
     return {name: values[name].item() for name in _SEQUENCE_PROXIES}
+
+
+def combine_proxies(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The proxies of a batch from those of its parts, each `(proxies, n)` with `n` the number
+    of its sequences that have a generated token: every proxy is a mean over those sequences, so
+    the whole is the `n`-weighted mean of the parts (in float64). A part with `n = 0` carries
+    verl's zeros and no weight; all parts empty gives zeros, as for an empty batch."""
+    total = sum(n for _, n in parts)
+    if len(parts) == 1:
+        return dict(parts[0][0])
+    if total == 0:
+        return dict.fromkeys(_SEQUENCE_PROXIES, 0.0)
+    return {
+        name: math.fsum(p[name] * n for p, n in parts if n) / total for name in _SEQUENCE_PROXIES
+    }

@@ -6,6 +6,7 @@ is False there, `mask` is 0, ids are 0). `io.batch.make_batch` builds one from r
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,10 +15,14 @@ from torch import Tensor
 
 
 def pad(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0, dtype=torch.float32):
-    """`[B, width]` tensor of right-padded rows."""
+    """`[B, width]` tensor of right-padded rows (lists of numbers, none longer than `width`).
+
+    One conversion of all the values, then one masked write: positions t < len(row i), taken
+    row by row, are exactly the order of the concatenated rows."""
     out = torch.full((len(rows), width), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(list(row), dtype=dtype)
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    out[torch.arange(width)[None, :] < lengths[:, None]] = flat
     return out
 
 

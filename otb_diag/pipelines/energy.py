@@ -1,43 +1,23 @@
 """`otb-diag energy` end to end: load, measure, tabulate, plot, write. The maths lives in
-`maths/energy.py` and below; this module only sequences it and writes every output atomically, after
-all the measuring is done, so a bad input never leaves a half-written output directory."""
+`maths/energy.py` and below, the chunked measuring loop in `energy_stream.py`; every output is
+staged and moved into `--out` only once all of them are written, so a bad input, a failed rank
+or Ctrl-C never leaves a half-written output directory."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-from tqdm.auto import tqdm
-
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import write_json, write_with
-from otb_diag.io.batch import make_batch
+from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.consistency import TOLERANCE
-from otb_diag.io.inputs import (
-    LoadOptions,
-    checkpoint_batch,
-    checkpoint_record,
-    load_rollouts,
-    response_tokens,
-    rollouts_record,
-)
+from otb_diag.io.devices import resolve_device
+from otb_diag.io.distributed import session
+from otb_diag.io.inputs import LoadOptions, rollouts_record
 from otb_diag.io.provenance import library_versions
-from otb_diag.io.rollouts import Rollouts, prompts_without_template
-from otb_diag.maths.audit import TRAINER_BASELINES, advantage_audit
-from otb_diag.maths.energy import (
-    DEFAULT_BASELINES,
-    EnergyTables,
-    checkpoint_stats,
-    energy_tables,
-    logged_stats,
-    pick_group,
-    tir_needed,
-)
-from otb_diag.plots import energy as plots
-from otb_diag.plots.style import save_figure
+from otb_diag.maths.energy import DEFAULT_BASELINES
+from otb_diag.pipelines.energy_stream import Measured, measure_and_write
 
 
 @dataclass(frozen=True)
@@ -57,18 +37,6 @@ class EnergySettings:
     trainer_baseline: str | None = None  # audit the trainer's advantages against this baseline
 
 
-@dataclass
-class _StepResult:
-    step: int
-    checkpoint: dict[str, Any] | None
-    tables: EnergyTables
-    vocab_size: int | None
-    tir: bool
-    round_trip_issues: int
-    untemplated_prompts: int = 0
-    audit: dict[str, Any] | None = None
-
-
 def run_energy(
     checkpoints: list[Path],
     rollouts_path: Path,
@@ -76,202 +44,62 @@ def run_energy(
     settings: EnergySettings = EnergySettings(),
     *,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Measure the rollouts under each checkpoint (model-free when `checkpoints` is empty), write
     tokens.parquet, sequences.csv, groups.csv, proxies.json, the figures and summary.json into
-    `out`, and return the summary."""
-    started = time.perf_counter()
-    rollouts = load_rollouts(
-        rollouts_path,
-        settings.temperature,
-        steps=settings.steps,
-        reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
-    )
-    tokens_per_pass = response_tokens(rollouts)
-    bar = tqdm(
-        total=tokens_per_pass * max(1, len(checkpoints)) if tokens_per_pass else None,
-        unit="tok",
-        unit_scale=True,
-        desc="energy",
-        disable=not progress,
-    )
-    timings = {"measure_s": 0.0}
+    `out`, and return the summary.
+
+    The rollouts stream through in chunks of groups (`io/rollout_stream.py`), so memory is set
+    by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
+    groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
+    other ranks return None."""
     if checkpoints:
-        results = []
-        for i, path in enumerate(checkpoints):
-            t0 = time.perf_counter()
-            results.append(_measure_checkpoint(path, i, rollouts, settings, bar.update))
-            timings["measure_s"] += time.perf_counter() - t0
-    else:
-        t0 = time.perf_counter()
-        results = [_measure_model_free(rollouts, settings)]
-        bar.update(tokens_per_pass or 0)
-        timings["measure_s"] = time.perf_counter() - t0
-    bar.close()
-
-    final = results[-1]
-    group = settings.group if settings.group is not None else pick_group(final.tables.groups)
-    if group not in set(final.tables.groups["group"]):
-        known = ", ".join(list(final.tables.groups["group"])[:8])
-        raise InputError(
-            f"no group '{group}' in the rollouts (groups: {known}, ...).",
-            path=rollouts_path,
-            field="group",
-        )
-
-    t0 = time.perf_counter()
-    outputs = _write_outputs(out, results, group)
-    timings["write_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - started
-    summary = _summary(rollouts, results, settings, group, timings, outputs, out)
-    write_json(out / "summary.json", summary)
-    return summary
+        settings.load.check()
+    backend_device = resolve_device(settings.load.device).type if checkpoints else "cpu"
+    with session(backend_device) as d:
+        if d.world_size > 1 and settings.load.device_map is not None:
+            raise InputError(
+                "--device-map spreads one model over the GPUs of one process; under torchrun "
+                "every rank loads a whole model on its own GPU.",
+                field="device-map",
+                hint="Use one or the other.",
+            )
+        if not d.is_main:
+            measure_and_write(d, checkpoints, rollouts_path, out, settings, progress)
+            return None
+        with staged_output(out) as stage:
+            measured = measure_and_write(d, checkpoints, rollouts_path, stage, settings, progress)
+            assert measured is not None  # rank 0
+            summary = _summary(measured, settings, out, d.world_size)
+            write_json(stage / "summary.json", summary)
+        return summary
 
 
-def _measure_checkpoint(
-    path: Path, index: int, rollouts: Rollouts, settings: EnergySettings, update
-) -> _StepResult:
-    ckpt, batch, issues = checkpoint_batch(path, rollouts, settings.load)
-    stats = checkpoint_stats(
-        ckpt.model,
-        batch,
-        batch_tokens=settings.batch_tokens,
-        chunk_size=settings.chunk_size,
-        progress=update,
-    )
-    tir = tir_needed(batch) if settings.tir is None else settings.tir
-    tables = energy_tables(
-        batch,
-        stats,
-        settings.baselines,
-        token_text=ckpt.tokenizer.convert_ids_to_tokens,
-        handle_zero_tail=settings.handle_zero_tail,
-        tir=tir,
-    )
-    step = ckpt.step if ckpt.step is not None else index
-    untemplated = (
-        0 if settings.load.chat_template else prompts_without_template(rollouts, ckpt.tokenizer)
-    )
-    audit = _audit(batch, stats.w, rollouts, settings, tir)
-    return _StepResult(
-        step, checkpoint_record(ckpt), tables, ckpt.vocab_size, tir, issues, untemplated, audit
-    )
-
-
-def _audit(batch, w, rollouts: Rollouts, settings: EnergySettings, tir: bool) -> dict | None:
-    """The advantage audit (`maths/audit.py`) against the trainer's registry baseline: TRL's
-    default for TRL completion logs, else `--trainer-baseline`; None without trainer
-    advantages, a note when no baseline is known."""
-    if batch.trainer_advantage is None:
-        return None
-    trainer = rollouts.format.split("-")[0]
-    if settings.trainer_baseline is not None:
-        baseline, options = settings.trainer_baseline, {}
-    elif trainer in TRAINER_BASELINES:
-        baseline, options = TRAINER_BASELINES[trainer]
-    else:
-        return {
-            "skipped": "the rollouts carry trainer advantages but the trainer's estimator is "
-            "unknown: name it with --trainer-baseline (verl: algorithm.adv_estimator)"
-        }
-    options = {"handle_zero_tail": settings.handle_zero_tail, "tir": tir, **options}
-    result = advantage_audit(batch, w, baseline, **options)
-    return None if result is None else {"trainer": trainer, **result}
-
-
-def _measure_model_free(rollouts: Rollouts, settings: EnergySettings) -> _StepResult:
-    if response_tokens(rollouts) is None:
-        raise InputError(
-            "model-free mode needs token ids (prompt_ids, response_ids) on every row; "
-            "this file has text only.",
-            path=rollouts.path,
-            field="response_ids",
-            hint="Give --ckpt so its tokenizer can tokenize the text.",
-        )
-    batch = make_batch(rollouts)
-    stats = logged_stats(batch, path=str(rollouts.path))
-    tir = tir_needed(batch) if settings.tir is None else settings.tir
-    tables = energy_tables(
-        batch, stats, settings.baselines, handle_zero_tail=settings.handle_zero_tail, tir=tir
-    )
-    audit = _audit(batch, stats.w, rollouts, settings, tir)
-    return _StepResult(0, None, tables, None, tir, 0, 0, audit)
-
-
-def _stacked(results: list[_StepResult], name: str) -> pd.DataFrame:
-    """One table over all checkpoints, with a `step` column when there are several."""
-    if len(results) == 1:
-        return getattr(results[0].tables, name)
-    return pd.concat(
-        [getattr(r.tables, name).assign(step=r.step) for r in results], ignore_index=True
-    )
-
-
-def _write_outputs(out: Path, results: list[_StepResult], group: str) -> list[str]:
-    out.mkdir(parents=True, exist_ok=True)
-    tokens = _stacked(results, "tokens")
-    sequences = _stacked(results, "sequences")
-    write_with(out / "tokens.parquet", lambda p: tokens.to_parquet(p, index=False))
-    write_with(out / "sequences.csv", lambda p: sequences.to_csv(p, index=False))
-    groups = _stacked(results, "groups")
-    write_with(out / "groups.csv", lambda p: groups.to_csv(p, index=False))
-    proxies = (
-        results[0].tables.proxies
-        if len(results) == 1
-        else {str(r.step): r.tables.proxies for r in results}
-    )
-    write_json(out / "proxies.json", proxies)
-    files = ["tokens.parquet", "sequences.csv", "groups.csv", "proxies.json"]
-
-    final = results[-1].tables
-    shown = plots.spread_samples(final.sequences, group, count=8)
-    figures = {
-        "fig3_sequence_energy": plots.fig3_sequence_energy(final.sequences, group),
-        "fig4_cumulative_energy": plots.fig4_cumulative_energy(final.tokens, shown, group),
-        "fig5_probability_vs_gradient": plots.fig5_probability_vs_gradient(
-            final.tokens, results[-1].vocab_size
-        ),
-    }
-    if len(results) > 1:
-        figures["fig_energy_by_step"] = plots.fig_energy_by_step(sequences)
-    for name, fig in figures.items():
-        files += [p.name for p in save_figure(fig, out, name)]
-    return files
-
-
-def _summary(
-    rollouts: Rollouts,
-    results: list[_StepResult],
-    settings: EnergySettings,
-    group: str,
-    timings: dict[str, float],
-    outputs: list[str],
-    out: Path,
-) -> dict[str, Any]:
-    final = results[-1].tables
+def _summary(m: Measured, settings: EnergySettings, out: Path, world_size: int) -> dict[str, Any]:
+    final = m.results[-1]
     seqs, groups = final.sequences, final.groups
-    n_tokens = int(sum(len(r.tables.tokens) for r in results))
+    n_tokens = sum(r.tokens for r in m.results)
     return {
         "command": "energy",
-        "mode": "model" if results[0].checkpoint else "model-free",
+        "mode": "model" if m.results[0].checkpoint else "model-free",
         "inputs": {
-            "rollouts": rollouts_record(rollouts),
-            "checkpoints": [r.checkpoint for r in results if r.checkpoint],
+            "rollouts": rollouts_record(m.index.shell),
+            "checkpoints": [r.checkpoint for r in m.results if r.checkpoint],
         },
-        "settings": {**asdict(settings), "tir": results[-1].tir},
+        "settings": {**asdict(settings), "tir": m.tir},
         "totals": {
             "responses": len(seqs),
             "groups": len(groups),
             "response_tokens": int(seqs["length"].sum()),
             "generated_tokens": int(seqs["generated"].sum()),
-            "checkpoints": len(results),
-            "round_trip_issues": results[-1].round_trip_issues,
-            "prompts_without_chat_template": results[-1].untemplated_prompts,
+            "checkpoints": len(m.results),
+            "round_trip_issues": final.round_trip_issues,
+            "prompts_without_chat_template": final.untemplated_prompts,
         },
-        "consistency": {"tolerance": TOLERANCE, "clamped": dict(rollouts.clamped)},
-        "advantage_audit": results[-1].audit,
+        "consistency": {"tolerance": TOLERANCE, "clamped": dict(m.index.clamped)},
+        "advantage_audit": final.audit,
         "energy": {
-            "step": results[-1].step,
+            "step": final.step,
             "sequence_energy_mean": float(seqs["energy"].mean()),
             "sequence_energy_median": float(seqs["energy"].median()),
             "sequence_energy_max_min_ratio": float(seqs["energy"].max() / seqs["energy"].min()),
@@ -280,11 +108,15 @@ def _summary(
             "groups_with_mixed_rewards": int(groups["mixed_rewards"].sum()),
         },
         "proxies": final.proxies,
-        "figure_group": group,
-        "timings": {**timings, "tokens_per_second": n_tokens / max(timings["measure_s"], 1e-9)},
+        "figure_group": m.group,
+        "distributed": {"world_size": world_size, "rank_tokens": m.rank_tokens},
+        "timings": {
+            **m.timings,
+            "tokens_per_second": n_tokens / max(m.timings["measure_s"], 1e-9),
+        },
         "versions": library_versions(),
         "out": str(out.resolve()),
-        "outputs": outputs + ["summary.json"],
+        "outputs": m.outputs + ["summary.json"],
     }
 
 

@@ -1,151 +1,128 @@
-"""What `otb-diag rollouts inspect` reports: the first things to check in a rollout file.
+"""What `otb-diag rollouts inspect` reports: the first things to check in rollouts.
 
-`summarize` turns `Rollouts` into a JSON-serialisable dict; `format_summary` renders that dict
-for the terminal. Both are pure: no I/O.
+`inspect_rollouts` streams the rollout files (one row at a time: memory is set by a row, not the
+files),
+tokenizes text-only rows and checks ids against a checkpoint's vocabulary when asked, and
+summarizes the per-row facts of `inspect_facts.RowFacts`; `summarize` does the same for
+`Rollouts` already in memory. `format_summary` renders the summary for the terminal (pure).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from otb_diag.io.rollouts import Response, Rollouts
-
-# Fields whose presence is counted (temperature is always set: it defaults to 1.0).
-FIELDS = (
-    "prompt",
-    "response",
-    "prompt_ids",
-    "response_ids",
-    "reward",
-    "token_rewards",
-    "mask",
-    "step",
-    "logprobs",
-    "sum_pi2",
-    "is_weights",
+from otb_diag.errors import InputError
+from otb_diag.io.distributed import session
+from otb_diag.io.rollout_sources import expand_rollouts, parse_steps
+from otb_diag.io.rollout_stream import set_rows
+from otb_diag.io.rollouts import (
+    Rollouts,
+    RoundTripIssue,
+    TextTokenizer,
+    check_vocab,
+    prompts_without_template,
+    tokenize_rollouts,
 )
-MAX_HISTOGRAM_VALUES = 10
+from otb_diag.pipelines.inspect_facts import FIELDS, RowFacts
 
+__all__ = ["FIELDS", "format_summary", "inspect_rollouts", "summarize"]  # FIELDS: where it was
 
-def outcome_reward(r: Response) -> float:
-    """The response's total reward: `reward`, else the sum of its `token_rewards`."""
-    return r.reward if r.reward is not None else float(sum(r.token_rewards or ()))
+# Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
+TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
 
 
 def summarize(rollouts: Rollouts) -> dict[str, Any]:
-    """Rows, groups, lengths, rewards, masking, temperatures, steps and fields of `rollouts`.
+    """The summary (see `RowFacts.summary`) of responses already read and tokenized."""
+    facts = RowFacts()
+    for r in rollouts.responses:
+        facts.add(r)
+    return facts.summary(rollouts)
 
-    Token statistics (`response_tokens`, `masked_tokens`) need every response's ids and are None
-    otherwise: call after `tokenize_rollouts`. `uniform_groups` counts groups of two or more
-    responses whose rewards are all equal: under a group baseline their advantages are all zero,
-    so they cost compute and carry no signal. Groups of one are listed in `singleton_groups`.
+
+@dataclass(frozen=True)
+class Inspected:
+    """What `inspect_rollouts` finds: the summary, the texts that do not round-trip through the
+    tokenizer, and the text prompts tokenized without the tokenizer's chat template."""
+
+    summary: dict[str, Any]
+    issues: list[RoundTripIssue]
+    untemplated: int
+
+
+def inspect_rollouts(
+    path: Path,
+    load_tokenizer: TokenizerLoader,
+    always_tokenizer: bool,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+    chat_template: bool = False,
+) -> Inspected | None:
+    """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B")
+    once: validate every row, fill in missing ids with the tokenizer (loaded on the first row
+    without ids, or up front when `always_tokenizer`), check the ids against its vocabulary, and
+    summarize.
+
+    Under torchrun rank 0 reads the rollouts and the other ranks wait for its outcome (its error
+    stops them too); they return None, and the output is one process's.
     """
-    responses = rollouts.responses
-    groups = rollouts.groups()
-    rewards = [outcome_reward(r) for r in responses]
-    group_rewards = {g: [rewards[i] for i in idx] for g, idx in groups.items()}
-    sizes = [len(idx) for idx in groups.values()]
-    size_counts = Counter(sizes)
-    return {
-        "path": str(rollouts.path),
-        "format": rollouts.format,
-        "files": len(rollouts.files) or 1,
-        "rows": len(responses),
-        "groups": len(groups),
-        "group_size": {
-            **_spread(sizes, ("min", "median", "max")),
-            "counts": {str(s): size_counts[s] for s in sorted(size_counts)},
-        },
-        "singleton_groups": [g for g, idx in groups.items() if len(idx) == 1],
-        "response_tokens": _length_stats(responses),
-        "reward": _reward_stats(rewards),
-        "group_mean_reward": _spread(
-            [float(np.mean(v)) for v in group_rewards.values()], ("min", "median", "mean", "max")
-        ),
-        "uniform_groups": _uniform_groups(group_rewards),
-        "masked_tokens": _masked_tokens(responses),
-        "temperatures": sorted({r.temperature for r in responses}),
-        "steps": sorted({r.step for r in responses if r.step is not None}),
-        "clamped_round_off": dict(rollouts.clamped),
-        "fields_present": {
-            name: sum(getattr(r, name) is not None for r in responses) for name in FIELDS
-        },
-    }
+    with session("cpu") as d:
+        result = d.checked(
+            lambda: (
+                _inspect(
+                    path, load_tokenizer, always_tokenizer, steps, reward_columns, chat_template
+                )
+                if d.is_main
+                else None
+            )
+        )
+    return result
 
 
-def _spread(values: list[float], stats: tuple[str, ...]) -> dict[str, float]:
-    """The named statistics of `values`, as plain floats."""
-    a = np.asarray(values, dtype=float)
-    funcs = {"min": np.min, "median": np.median, "mean": np.mean, "max": np.max}
-    return {name: float(funcs[name](a)) for name in stats}
-
-
-def _length_stats(responses: list[Response]) -> dict[str, float] | None:
-    if any(r.response_ids is None for r in responses):
-        return None
-    lengths = np.array([len(r.response_ids or ()) for r in responses], dtype=float)
-    p10, median, p90 = np.percentile(lengths, [10, 50, 90])
-    return {
-        "total": float(lengths.sum()),
-        "min": float(lengths.min()),
-        "p10": float(p10),
-        "median": float(median),
-        "p90": float(p90),
-        "max": float(lengths.max()),
-        "mean": float(lengths.mean()),
-        # Empty responses are rejected on reading, so min >= 1.
-        "max_over_min": float(lengths.max() / lengths.min()),
-    }
-
-
-def _reward_stats(rewards: list[float]) -> dict[str, Any]:
-    a = np.asarray(rewards, dtype=float)
-    binary = bool(np.isin(a, (0.0, 1.0)).all())
-    counts = Counter(rewards)
-    return {
-        "mean": float(a.mean()),
-        "std": float(a.std()),
-        "min": float(a.min()),
-        "max": float(a.max()),
-        "binary": binary,
-        "share_one": float((a == 1.0).mean()) if binary else None,
-        "share_zero": float((a == 0.0).mean()) if binary else None,
-        "histogram": (
-            {_key(v): counts[v] for v in sorted(counts)}
-            if len(counts) <= MAX_HISTOGRAM_VALUES
-            else None
-        ),
-    }
-
-
-def _uniform_groups(group_rewards: dict[str, list[float]]) -> dict[str, Any]:
-    """Groups of two or more whose rewards are all equal, and the reward they share."""
-    multi = [v for v in group_rewards.values() if len(v) >= 2]
-    uniform = Counter(v[0] for v in multi if len(set(v)) == 1)
-    count = sum(uniform.values())
-    return {
-        "count": count,
-        "of": len(multi),
-        "share": count / len(multi) if multi else None,
-        "by_value": {_key(v): uniform[v] for v in sorted(uniform)},
-    }
-
-
-def _masked_tokens(responses: list[Response]) -> dict[str, Any] | None:
-    """Tokens with mask 0 (tool output) among all response tokens; a missing mask is all ones."""
-    if any(r.response_ids is None for r in responses):
-        return None
-    total = sum(len(r.response_ids or ()) for r in responses)
-    masked = sum((r.mask or []).count(0) for r in responses)
-    return {"count": masked, "of": total, "share": masked / total}
-
-
-def _key(value: float) -> str:
-    """A reward value as a JSON object key: 1.0 -> "1", 0.5 -> "0.5"."""
-    return f"{value:g}"
+def _inspect(
+    path: Path,
+    load_tokenizer: TokenizerLoader,
+    always_tokenizer: bool,
+    steps: str | None,
+    reward_columns: list[str] | None,
+    chat_template: bool,
+) -> Inspected:
+    files = expand_rollouts(path)
+    shells: list[Rollouts] = []
+    range_ = parse_steps(steps)
+    rows = set_rows(files, shells, steps=range_, reward_columns=reward_columns)
+    tokenizer = load_tokenizer() if always_tokenizer else None
+    facts = RowFacts()
+    issues: list[RoundTripIssue] = []
+    untemplated = 0
+    for f, _, r, wanted in rows:
+        if not wanted:
+            continue
+        if tokenizer is None and (r.response_ids is None or r.prompt_ids is None):
+            tokenizer = load_tokenizer()
+        if tokenizer is not None:
+            one = replace(shells[f], responses=[r])
+            if not chat_template:
+                untemplated += prompts_without_template(one, tokenizer[0])
+            one, found = tokenize_rollouts(one, tokenizer[0], chat_template=chat_template)
+            check_vocab(one, tokenizer[1])
+            issues += found
+            r = one.responses[0]
+        facts.add(r, f)
+    if range_ is not None and not facts.row_group:
+        raise InputError(f"no rollout row has a step in {range_}", path=Path(path))
+    formats = {shell.format for shell in shells}
+    shell = Rollouts(
+        Path(path),
+        formats.pop() if len(formats) == 1 else "mixed",
+        [],
+        clamped={k: sum(s.clamped[k] for s in shells) for k in shells[0].clamped},
+        files=files,
+    )
+    return Inspected(facts.summary(shell), issues, untemplated)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

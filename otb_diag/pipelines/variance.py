@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.atomic import staged_output, write_json, write_with
+from otb_diag.io.devices import resolve_device
+from otb_diag.io.distributed import Dist, require_groups, session, shard_by_tokens
 from otb_diag.io.inputs import (
     LoadOptions,
-    checkpoint_batch,
     checkpoint_record,
     load_rollouts,
     response_tokens,
@@ -25,11 +26,9 @@ from otb_diag.io.inputs import (
 )
 from otb_diag.io.provenance import library_versions
 from otb_diag.maths.coordinate_variance import block_tables, projection_error
-from otb_diag.maths.energy import checkpoint_stats
-from otb_diag.maths.fidelity import fidelity
 from otb_diag.maths.full_cost import DEFAULT_BUDGET_S
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.scores import TokenScores, proxy_scores, token_scores
+from otb_diag.maths.scores import proxy_scores
 from otb_diag.maths.variance import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_BASELINES,
@@ -38,6 +37,9 @@ from otb_diag.maths.variance import (
     paired_estimates,
     variance_table,
 )
+from otb_diag.pipelines.variance_measure import fidelity_rows as fidelity_rows_of
+from otb_diag.pipelines.variance_measure import full_record, measure
+from otb_diag.pipelines.variance_measure import response_tokens_for_balance as balance_size
 from otb_diag.plots import variance as plots_variance
 from otb_diag.plots.style import save_figure
 
@@ -77,71 +79,86 @@ def run_variance(
     *,
     progress: bool = True,
     notify: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Write variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
-    summary.json into `out`. `notify` receives the full-mode cost estimate before the run."""
+    summary.json into `out`. `notify` receives the full-mode cost estimate before the run.
+
+    Under torchrun each rank measures the statistics and score vectors of its share of the
+    groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
+    the whole pool with the same seeds as one process, writes, and returns the summary; the other
+    ranks return None."""
+    settings.load.check()
+    with session(resolve_device(settings.load.device).type) as d:
+        if not d.is_main:
+            _run(d, checkpoints, rollouts_path, out, settings, progress, notify)
+            return None
+        with staged_output(out) as stage:
+            summary = _run(d, checkpoints, rollouts_path, stage, settings, progress, notify)
+            assert summary is not None  # rank 0
+            summary["out"] = str(out.resolve())
+            write_json(stage / "summary.json", summary)
+        return summary
+
+
+def _run(
+    d: Dist,
+    checkpoints: list[Path],
+    rollouts_path: Path,
+    out: Path,
+    settings: VarianceSettings,
+    progress: bool,
+    notify: Callable[[str], None] | None,
+) -> dict[str, Any] | None:
     started = time.perf_counter()
-    rollouts = load_rollouts(rollouts_path, settings.temperature)
+    rollouts = d.checked(lambda: load_rollouts(rollouts_path, settings.temperature))
+    groups = rollouts.groups()
+    d.checked(lambda: require_groups(len(groups), d, str(rollouts_path)))
+    sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
+    share = shard_by_tokens(sizes, d.world_size)[d.rank]
+    names = list(groups)
+    mine_rows = sorted(i for g in share for i in groups[names[g]])
+    mine = replace(rollouts, responses=[rollouts.responses[i] for i in mine_rows])
+    rank_tokens = d.all_gather(sum(sizes[g] for g in share))
     model_modes = [m for m in settings.modes if m != "proxy"]
-    per_ckpt = (response_tokens(rollouts) or 0) * (1 + len(model_modes))
+    per_ckpt = (response_tokens(mine) or 0) * (1 + len(model_modes))
     bar = tqdm(
         total=per_ckpt * len(checkpoints) or None,
         unit="tok",
         unit_scale=True,
         desc="variance",
-        disable=not progress,
+        disable=not (progress and d.is_main),
     )
     tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
     block_frames, full_info = [], {}
     timings: dict[str, float] = {}
     for index, path in enumerate(checkpoints):
-        ckpt, batch, _ = checkpoint_batch(path, rollouts, settings.load)
-        step = ckpt.step if ckpt.step is not None else index
-        records.append(checkpoint_record(ckpt))
         t0 = time.perf_counter()
-        stats = checkpoint_stats(
-            ckpt.model,
-            batch,
-            batch_tokens=settings.batch_tokens,
-            chunk_size=settings.chunk_size,
-            progress=bar.update,
-        )
-        timings[f"stats_s@{step}"] = time.perf_counter() - t0
+        ckpt, found = d.checked(lambda p=path: measure(d, p, rollouts, mine, settings, bar, notify))
+        step = ckpt.step if ckpt.step is not None else index
+        timings[f"measure_s@{step}"] = time.perf_counter() - t0
+        if found is None:
+            continue
+        records.append(checkpoint_record(ckpt))
+        batch = found.batch
         returns = returns_to_go(batch.token_rewards, batch.mask)
         for mode in settings.modes:
             t0 = time.perf_counter()
-            energies = {"proxy": stats.w}
+            energies = {"proxy": found.w}
             if mode == "proxy":
-                scores = proxy_scores(stats.w, settings.sketch_dim, settings.seed)
+                scores = proxy_scores(found.w, settings.sketch_dim, settings.seed)
             else:
-                measured = token_scores(
-                    ckpt.model,
-                    batch,
-                    mode,
-                    settings.sketch_dim,
-                    settings.seed,
-                    chunk_size=settings.chunk_size,
-                    batch_tokens=settings.batch_tokens,
-                    force=settings.force,
-                    progress=bar.update,
-                    engine=settings.engine,  # type: ignore[arg-type]
-                    params=settings.params,
-                    by_block=settings.by_block,
-                    directions_per_block=settings.directions_per_block,
-                    budget_s=settings.budget_s,
-                    on_plan=None if notify is None else (lambda plan: notify(plan.describe())),
-                )
+                measured = found.scores[mode]
                 scores = measured.proj
                 if mode == "full":
                     energies["true"] = measured.sq_norm
-                fidelity_rows += _fidelity_rows(step, mode, stats.w, measured, batch.mask)
+                fidelity_rows += fidelity_rows_of(step, mode, found.w, measured, batch.mask)
                 keep = batch.mask.bool()
                 fidelity_tokens.append(
                     pd.DataFrame(
                         {
                             "step": step,
                             "mode": mode,
-                            "w": stats.w[keep].numpy(),
+                            "w": found.w[keep].numpy(),
                             "true_sq_norm": measured.sq_norm[keep].numpy(),
                         }
                     )
@@ -164,13 +181,15 @@ def run_variance(
             tables.append(variance_table(paired).assign(step=step))
             metadata[f"{mode}@{step}"] = paired.metadata
             if mode == "full":
-                full_info[str(step)] = _full_record(
+                full_info[str(step)] = full_record(
                     measured, projection_error(paired, measured.blocks)
                 )
                 if settings.by_block:
                     block_frames.append(block_tables(paired, measured.blocks).assign(step=step))
             timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
     bar.close()
+    if not d.is_main:
+        return None
 
     variance = pd.concat(tables, ignore_index=True)
     if len(checkpoints) == 1:
@@ -182,7 +201,7 @@ def run_variance(
     outputs = _write(out, variance, fid, fidelity_tokens, settings, blocks)
     timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
-    summary = {
+    return {
         "command": "variance-compare",
         "inputs": {"rollouts": rollouts_record(rollouts), "checkpoints": records},
         "settings": asdict(settings),
@@ -190,14 +209,12 @@ def run_variance(
         "headline": rows,
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
         "fidelity": fidelity_rows,
+        "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
         "full": full_info,
         "timings": timings,
         "versions": library_versions(),
-        "out": str(out.resolve()),
         "outputs": [*outputs, "summary.json"],
     }
-    write_json(out / "summary.json", summary)
-    return summary
 
 
 def _write(
@@ -240,39 +257,6 @@ def _write(
     for name, fig in figures.items():
         files += [p.name for p in save_figure(fig, out, name)]
     return files
-
-
-def _fidelity_rows(
-    step: int, mode: str, w: Any, measured: TokenScores, mask: Any
-) -> list[dict[str, Any]]:
-    """fidelity.csv rows: the whole parameter vector (`block` = all), then each block of a
-    split full-mode projection, `w_t` against the block's per-token `‖s_{t,b}‖²`."""
-    rows = [{"step": step, "mode": mode, "block": "all", **fidelity(w, measured.sq_norm, mask)}]
-    if measured.block_sq_norm is not None and len(measured.blocks) > 1:
-        rows += [
-            {
-                "step": step,
-                "mode": mode,
-                "block": name,
-                **fidelity(w, measured.block_sq_norm[..., b], mask),
-            }
-            for b, (name, _, _) in enumerate(measured.blocks)
-        ]
-    return rows
-
-
-def _full_record(measured: TokenScores, jl_error: dict[str, float]) -> dict[str, Any]:
-    """summary.json's account of a full-mode measurement: engine, where `‖s_t‖²` came from, the
-    cost estimate, the blocks and the measured projection error."""
-    return {
-        "engine": measured.engine,
-        "sq_norm": "exact (reverse mode)"
-        if measured.sq_norm_exact
-        else "JL estimate ‖u_t‖² (forward mode; unbiased, relative error ≈ √(2/k) per token)",
-        "plan": measured.plan,
-        "blocks": [{"block": name, "offset": o, "k": k} for name, o, k in measured.blocks],
-        "jl_error": jl_error,
-    }
 
 
 def headline(variance: pd.DataFrame) -> list[dict[str, Any]]:

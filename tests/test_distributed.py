@@ -1,0 +1,258 @@
+"""torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, variance-compare
+proxy/head/full; rollouts inspect prints the same), a rank's own bad input stops every rank with
+one paragraph, more ranks than groups is refused; plus `--device auto` in every --help, device
+errors, and the sharding and proxy-combining rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag.io.atomic import staged_output
+from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.distributed import shard_by_tokens
+from otb_diag.maths.proxies import combine_proxies, variance_proxies
+
+runner = CliRunner()
+BIN = Path(sys.executable).parent / "otb-diag"
+# Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.
+GROUPS, PER_GROUP = 3, 8  # 3 groups over 2 ranks: shares of unequal size
+VARIANCE = ["--mode", "proxy,head,full", "--group-sizes", "2,4", "--draws", "20"]
+VARIANCE += ["--bootstrap", "30", "--sketch-dim", "32"]
+
+
+def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
+    """The first `per_group` responses of the first `groups` groups of the embedded rollouts."""
+    kept: dict[str, list[dict]] = {}
+    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row["group"] not in kept and len(kept) == groups:
+            continue
+        members = kept.setdefault(row["group"], [])
+        if len(members) < per_group:
+            members.append(row)
+    rows = [r for members in kept.values() for r in members]
+    if edit:
+        edit(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def torchrun(n: int, *args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python", str(BIN)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
+    return subprocess.run(
+        cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def one_process(*args: str | Path) -> None:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+
+
+def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) -> None:
+    assert list(a.columns) == list(b.columns) and a.shape == b.shape
+    for col in a.columns:
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if a[col].dtype.kind in "fc":
+            finite = np.abs(x[np.isfinite(x)])
+            scale = finite.max() if finite.size else 1.0
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale, err_msg=col)
+        else:
+            assert (x == y).all(), col
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Output folders of each command, run once and shared by the assertions: `one`/`two` are
+    1 process and 2 gloo ranks; `mapped` is 1 process with `--device-map auto`."""
+
+    energy_one: Path
+    energy_two: Path
+    energy_mapped: Path
+    variance_one: Path
+    variance_two: Path
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    base = tmp_path_factory.mktemp("dist")
+    rollouts = reduced(base / "r.jsonl", GROUPS, PER_GROUP)
+    common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
+    out = Runs(*(base / name for name in ("e1", "e2", "em", "v1", "v2")))
+    one_process("energy", *common, "--out", out.energy_one)
+    one_process("energy", *common, "--device-map", "auto", "--out", out.energy_mapped)
+    one_process("variance-compare", *common, *VARIANCE, "--out", out.variance_one)
+    for command, extra, folder in (
+        ("energy", [], out.energy_two),
+        ("variance-compare", VARIANCE, out.variance_two),
+    ):
+        result = torchrun(2, command, *common, *extra, "--out", folder)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_energy_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.energy_one, runs.energy_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    tokens = pd.read_parquet(one / "tokens.parquet")
+    assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
+    for name in ("sequences.csv", "groups.csv"):
+        assert_frames_close(pd.read_csv(one / name), pd.read_csv(two / name))
+    p1, p2 = (json.loads((d / "proxies.json").read_text()) for d in (one, two))
+    for b in p1:
+        for k in p1[b]:
+            assert p2[b][k] == pytest.approx(p1[b][k], rel=1e-4), (b, k)
+
+
+def test_energy_summary_records_each_ranks_tokens(runs: Runs) -> None:
+    tokens = pd.read_parquet(runs.energy_one / "tokens.parquet")
+    summary = json.loads((runs.energy_two / "summary.json").read_text())["distributed"]
+    assert summary["world_size"] == 2 and sum(summary["rank_tokens"]) == len(tokens)
+    assert min(summary["rank_tokens"]) > 0
+    assert json.loads((runs.energy_one / "summary.json").read_text())["distributed"] == {
+        "world_size": 1,
+        "rank_tokens": [len(tokens)],
+    }
+
+
+def test_variance_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.variance_one, runs.variance_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    variance = pd.read_csv(one / "variance.csv")
+    assert set(variance["mode"]) == {"proxy", "head", "full"}
+    assert set(variance["group_size"]) == {2, 4}
+    # The same seeded draws over the same pool: equal to float tolerance, mode by mode.
+    assert_frames_close(variance, pd.read_csv(two / "variance.csv"), rtol=1e-4)
+    # Rank correlations jump at near-ties of the true norms: a looser tolerance.
+    assert_frames_close(pd.read_csv(one / "fidelity.csv"), pd.read_csv(two / "fidelity.csv"), 1e-3)
+    assert json.loads((two / "summary.json").read_text())["distributed"]["world_size"] == 2
+
+
+def test_device_map_auto_gives_the_same_energy(runs: Runs) -> None:
+    """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
+    assert_frames_close(
+        pd.read_parquet(runs.energy_one / "tokens.parquet"),
+        pd.read_parquet(runs.energy_mapped / "tokens.parquet"),
+    )
+
+
+def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -> None:
+    path = reduced(tmp_path / "r.jsonl", GROUPS, PER_GROUP)
+    one = runner.invoke(app, ["rollouts", "inspect", str(path), "--json"])
+    assert one.exit_code == 0, one.output
+    two = torchrun(2, "rollouts", "inspect", path, "--json")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout) == json.loads(one.stdout)
+    assert json.loads(two.stdout)["rows"] == GROUPS * PER_GROUP
+
+
+def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
+    """An id outside the vocabulary in the last group: only the rank holding it finds it (the
+    vocabulary is checked per share); every rank stops, rank 0 prints the paragraph once."""
+
+    def plant(rows: list[dict]) -> None:
+        rows[-1]["response_ids"] = [10_000] * len(rows[-1]["response_ids"])
+
+    path = reduced(tmp_path / "bad.jsonl", 2, 2, plant)
+    out = tmp_path / "out"
+    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
+    assert result.returncode != 0
+    assert result.stderr.count("otb-diag: error:") == 1
+    assert "outside the checkpoint's vocabulary" in result.stderr
+    assert "]: Traceback" not in result.stderr  # none from a rank (torchrun prints its own)
+    assert not out.exists()
+
+
+def test_more_ranks_than_groups_is_refused(tmp_path: Path) -> None:
+    path = reduced(tmp_path / "one_group.jsonl", 1, 2)
+    out = tmp_path / "out"
+    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
+    assert result.returncode != 0
+    assert result.stderr.count("otb-diag: error:") == 1
+    assert "2 ranks but only 1 group(s)" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["energy", "variance-compare"])
+def test_device_auto_is_the_default_in_help(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    line = next(x for x in result.output.splitlines() if "--device " in x or "--device T" in x)
+    assert "auto" in line
+    assert "default: auto" in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--device", "cuda", "no CUDA device"),
+        ("--device", "tpu", "unknown device"),
+        ("--device-map", "cuda:3,cpu", "no CUDA device"),
+    ],
+)
+def test_missing_device_is_bad_input(option: str, value: str, words: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["energy", option, value, "--out", str(out), "--quiet"])
+    assert result.exit_code == 2
+    assert words in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_interrupted_run_leaves_nothing(tmp_path: Path, interrupt: type[BaseException]) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(interrupt), staged_output(out) as stage:
+        (stage / "tokens.parquet").write_text("half")
+        raise interrupt()
+    assert not out.exists()
+    out.mkdir()
+    (out / "old.txt").write_text("kept")
+    with pytest.raises(interrupt), staged_output(out) as stage:
+        (stage / "sequences.csv").write_text("half")
+        raise interrupt()
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
+
+
+def test_shards_are_balanced_and_cover_every_group() -> None:
+    sizes = [50, 10, 40, 30, 20, 5, 5]
+    shards = shard_by_tokens(sizes, 3)
+    assert sorted(i for s in shards for i in s) == list(range(len(sizes)))
+    assert all(s == sorted(s) for s in shards)
+    totals = [sum(sizes[i] for i in s) for s in shards]
+    assert max(totals) - min(totals) <= max(sizes)  # greedy largest-first bound
+    assert totals == [55, 55, 50]  # 50+5 | 40+10+5 | 30+20, by hand
+
+
+def test_combined_proxies_equal_the_whole_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(10, 6, generator=g)
+    w = torch.rand(10, 6, generator=g)
+    mask = (torch.rand(10, 6, generator=g) > 0.3).float()
+    mask[3] = 0  # a sequence with nothing generated carries no weight
+    whole = variance_proxies(adv, mask, w)
+    parts = [
+        (variance_proxies(adv[s], mask[s], w[s]), int((mask[s].sum(-1) > 0).sum()))
+        for s in (slice(0, 4), slice(4, 10))
+    ]
+    combined = combine_proxies(parts)
+    for k, v in whole.items():
+        assert combined[k] == pytest.approx(v, rel=1e-5)
