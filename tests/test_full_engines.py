@@ -331,3 +331,22 @@ def test_chosen_engine_follows_the_cost_model(monkeypatch: pytest.MonkeyPatch) -
     model, batch = gpt2(), make_batch()
     monkeypatch.setattr(full_cost, "choose_engine", lambda f, r: "jvp")
     assert token_scores(model, batch, "full", 8, seed=0).engine == "jvp"
+
+
+def test_auto_choice_counts_work_and_ignores_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` must not flip with the machine's load (nor between torchrun ranks): the same
+    engine whatever the calibration timings say; the counts are the documented flops."""
+    model, batch = gpt2(), make_batch()
+    chosen = {plan(model, batch, budget_s=None).engine}
+    for tick in (1e-9, 1e3):  # every timed interval looks tiny, then huge
+        clock = iter(range(10**6))
+        monkeypatch.setattr(full_cost.time, "perf_counter", lambda c=clock, t=tick: next(c) * t)
+        chosen.add(plan(model, batch, budget_s=None).engine)
+    assert len(chosen) == 1
+    # Hand count: N = 10 parameters, n = 4 selected, K = 2, rows (P, T) = (1, 3), chunk 2.
+    tiny = nn.Linear(2, 5, bias=False)  # 10 parameters
+    forward, reverse = full_cost.work_counts(tiny, 4, 2, 8, [(1, 3)], 2)
+    assert forward == 3.0 * 2 * 10 * 2 * 8
+    # Σ_t L_t = 2 tokens · (1 + 2) + 1 token · (1 + 3) = 10
+    assert reverse == 3.0 * 2 * 10 * 10 + 2 * 4 * 2 * 3
+    assert full_cost.choose_engine(forward, reverse) == "vjp"  # 2 · 960 > 648

@@ -47,9 +47,13 @@ CALIBRATION_TOKENS = 256
 MEMORY_SHARE = 0.7
 DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
 DEFAULT_BUDGET_S = 7200.0
-# `auto` keeps the reverse engine unless forward mode is this much faster: the reverse engine
+# `auto` keeps the reverse engine unless forward mode is this much cheaper: the reverse engine
 # gives the exact per-token norms (optseq-true, otb-true, fidelity), forward mode estimates.
 EXACT_NORMS_PREMIUM = 2.0
+# Forward passes one jvp direction costs (measured 3-4.7 on CPU, issue 10), and a backward pass
+# in forward passes: the flop counts of the deterministic engine choice (`work_counts`).
+JVP_PASSES = 3.0
+BACKWARD_PASSES = 2.0
 
 
 @dataclass
@@ -182,9 +186,10 @@ def plan_full(
 ) -> FullPlan:
     """Estimate both engines (module docstring), choose one, and refuse what cannot run.
 
-    engine: `auto` (the faster that fits, the reverse one unless forward mode is more than
-    `EXACT_NORMS_PREMIUM` × faster), `jvp` or `vjp`. Raises `InputError` when the chosen engine
-    does not fit in memory, or its estimate exceeds `budget_s` and not `force`.
+    engine: `auto` (of the engines that fit, the reverse one unless forward mode's counted work
+    is less than 1/`EXACT_NORMS_PREMIUM` of it: `work_counts`), `jvp` or `vjp`. Raises
+    `InputError` when the chosen engine does not fit in memory, or its estimate exceeds
+    `budget_s` and not `force`.
     """
     if engine not in ("auto", "jvp", "vjp"):
         raise InputError(f"engine must be auto, jvp or vjp, got {engine!r}", field="engine")
@@ -236,7 +241,10 @@ def plan_full(
         reverse_s, more = _reverse_estimate(model, batch, params, seed, chunk, k_total, rows)
         calibration.update(more)
     if engine == "auto":
-        engine = choose_engine(forward_s, reverse_s)
+        # Chosen by counted work, not by the timings: a timing-based choice would change with
+        # the machine's load (and per torchrun rank), and with it the per-token norms.
+        forward_w, reverse_w = work_counts(model, n, k_total, padded, rows, chunk_size)
+        engine = choose_engine(forward_w if nd else math.inf, reverse_w if chunk else math.inf)
     plan = FullPlan(
         engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
         reverse_peak(max(chunk, 1)), available, max(nd, 1), max(chunk, 1), budget_s, calibration,
@@ -260,10 +268,33 @@ def plan_full(
     return plan
 
 
-def choose_engine(forward_s: float, reverse_s: float) -> str:
-    """`auto`: reverse mode (exact per-token norms) unless forward mode is more than
-    `EXACT_NORMS_PREMIUM` × faster; an engine that does not fit has an infinite estimate."""
-    return "jvp" if forward_s * EXACT_NORMS_PREMIUM < reverse_s else "vjp"
+def work_counts(
+    model: nn.Module,
+    n: int,
+    k_total: int,
+    padded: int,
+    rows: Sequence[tuple[int, int]],
+    chunk: int,
+) -> tuple[float, float]:
+    """Flops of each engine, a deterministic function of the shapes (N model parameters, n
+    selected, K directions): a token's forward pass costs 2N.
+
+    forward ≈ JVP_PASSES · 2N · K · (padded prompt ⧺ response tokens)
+    reverse ≈ (1 + BACKWARD_PASSES) · 2N · Σ_t L_t  +  2 n K · response tokens (projection)
+    """
+    total = sum(p.numel() for p in model.parameters())
+    tokens = sum(t for _, t in rows)
+    forward = JVP_PASSES * 2 * total * k_total * padded
+    reverse = (1 + BACKWARD_PASSES) * 2 * total * _prefix_work(
+        rows, chunk
+    ) + 2 * n * k_total * tokens
+    return forward, reverse
+
+
+def choose_engine(forward: float, reverse: float) -> str:
+    """`auto`: reverse mode (exact per-token norms) unless forward mode costs less than
+    1/`EXACT_NORMS_PREMIUM` of it (`work_counts`); an engine that does not fit costs inf."""
+    return "jvp" if forward * EXACT_NORMS_PREMIUM < reverse else "vjp"
 
 
 def _reverse_estimate(
