@@ -10,6 +10,7 @@ from otb_diag.cli.common import (
     AllowPickleOption,
     BatchTokensOption,
     ChunkSizeOption,
+    ChatTemplateOption,
     CkptOption,
     DeviceMapOption,
     DeviceOption,
@@ -17,6 +18,9 @@ from otb_diag.cli.common import (
     JsonOption,
     QuietOption,
     RemoteCodeOption,
+    RewardColumnOption,
+    RolloutsOption,
+    StepsOption,
     TemperatureOption,
     ZeroTailOption,
     checkpoint_dirs,
@@ -53,10 +57,10 @@ def _seconds(text: str) -> float:
 @friendly_errors
 def variance_compare(
     ckpt: CkptOption = None,
-    rollouts: Annotated[
-        Path | None,
-        typer.Option("--rollouts", help="Pools of M responses per prompt. Default: embedded."),
-    ] = None,
+    rollouts: RolloutsOption = None,
+    steps: StepsOption = None,
+    reward_column: RewardColumnOption = None,
+    chat_template: ChatTemplateOption = False,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-variance"),
     mode: Annotated[
         str,
@@ -180,10 +184,14 @@ def variance_compare(
         seed=seed,
         force=force,
         temperature=temperature,
+        steps=steps,
+        reward_columns=tuple(reward_column) if reward_column else None,
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, device_map=device_map),
+        load=LoadOptions(
+            device, dtype, allow_pickle, trust_remote_code, chat_template, device_map=device_map
+        ),
         engine=engine,
         params=params,
         by_block=by_block,

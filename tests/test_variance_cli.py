@@ -198,3 +198,24 @@ def test_full_mode_over_budget_is_refused(inputs, tmp_path: Path) -> None:
     assert not (tmp_path / "o" / "variance.csv").exists()
     bad = run(inputs, tmp_path / "p", "--mode", "full", "--budget", "soon")
     assert bad.exit_code == 2 and "field 'budget'" in bad.stderr
+
+
+def test_a_step_range_of_a_dump_directory(inputs, tmp_path: Path) -> None:
+    """`--rollouts DIR --steps A-B` (verl's rollout_data_dir, one file per step): only the pools
+    of those steps are measured; group ids repeated across files stay apart."""
+    ckpt, pool = inputs
+    rows = [json.loads(line) for line in pool.read_text().splitlines()]
+    dump = tmp_path / "rollout_data"
+    dump.mkdir()
+    for step in (1, 2):  # the same 3 group ids in each step's file
+        (dump / f"{step}.jsonl").write_text(
+            "".join(json.dumps({**r, "step": step}) + "\n" for r in rows)
+        )
+    counts = {}
+    for steps in (None, "2-2"):
+        out = tmp_path / f"out-{steps}"
+        extra = ("--steps", steps) if steps else ()
+        result = run((ckpt, dump), out, "--mode", "proxy", "--group-sizes", "2", *extra)
+        assert result.exit_code == 0, result.output
+        counts[steps] = int(pd.read_csv(out / "variance.csv")["groups"].iloc[0])
+    assert counts == {None: 6, "2-2": 3}

@@ -60,6 +60,8 @@ class VarianceSettings:
     seed: int = 0
     force: bool = False
     temperature: float | None = None
+    steps: str | None = None  # "A-B": only rollout rows of training steps A to B
+    reward_columns: tuple[str, ...] | None = None  # TRL completion logs: columns summed
     batch_tokens: int = 16384
     chunk_size: int = 256
     handle_zero_tail: bool = True
@@ -110,7 +112,14 @@ def _run(
     notify: Callable[[str], None] | None,
 ) -> dict[str, Any] | None:
     started = time.perf_counter()
-    rollouts = d.checked(lambda: load_rollouts(rollouts_path, settings.temperature))
+    rollouts = d.checked(
+        lambda: load_rollouts(
+            rollouts_path,
+            settings.temperature,
+            steps=settings.steps,
+            reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+        )
+    )
     groups = rollouts.groups()
     d.checked(lambda: require_groups(len(groups), d, str(rollouts_path)))
     sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
