@@ -9,8 +9,8 @@ import typer
 from otb_diag.cli.common import (
     AllowPickleOption,
     BatchTokensOption,
-    ChunkSizeOption,
     ChatTemplateOption,
+    ChunkSizeOption,
     CkptOption,
     DeviceMapOption,
     DeviceOption,
