@@ -53,14 +53,9 @@ def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
         if int(os.environ.get("RANK", "0")) == 0:
             _say_once(f"--device auto: using {device.type} ({why})")
     else:
-        try:
-            device = torch.device(text)
-        except RuntimeError:
-            raise InputError(
-                f"unknown device '{spec}'.",
-                field="device",
-                hint="Use auto, cpu, cuda, cuda:N or mps.",
-            ) from None
+        device = _parse_device(
+            text, f"unknown device '{spec}'.", "device", "Use auto, cpu, cuda, cuda:N or mps."
+        )
     _check_exists(device, spec, "device")
     if device.type == "cuda" and device.index is None and local_rank is not None:
         device = torch.device("cuda", local_rank)
@@ -83,14 +78,12 @@ def device_map_kwargs(spec: str | None) -> dict[str, Any]:
     available = get_max_memory()
     budget: dict[int | str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        try:
-            device = torch.device(part)
-        except RuntimeError:
-            raise InputError(
-                f"unknown device '{part}' in --device-map '{spec}'.",
-                field="device-map",
-                hint="Use auto or a comma-separated list such as cuda:0,cuda:1,cpu.",
-            ) from None
+        device = _parse_device(
+            part,
+            f"unknown device '{part}' in --device-map '{spec}'.",
+            "device-map",
+            "Use auto or a comma-separated list such as cuda:0,cuda:1,cpu.",
+        )
         _check_exists(device, part, "device-map")
         if device.type not in ("cuda", "cpu"):
             raise InputError(
@@ -102,6 +95,14 @@ def device_map_kwargs(spec: str | None) -> dict[str, Any]:
     if not budget:
         raise InputError("--device-map names no device.", field="device-map")
     return {"device_map": AUTO, "max_memory": budget}
+
+
+def _parse_device(text: str, message: str, option: str, hint: str) -> torch.device:
+    """`torch.device(text)`, or an `InputError` with `message` naming the option."""
+    try:
+        return torch.device(text)
+    except RuntimeError:
+        raise InputError(message, field=option, hint=hint) from None
 
 
 def _check_exists(device: torch.device, spec: str, option: str) -> None:
