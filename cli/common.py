@@ -199,13 +199,22 @@ RemoteCodeOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
+ScenarioOption = Annotated[
+    str,
+    typer.Option(
+        "--scenario",
+        help="Embedded data used for an omitted --ckpt / --rollouts: default (copy, reverse, "
+        "sort digits; responses of 2-41 tokens) or long (running sums with a written "
+        "scratchpad; responses of 20-350 tokens, 16 prompts x 128).",
+    ),
+]
 
 
-def checkpoint_dirs(ckpt: list[Path] | None) -> list[Path]:
+def checkpoint_dirs(ckpt: list[Path] | None, scenario: str = "default") -> list[Path]:
     """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
-    the embedded final checkpoint, with a note, when none is given."""
+    the scenario's embedded final checkpoint, with a note, when none is given."""
     from otb_diag.io.checkpoint import find_checkpoints
     from otb_diag.io.defaults import default_checkpoint
 
-    dirs = ckpt or [or_default(None, default_checkpoint(), "--ckpt")]
+    dirs = ckpt or [or_default(None, default_checkpoint(scenario), "--ckpt")]
     return [c for d in dirs for c in find_checkpoints(d)]

@@ -20,6 +20,7 @@ from otb_diag.cli.common import (
     RemoteCodeOption,
     RewardColumnOption,
     RolloutsOption,
+    ScenarioOption,
     StepsOption,
     TemperatureOption,
     ZeroTailOption,
@@ -79,6 +80,7 @@ def energy(
     trust_remote_code: RemoteCodeOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
+    scenario: ScenarioOption = "default",
 ) -> None:
     """Realized energy of every response token: log-prob, Σπ², entropy, the logit-gradient
     proxy w = 1 − 2p + Σπ² (÷τ²) and its running sum W_t; the advantages each baseline gives;
@@ -90,17 +92,17 @@ def energy(
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
-    from otb_diag.io.defaults import DEFAULT_ROLLOUTS
+    from otb_diag.io.defaults import default_rollouts
     from otb_diag.io.inputs import LoadOptions
     from otb_diag.pipelines.energy import EnergySettings, format_summary, run_energy
 
-    rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
+    rollouts_path = rollouts or or_default(None, default_rollouts(scenario), "--rollouts")
     if model_free:
         if ckpt:
             note("--model-free given: ignoring --ckpt")
         checkpoints: list[Path] = []
     else:
-        checkpoints = checkpoint_dirs(ckpt)
+        checkpoints = checkpoint_dirs(ckpt, scenario)
     settings = EnergySettings(
         baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
         temperature=temperature,

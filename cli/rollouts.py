@@ -9,6 +9,7 @@ import typer
 from otb_diag.cli.common import (
     ChatTemplateOption,
     RewardColumnOption,
+    ScenarioOption,
     StepsOption,
     friendly_errors,
     note,
@@ -51,6 +52,7 @@ def inspect(
     steps: StepsOption = None,
     reward_column: RewardColumnOption = None,
     chat_template: ChatTemplateOption = False,
+    scenario: ScenarioOption = "default",
 ) -> None:
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
@@ -59,16 +61,16 @@ def inspect(
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
     """
-    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+    from otb_diag.io.defaults import default_checkpoint, default_rollouts
     from otb_diag.pipelines.inspect import format_summary, inspect_rollouts
 
     def tokenizer() -> tuple[Any, int]:
         from otb_diag.io.checkpoint import load_tokenizer
 
-        ckpt_dir = or_default(ckpt, default_checkpoint(), "checkpoint")
+        ckpt_dir = ckpt or or_default(None, default_checkpoint(scenario), "checkpoint")
         return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
-    path = or_default(file, DEFAULT_ROLLOUTS, "rollouts file")
+    path = file or or_default(None, default_rollouts(scenario), "rollouts file")
     result = inspect_rollouts(
         path,
         tokenizer,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from otb_diag.cli.common import QuietOption, friendly_errors, or_default
+from otb_diag.cli.common import QuietOption, ScenarioOption, friendly_errors, or_default
 
 
 @friendly_errors
@@ -43,8 +43,12 @@ def train(
     ] = 1e-4,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 20,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", help="Longest response sampled.")
-    ] = 64,
+        int | None,
+        typer.Option(
+            "--max-new-tokens",
+            help="Longest response sampled. Default: the scenario's (default 64, long 400).",
+        ),
+    ] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", help="Sampling temperature τ.")
     ] = 1.0,
@@ -62,8 +66,10 @@ def train(
     ] = 1.0,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-train"),
     quiet: QuietOption = False,
+    scenario: ScenarioOption = "default",
 ) -> None:
-    """Policy-gradient RL on the lab task (copy / reverse / sort digits) from a lab checkpoint.
+    """Policy-gradient RL on a lab task from a lab checkpoint: the scenario's prompts (default:
+    copy / reverse / sort digits; long: running sums with a scratchpad) with fresh digits.
 
     Each step draws --prompts-per-step prompts, samples --group-size responses per prompt, scores
     them with the verifier, computes w and the --baseline advantages A with the same code as
@@ -78,10 +84,11 @@ def train(
     Example: otb-diag train --baseline otb --group-size 4 --steps 20 --out run/
     """
     from otb_diag.io.defaults import default_checkpoint
-    from otb_diag.pipelines.train import TrainSettings, format_summary
+    from otb_diag.pipelines.train import format_summary, scenario_settings
     from otb_diag.pipelines.train import train as run_training
 
-    settings = TrainSettings(
+    settings = scenario_settings(
+        scenario,
         baseline=baseline,
         aggregation=aggregation,
         group_size=group_size,
@@ -94,6 +101,6 @@ def train(
         save_every=save_every,
         seed=seed,
     )
-    start = or_default(ckpt, default_checkpoint(), "--ckpt")
+    start = ckpt or or_default(None, default_checkpoint(scenario), "--ckpt")
     summary = run_training(start, out, settings, progress=not quiet)
     typer.echo(format_summary(summary))

@@ -20,6 +20,7 @@ from otb_diag.cli.common import (
     RemoteCodeOption,
     RewardColumnOption,
     RolloutsOption,
+    ScenarioOption,
     StepsOption,
     TemperatureOption,
     ZeroTailOption,
@@ -144,6 +145,7 @@ def variance_compare(
     trust_remote_code: RemoteCodeOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
+    scenario: ScenarioOption = "default",
 ) -> None:
     """Does a baseline really lower the variance of the policy gradient on your model and data?
     From pools of M responses per prompt, draw R groups of N per prompt (the same draws for
@@ -158,7 +160,7 @@ def variance_compare(
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
     from otb_diag.errors import InputError
-    from otb_diag.io.defaults import DEFAULT_ROLLOUTS
+    from otb_diag.io.defaults import default_rollouts
     from otb_diag.io.inputs import LoadOptions
     from otb_diag.pipelines.variance import MODES, VarianceSettings, format_summary, run_variance
 
@@ -172,7 +174,7 @@ def variance_compare(
         raise InputError(
             f"group sizes must be integers, got '{group_sizes}'", field="group-sizes"
         ) from None
-    rollouts_path = or_default(rollouts, DEFAULT_ROLLOUTS, "--rollouts")
+    rollouts_path = rollouts or or_default(None, default_rollouts(scenario), "--rollouts")
     settings = VarianceSettings(
         modes=modes,
         baselines=_csv(baselines),
@@ -201,7 +203,7 @@ def variance_compare(
     if engine not in ("auto", "jvp", "vjp"):
         raise InputError(f"unknown engine '{engine}'; choose auto, jvp or vjp", field="engine")
     summary = run_variance(
-        checkpoint_dirs(ckpt),
+        checkpoint_dirs(ckpt, scenario),
         rollouts_path,
         out,
         settings,

@@ -10,7 +10,8 @@ Output layout::
     out/checkpoints/checkpoint-<step>/   config.json, generation_config.json, model.safetensors,
                                          tokenizer.json, tokenizer_config.json
     out/rollouts.jsonl                   groups sampled from the final checkpoint
-    out/rollouts_tir.jsonl               tool-use groups (rows carry a `mask`)
+    out/rollouts_tir.jsonl               tool-use groups (rows carry a `mask`; scenarios with TIR
+                                         prompts only)
     out/lab.json                         seed, config, sizes, pass rates, timings
 """
 
@@ -43,8 +44,17 @@ from otb_diag.lab.sample import (
     sample_responses,
     sample_tool_responses,
 )
-from otb_diag.lab.task import PLAIN_OPS, TOOL_OP, make_problem, parse_prompt, verify
-from otb_diag.lab.tokenizer import build_tokenizer
+from otb_diag.lab.task import (
+    MAX_DIGITS,
+    MIN_DIGITS,
+    PLAIN_OPS,
+    SUM_OP,
+    TOOL_OP,
+    make_problem,
+    parse_prompt,
+    verify,
+)
+from otb_diag.lab.tokenizer import ALPHABET, LONG_ALPHABET, build_tokenizer
 from otb_diag.lab.train import train
 
 
@@ -61,6 +71,9 @@ class LabConfig:
     sample (13 of the 16 shipped groups are mixed). The TIR prompts (op T) follow the same idea.
     """
 
+    ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP)  # what the SFT data and the evaluation cover
+    train_digits: tuple[int, int] = (MIN_DIGITS, MAX_DIGITS)
+    alphabet: str = ALPHABET
     n_embd: int = 128
     n_layer: int = 3
     n_head: int = 4
@@ -83,6 +96,34 @@ class LabConfig:
     max_new_tokens: int = 64
     tir_max_new_tokens: int = 112
     threads: int = 2
+
+
+LONG = LabConfig(
+    ops=(SUM_OP,),
+    train_digits=(3, 52),
+    alphabet=LONG_ALPHABET,
+    n_embd=128,
+    n_layer=4,
+    n_head=4,
+    n_positions=512,  # prompt (<= 107) + max_new_tokens
+    steps=1500,
+    save_steps=(750, 1500),
+    batch_tokens=4096,
+    lr=2e-3,
+    warmup=100,
+    eval_digits=(3, 6, 10, 16, 24, 32, 42, 52),
+    eval_per_cell=16,
+    rollout_prompts=tuple(
+        (SUM_OP, n) for n in (3, 4, 5, 6, 8, 10, 12, 14, 17, 20, 24, 28, 33, 38, 45, 52)
+    ),
+    group_size=128,
+    tir_digits=(),
+    max_new_tokens=400,
+)
+"""The long scenario (issue 14): op A, a written running sum of 3 to 52 digits, so correct
+responses take 20 to about 350 tokens; a 4-layer model; 16 prompts x 128 responses."""
+
+SCENARIOS = {"default": LabConfig(), "long": LONG}
 
 
 @contextlib.contextmanager
@@ -111,16 +152,20 @@ def evaluate(
     temperature, op T with its tool) for each of `eval_per_cell` fresh problems.
 
     Returns ``{op: {digit count: rate}}``. Problems of one digit count share a prompt length, so
-    they form one batch per sampler.
+    they form one batch per sampler (ops of `config.ops`; op T through the tool sampler).
     """
-    rates: dict[str, dict[str, float]] = {op: {} for op in (*PLAIN_OPS, TOOL_OP)}
+    rates: dict[str, dict[str, float]] = {op: {} for op in config.ops}
+    plain_ops = [op for op in config.ops if op != TOOL_OP]
     for n_digits in config.eval_digits:
         plain = [
             make_problem(rng, op, n_digits).prompt
-            for op in PLAIN_OPS
+            for op in plain_ops
             for _ in range(config.eval_per_cell)
         ]
-        tool = [make_problem(rng, TOOL_OP, n_digits).prompt for _ in range(config.eval_per_cell)]
+        tool = [
+            make_problem(rng, TOOL_OP, n_digits).prompt
+            for _ in range(config.eval_per_cell if TOOL_OP in config.ops else 0)
+        ]
         responses = sample_responses(
             model, tokenizer, plain,
             temperature=config.temperature, max_new_tokens=config.max_new_tokens,
@@ -193,7 +238,7 @@ def build_lab(
         ) as bar,
     ):
         torch.manual_seed(seed)
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(config.alphabet)
         model = build_model(
             tokenizer, config.n_embd, config.n_layer, config.n_head, config.n_positions
         )
@@ -207,6 +252,8 @@ def build_lab(
             warmup=config.warmup,
             save_steps=config.save_steps,
             out_dir=ckpt_root,
+            ops=config.ops,
+            digits=config.train_digits,
             bar=bar,
         )
         timings["train_s"] = time.perf_counter() - start
@@ -254,7 +301,8 @@ def build_lab(
             bar.update(1)
         timings["sample_s"] = time.perf_counter() - start - timings["train_s"] - timings["eval_s"]
         write_jsonl(out_dir / "rollouts.jsonl", rows)
-        write_jsonl(out_dir / "rollouts_tir.jsonl", tir_rows)
+        if tir_rows:
+            write_jsonl(out_dir / "rollouts_tir.jsonl", tir_rows)
 
     timings["total_s"] = time.perf_counter() - start
     summary = {
@@ -263,7 +311,7 @@ def build_lab(
         "n_params": n_params(model),
         "checkpoints": checkpoints,
         "rollouts": _group_stats(rows),
-        "rollouts_tir": _group_stats(tir_rows),
+        **({"rollouts_tir": _group_stats(tir_rows)} if tir_rows else {}),
         "timings": {k: round(v, 2) for k, v in timings.items()},
     }
     write_json(out_dir / "lab.json", summary)

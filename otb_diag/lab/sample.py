@@ -10,7 +10,7 @@ response with mask 0 and lets the model continue, as multi-turn RL frameworks do
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -29,16 +29,18 @@ def sample_continuations(
 ) -> list[list[int]]:
     """One sampled continuation per context, each cut after its first stop token.
 
-    All contexts must have the same length, so the batch needs no padding (GPT-2 positions stay
-    exact). A continuation without a stop token ran out of `max_new_tokens`.
+    Contexts of unequal length are left-padded and masked; `generate` then numbers positions
+    from each row's first real token, so every row sees exactly the positions it would alone
+    (equal to float rounding; equal lengths need no padding at all). A continuation without a
+    stop token ran out of `max_new_tokens`.
     """
-    if len({len(c) for c in contexts}) != 1:
-        raise ValueError("contexts of one batch must have equal length")
-    input_ids = torch.tensor(contexts, dtype=torch.long)  # [B, P]
+    width = max(len(c) for c in contexts)
+    input_ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in contexts])  # [B, P]
+    attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=attention_mask,
             do_sample=True,
             temperature=temperature,
             top_k=0,
@@ -63,7 +65,7 @@ def sample_responses(
     max_new_tokens: int,
 ) -> list[list[int]]:
     """Token ids of one response per prompt (a group: the same prompt N times), each ending at
-    `<end>` unless it ran out of tokens. Prompts must tokenize to the same length."""
+    `<end>` unless it ran out of tokens."""
     return sample_continuations(
         model,
         [tokenizer.encode(p, add_special_tokens=False) for p in prompts],
@@ -87,7 +89,7 @@ def sample_tool_responses(
     Each turn generates until `<end>` or `<call>`; after `<call>` the tool's output (the prompt's
     digits sorted, in brackets) is appended with mask 0 and the next turn starts.
     `max_new_tokens` bounds the whole response, tool output included. Contexts of equal length
-    continue as one batch; prompts must tokenize to the same length.
+    continue as one batch.
     """
     call_id = tokenizer.convert_tokens_to_ids(CALL)
     prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
@@ -173,18 +175,30 @@ def sample_groups(
     max_new_tokens: int,
     step: int,
     on_group: Callable[[], None] | None = None,
+    together: bool = False,
 ) -> list[dict]:
     """Rollout rows: `group_size` verifier-scored responses per prompt, groups `g00`, `g01`, ...
-    `on_group` is called after each group (a progress bar's update)."""
-    rows: list[dict] = []
-    for g, prompt in enumerate(prompts):
-        responses = sample_responses(
-            model,
-            tokenizer,
-            [prompt] * group_size,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
+    `on_group` is called after each group (a progress bar's update).
+
+    `together` samples every group in one padded batch: one `generate` loop instead of one per
+    group, which is what makes long responses affordable on a CPU (the loop's per-token
+    overhead dominates a small model). It draws the same distribution in another order, so a
+    seed gives other rows than group by group."""
+
+    def sample(group_prompts: list[str]) -> list[list[int]]:
+        return sample_responses(
+            model, tokenizer, group_prompts, temperature=temperature, max_new_tokens=max_new_tokens
         )
+
+    if together:
+        flat = sample([p for p in prompts for _ in range(group_size)])
+        per_group: Iterable[list[list[int]]] = (
+            flat[g * group_size : (g + 1) * group_size] for g in range(len(prompts))
+        )
+    else:  # lazily, so `on_group` follows the sampling
+        per_group = (sample([p] * group_size) for p in prompts)
+    rows: list[dict] = []
+    for g, (prompt, responses) in enumerate(zip(prompts, per_group, strict=True)):
         rows += rollout_rows(
             tokenizer, f"g{g:02d}", prompt, responses, temperature=temperature, step=step
         )

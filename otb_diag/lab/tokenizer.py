@@ -13,16 +13,19 @@ from __future__ import annotations
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from otb_diag.lab.task import CALL, END
+from otb_diag.lab.task import ANSWER, CALL, END, LABELS
 
 PAD = "<pad>"
 UNK = "<unk>"
-ALPHABET = "0123456789CRST:=[]"
+ALPHABET = "0123456789CRST:=[]"  # the default scenario's characters
+LONG_ALPHABET = f"0123456789:+=;{ANSWER}{LABELS}"  # the long scenario (op A is a label)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
     """The lab tokenizer: ids 0-3 for pad, unk, end, call, then one id per alphabet character."""
-    tokens = [PAD, UNK, END, CALL, *ALPHABET]
+    if len(set(alphabet)) != len(alphabet):
+        raise ValueError(f"repeated characters in the alphabet {alphabet!r}")
+    tokens = [PAD, UNK, END, CALL, *alphabet]
     vocab = {token: i for i, token in enumerate(tokens)}
     # BPE without merges and without a pre-tokenizer is exactly "one token per character".
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))

@@ -19,9 +19,11 @@ from otb_diag.lab.task import (
     CALL,
     MAX_DIGITS,
     MIN_DIGITS,
+    PLAIN_OPS,
     TOOL_OP,
     Problem,
     make_problems,
+    problem_tokens,
     target,
     tool_output,
 )
@@ -63,15 +65,15 @@ def collate(
     return input_ids, attention_mask, labels
 
 
-def sample_n_digits(rng: np.random.Generator) -> int:
-    """Digit count of one training batch: log-uniform on [MIN_DIGITS, MAX_DIGITS].
+def sample_n_digits(rng: np.random.Generator, low: int = MIN_DIGITS, high: int = MAX_DIGITS) -> int:
+    """Digit count of one training batch: log-uniform on [low, high].
 
     Log-uniform puts more steps on short problems, so they are learned first while long ones stay
     hard (intermediate pass rates); one length per batch means almost no padding, which makes a
     step about three times cheaper than a batch of mixed lengths.
     """
-    low, high = math.log(MIN_DIGITS), math.log(MAX_DIGITS + 1)
-    return min(MAX_DIGITS, int(math.exp(rng.uniform(low, high))))
+    u = rng.uniform(math.log(low), math.log(high + 1))
+    return min(high, int(math.exp(u)))
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -93,11 +95,14 @@ def train(
     warmup: int,
     save_steps: tuple[int, ...],
     out_dir: Path,
+    ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP),
+    digits: tuple[int, int] = (MIN_DIGITS, MAX_DIGITS),
     bar: tqdm | None = None,
 ) -> list[float]:
-    """Train for `steps` AdamW steps on fresh problems (about `batch_tokens` prompt + answer
-    tokens per batch, one digit count per batch); save `out_dir/checkpoint-<step>/` at each
-    of `save_steps` (steps counted from 1). Returns the per-step training loss.
+    """Train for `steps` AdamW steps on fresh problems of `ops` (about `batch_tokens` prompt +
+    answer tokens per batch, one digit count in `digits` per batch); save
+    `out_dir/checkpoint-<step>/` at each of `save_steps` (steps counted from 1). Returns the
+    per-step training loss.
 
     Each checkpoint holds the model (safetensors), its generation config and the tokenizer, so it
     loads with `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` like a real one.
@@ -108,11 +113,12 @@ def train(
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step - 1, steps, lr, warmup)
-        n_digits = sample_n_digits(rng)
+        n_digits = sample_n_digits(rng, *digits)
         # A fixed token budget per batch: short problems come many to a batch at almost no extra
         # cost (a step on a small model is mostly overhead), so they are learned well.
-        n_problems = max(1, batch_tokens // (2 * n_digits + 4))
-        batch = [encode_example(tokenizer, p) for p in make_problems(rng, n_problems, n_digits)]
+        n_problems = max(1, batch_tokens // problem_tokens(ops[0], n_digits))
+        problems = make_problems(rng, n_problems, n_digits, ops)
+        batch = [encode_example(tokenizer, p) for p in problems]
         input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

@@ -8,7 +8,8 @@ updates, `checkpoint-<s>` holds the weights after update s):
    the lab's rollout prompts (`LabConfig.rollout_prompts`: copy/reverse/sort of 3 to 10 digits,
    where the shipped model's pass rate is between 0 and 1, plus sort-20 and copy-36, which it
    always fails), fresh digits each time;
-2. sample `group_size` responses per prompt at `temperature`, score them with the verifier, and
+2. sample `group_size` responses per prompt at `temperature` (all groups in one padded batch),
+   score them with the verifier, and
    write them as the project's rollout rows to `rollouts/step-<s>.jsonl`; that file, read back with
    `read_rollouts` and `make_batch`, is the batch, so the trainer sees exactly what
    `otb-diag energy` / `variance-compare` would;
@@ -53,11 +54,12 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import load_checkpoint, no_transformers_progress_bars
+from otb_diag.io.defaults import check_scenario
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts import read_rollouts
-from otb_diag.lab.build import LabConfig
+from otb_diag.lab.build import SCENARIOS, LabConfig
 from otb_diag.lab.sample import sample_groups
-from otb_diag.lab.task import make_problem
+from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.baselines import compute_advantages, get_baseline
 from otb_diag.maths.energy import checkpoint_stats
@@ -106,6 +108,15 @@ class TrainSettings:
     save_every: int = 10  # 0: only after the last step
     seed: int = 0
     prompt_cells: tuple[tuple[str, int], ...] = LabConfig.rollout_prompts
+
+
+def scenario_settings(scenario: str, **overrides: Any) -> TrainSettings:
+    """Settings whose prompt cells and response budget are those of an embedded scenario's
+    rollouts (`default`: copy/reverse/sort of 3-36 digits, 64 tokens; `long`: sums of 3-52
+    digits, 400 tokens); `overrides` set the other knobs (None keeps a default)."""
+    lab = SCENARIOS[check_scenario(scenario)]
+    base = {"prompt_cells": lab.rollout_prompts, "max_new_tokens": lab.max_new_tokens}
+    return TrainSettings(**base | {k: v for k, v in overrides.items() if v is not None})
 
 
 def check_settings(settings: TrainSettings) -> None:
@@ -237,7 +248,10 @@ def train(
     check_settings(settings)
     loaded = load_checkpoint(ckpt, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
-    longest_prompt = 3 + max(n for _, n in settings.prompt_cells)  # "R:" + digits + "="
+    longest_prompt = max(
+        len(tokenizer.encode(Problem(op, "0" * n).prompt, add_special_tokens=False))
+        for op, n in settings.prompt_cells
+    )
     positions = getattr(model.config, "n_positions", math.inf)  # GPT-2's name, as the lab's
     if longest_prompt + settings.max_new_tokens > positions:
         raise InputError(
@@ -267,7 +281,7 @@ def train(
                 sample_groups(
                     model, tokenizer, prompts, group_size=settings.group_size,
                     temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                    step=step,
+                    step=step, together=True,
                 ),
             )  # fmt: skip
             batch = make_batch(read_rollouts(rows_path))
