@@ -74,8 +74,13 @@ def variance_compare(
         ),
     ] = "proxy,head",
     group_sizes: Annotated[
-        str, typer.Option("--group-sizes", help="Group sizes N, capped at M/2.")
-    ] = "2,4,8,16",
+        str,
+        typer.Option(
+            "--group-sizes",
+            help="Group sizes N; those above M/2 (M: the smallest pool) are left out, so the "
+            "default measures 2-16 on pools of 32 and 2-64 on pools of 128.",
+        ),
+    ] = "2,4,8,16,32,64",
     draws: Annotated[int, typer.Option("--draws", help="Groups drawn per prompt and N.")] = 200,
     baselines: Annotated[
         str, typer.Option("--baselines", help="Baselines; must include none and mean.")

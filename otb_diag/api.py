@@ -22,7 +22,7 @@ from torch import Tensor
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.checkpoint import load_checkpoint as load_checkpoint  # re-exported
-from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.defaults import default_checkpoint, default_rollouts
 from otb_diag.io.inputs import load_rollouts
 from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
 from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
@@ -38,9 +38,10 @@ from otb_diag.maths.token_stats import TokenStats, cumulative_energy
 from otb_diag.pipelines.variance import VarianceSettings, run_variance
 
 
-def embedded_default() -> tuple[Path, Path]:
-    """(final checkpoint directory, rollouts file) of the toy lab shipped with the package."""
-    return default_checkpoint(), DEFAULT_ROLLOUTS
+def embedded_default(scenario: str = "default") -> tuple[Path, Path]:
+    """(final checkpoint directory, rollouts file) of a toy lab shipped with the package:
+    `default` (short copy/reverse/sort responses) or `long` (running sums, 20–350 tokens)."""
+    return default_checkpoint(scenario), default_rollouts(scenario)
 
 
 def read_rollouts(path: str | Path, *, temperature: float | None = None) -> Rollouts:

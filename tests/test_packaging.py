@@ -72,9 +72,10 @@ def test_console_script_and_module_run_the_same_app(installed: Path) -> None:
     assert script.stdout.split("\n", 1)[1] == module.stdout.split("\n", 1)[1]  # past "Usage:"
 
 
-def test_the_embedded_default_ships_in_the_wheel(installed: Path) -> None:
+@pytest.mark.parametrize("scenario", ["default", "long"])
+def test_the_embedded_scenarios_ship_in_the_wheel(installed: Path, scenario: str) -> None:
     code = (
-        "import otb_diag as od; c, r = od.embedded_default(); "
+        f"import otb_diag as od; c, r = od.embedded_default({scenario!r}); "
         "print(r.is_file(), (c / 'config.json').is_file(), (c / 'model.safetensors').is_file())"
     )
     probe = run(installed, str(installed / "bin" / "python"), "-c", code)

@@ -106,9 +106,9 @@ LONG = LabConfig(
     n_layer=4,
     n_head=4,
     n_positions=512,  # prompt (<= 107) + max_new_tokens
-    steps=1500,
-    save_steps=(750, 1500),
-    batch_tokens=4096,
+    steps=1400,
+    save_steps=(700, 1400),
+    batch_tokens=2048,
     lr=2e-3,
     warmup=100,
     eval_digits=(3, 6, 10, 16, 24, 32, 42, 52),

@@ -70,7 +70,7 @@ PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
 ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")
 DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", *ENERGY_BASELINES)
 DEFAULT_AGGREGATIONS = ("token-sum", "seq-mean-token-mean", "token-mean")
-DEFAULT_GROUP_SIZES = (2, 4, 8, 16)
+DEFAULT_GROUP_SIZES = (2, 4, 8, 16, 32, 64)  # capped at M/2 by `usable_group_sizes`
 UNBIASED_REFERENCE = "none"
 # variance.csv's documented columns, in order (extra columns follow them).
 COLUMNS = [

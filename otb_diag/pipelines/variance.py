@@ -337,13 +337,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         f" {'token saving':>13}"
     ]
     bound = {"beyond": "≥", "below": "≤"}  # savings are bounds outside the measured N
+    max_n = max(h["group_size"] for h in summary["headline"])  # requested N are capped at M/2
     for h in summary["headline"]:
         equiv, where = h["equivalent_mean_group_size"], h["equivalent_range"]
-        shown = (
-            f"> {max(summary['settings']['group_sizes'])}"
-            if where == "beyond"
-            else (f"{equiv:.1f}")
-        )
+        shown = f"> {max_n}" if where == "beyond" else (f"{equiv:.1f}")
         ratio_rloo = h["otb_ratio_to_rloo"]
         saving = f"{bound.get(where, '')}{h['token_savings']:.0%}"
         lines.append(
