@@ -26,6 +26,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.devices import torch_threads
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
 from otb_diag.io.inputs import checkpoint_record, with_temperature
 from otb_diag.io.rollout_sources import parse_steps
@@ -53,6 +54,12 @@ from otb_diag.maths.proxies import combine_proxies
 from otb_diag.pipelines.energy_audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
+
+# Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
+# tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
+# with one when the cores are busy (each parallel region waits for a time slice: 2.5-3x on the
+# shared 2-core machine, bench/README.md). One thread is also what torchrun gives its ranks.
+MODEL_FREE_THREADS = 1
 
 # Figure 5 is a hexbin of every generated token up to this many; beyond, an evenly spaced
 # subset of this size (every k-th token of the file), so its memory stays flat.
@@ -129,6 +136,8 @@ def measure_and_write(
     timings = {"measure_s": 0.0}
     results: list[StepResult] = []
     with contextlib.ExitStack() as stack:
+        if not checkpoints:
+            stack.enter_context(torch_threads(MODEL_FREE_THREADS))
         tokens_path = out / "tokens.parquet"
         writer = _TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
