@@ -159,10 +159,7 @@ def iter_responses(
             if trl:
                 record = trl_record(record, reward_columns, fail)
             row = RawRow(rollouts.error, source_row, record, row_keys)
-            response = row.parse(step_groups if trainer else None)
-            response = replace(
-                response, prompt_messages=record.get("prompt_messages"), source_path=str(path)
-            )
+            response = row.parse(step_groups if trainer else None, str(path))
             _check_token_fields(rollouts, response, row.key)
             response, counts = check_probabilities(response, row.fail)
             for name, count in counts.items():
@@ -170,7 +167,6 @@ def iter_responses(
             yield index, response
 
     return rollouts, rows()
-    return rollouts
 
 
 def tokenize_rollouts(

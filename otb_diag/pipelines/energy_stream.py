@@ -333,7 +333,10 @@ class _TokenWriter:
             return
         if self._writer is None:
             table = pa.Table.from_pandas(tokens, preserve_index=False)
-            self._writer = pq.ParquetWriter(self.path, table.schema)
+            # Dictionary pages for the columns with few distinct values (group, token, t, ...);
+            # float columns rarely repeat, and trying them costs half the writing time.
+            repeating = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
+            self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=repeating)
         else:
             table = pa.Table.from_pandas(tokens, schema=self._writer.schema, preserve_index=False)
         self._writer.write_table(table)
