@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.consistency import CLAMPED_FIELDS
 from otb_diag.io.devices import torch_threads
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
 from otb_diag.io.inputs import checkpoint_record, with_temperature
@@ -81,6 +83,7 @@ class StepResult:
     fig5_tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
     untemplated_prompts: int = 0  # text prompts tokenized without the chat template
     audit: dict[str, Any] | None = None  # the advantage audit (`energy_audit.py`)
+    clamped: dict[str, int] = field(default_factory=dict)  # logged values clamped, its rows
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Measured:
     timings: dict[str, float]
     outputs: list[str]
     rank_tokens: list[int]
+    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`consistency.py`)
 
 
 @dataclass
@@ -105,6 +109,7 @@ class _Part:
     round_trip_issues: int
     untemplated_prompts: int
     audit: dict[str, Any] | None
+    clamped: dict[str, int]  # the share's logged values clamped (its rows' round-off)
 
 
 def measure_and_write(
@@ -118,6 +123,7 @@ def measure_and_write(
             rollouts_path,
             steps=parse_steps(settings.steps),
             reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+            validate=False,  # every row is validated when `stream_chunks` reads it
         )
     )
     d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
@@ -180,7 +186,8 @@ def measure_and_write(
         outputs = ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
-    return Measured(index, results, group, tir, timings, outputs, rank_tokens)
+    clamped = index.clamped if index.clamped is not None else results[-1].clamped
+    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped)
 
 
 def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: float | None) -> None:
@@ -238,7 +245,7 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
     )
     generated = int((tables.sequences["generated"] > 0).sum())
     audit = audit_share(batch, stats.w, rollouts, settings, tir)
-    return _Part(tables, generated, issues, untemplated, audit)
+    return _Part(tables, generated, issues, untemplated, audit, rollouts.clamped)
 
 
 def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
@@ -279,6 +286,7 @@ class _Accumulator:
         self.tokens = 0
         self.issues = 0
         self.untemplated = 0
+        self.clamped: Counter[str] = Counter()
         self.audits = AuditParts()
         self.format = ""
 
@@ -286,6 +294,8 @@ class _Accumulator:
         self.format = fmt
         self.audits.add([p.audit for p in parts], merged.sequences)
         self.untemplated += sum(p.untemplated_prompts for p in parts)
+        for p in parts:
+            self.clamped.update(p.clamped)
         self.sequences.append(merged.sequences)
         self.groups.append(merged.groups)
         self.proxies += [(p.tables.proxies, p.generated_sequences) for p in parts]
@@ -310,6 +320,7 @@ class _Accumulator:
             fig5_tokens=_concat(self.fig5) if self.fig5 else pd.DataFrame(),
             untemplated_prompts=self.untemplated,
             audit=self.audits.result(self.format),
+            clamped={k: self.clamped[k] for k in CLAMPED_FIELDS},
         )
 
 
