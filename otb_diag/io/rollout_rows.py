@@ -95,10 +95,13 @@ class RawRow:
 
     def key(self, name: str) -> str:
         """The key the file used for canonical field `name` (its first spelling if absent)."""
-        if name not in self._used:
-            present = [k for k in self.keys[name] if self.record.get(k) is not None]
-            self._used[name] = (present or self.keys[name])[0]
-        return self._used[name]
+        used = self._used.get(name)
+        if used is None:
+            spellings = self.keys[name]
+            get = self.record.get
+            used = next((k for k in spellings if get(k) is not None), spellings[0])
+            self._used[name] = used
+        return used
 
     def value(self, name: str) -> Any:
         """The value of canonical field `name`, None when absent or null."""
