@@ -45,6 +45,7 @@ from otb_diag.io.rollouts import (
     prompts_without_template,
     tokenize_rollouts,
 )
+from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy import (
     EnergyTables,
     checkpoint_stats,
@@ -145,7 +146,7 @@ def measure_and_write(
         if not checkpoints:
             stack.enter_context(torch_threads(MODEL_FREE_THREADS))
         tokens_path = out / "tokens.parquet"
-        writer = _TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
+        writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else d.checked(lambda p=path: settings.load.load(p))
             t0 = time.perf_counter()
@@ -182,7 +183,10 @@ def measure_and_write(
             )
         t0 = time.perf_counter()
         writer.close()
-        fig4_tokens = _group_tokens(writer.path, group, results[-1].step if several else None)
+        # The figure's group, from its chunk of the last step (the last len(chunks) written).
+        position = index.group_names.index(group)
+        chunk = next(c for c, groups in enumerate(chunks) if position in groups)
+        fig4_tokens = read_group(writer.path, group, writer.chunks[chunk - len(chunks)])
         outputs = ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
@@ -326,44 +330,6 @@ class _Accumulator:
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-
-
-class _TokenWriter:
-    """tokens.parquet, one row group per chunk, into the temporary `path` (renamed by the
-    caller's `atomic_path` when everything else is written)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path  # None: not rank 0, nothing is written
-        self._writer = None
-
-    def write(self, tokens: pd.DataFrame) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if self.path is None:
-            return
-        if self._writer is None:
-            table = pa.Table.from_pandas(tokens, preserve_index=False)
-            # Dictionary pages for the columns with few distinct values (group, token, t, ...);
-            # float columns rarely repeat, and trying them costs half the writing time.
-            repeating = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
-            self._writer = pq.ParquetWriter(self.path, table.schema, use_dictionary=repeating)
-        else:
-            table = pa.Table.from_pandas(tokens, schema=self._writer.schema, preserve_index=False)
-        self._writer.write_table(table)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def _group_tokens(path: Path, group: str, step: int | None) -> pd.DataFrame:
-    """The rows of one group (of one step) of the written tokens.parquet, for figure 4."""
-    import pyarrow.parquet as pq
-
-    filters = [("group", "==", group)] + ([("step", "==", step)] if step is not None else [])
-    return pq.read_table(path, filters=filters).to_pandas()
 
 
 def _write_tables(
