@@ -1,5 +1,6 @@
-"""torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, variance-compare
-proxy/head/full; rollouts inspect prints the same), a rank's own bad input stops every rank with
+"""torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, also over a
+directory of step files with --steps and the advantage audit; variance-compare proxy/head/full;
+rollouts inspect prints the same), a rank's own bad input stops every rank with
 one paragraph, more ranks than groups is refused; plus `--device auto` in every --help, device
 errors, and the sharding and proxy-combining rules."""
 
@@ -146,6 +147,59 @@ def test_variance_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
     assert json.loads((two / "summary.json").read_text())["distributed"]["world_size"] == 2
 
 
+def step_files(folder: Path) -> Path:
+    """verl-style dumps `1.jsonl`..`3.jsonl` (a step per file), each with groups `g0` and `g1`
+    (so the names are qualified by file, `2/g0`) of 4 responses from different groups of the
+    embedded rollouts, each carrying the trainer's advantage `R - mean_group(R)`."""
+    by_group: dict[str, list[dict]] = {}
+    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        by_group.setdefault(row["group"], []).append(row)
+    sources = iter(list(by_group.values()))
+    folder.mkdir()
+    for step in (1, 2, 3):
+        rows = []
+        for g in range(2):
+            members = next(sources)[:4]
+            mean = sum(r["reward"] for r in members) / len(members)
+            rows += [
+                {**r, "group": f"g{g}", "step": step, "trainer_advantage": r["reward"] - mean}
+                for r in members
+            ]
+        (folder / f"{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_energy_over_step_files_with_steps_and_audit_under_torchrun(tmp_path: Path) -> None:
+    """A directory of step files, `--steps 2-3` and the advantage audit against `otb` (whose
+    baseline needs each rank's w): 2 gloo ranks write what 1 process writes, and the audit
+    (its gaps, sizes and worst response) is the same."""
+    dumps = step_files(tmp_path / "dumps")
+    args = ["energy", "--ckpt", default_checkpoint(), "--rollouts", dumps, "--steps", "2-3"]
+    args += ["--trainer-baseline", "otb", "--quiet"]
+    one_process(*args, "--out", tmp_path / "one")
+    result = torchrun(2, *args, "--out", tmp_path / "two")
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    for name in ("sequences.csv", "groups.csv"):
+        assert_frames_close(pd.read_csv(one / name), pd.read_csv(two / name))
+    tokens = pd.read_parquet(one / "tokens.parquet")
+    assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
+    assert sorted(set(tokens["group"])) == ["2/g0", "2/g1", "3/g0", "3/g1"]  # step 1 left out
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    a1, a2 = s1["advantage_audit"], s2["advantage_audit"]
+    assert (a1["baseline"], a1["responses"], a1["tokens"]) == ("otb", 16, len(tokens))
+    assert not a1["agrees"]  # R - mean is not the energy-weighted otb baseline
+    close = ("max_abs_diff", "mean_abs_diff", "tolerance")  # from each rank's own w
+    for key in close:
+        assert a2[key] == pytest.approx(a1[key], rel=1e-4), key
+    same = [k for k in a1 if k not in close]  # the worst response's number included
+    assert [a2[k] for k in same] == [a1[k] for k in same] and set(a2) == set(a1)
+    assert s2["totals"] == s1["totals"] and s2["distributed"]["world_size"] == 2
+    assert len(s1["inputs"]["rollouts"]["files"]) == 3
+
+
 def test_device_map_auto_gives_the_same_energy(runs: Runs) -> None:
     """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
     assert_frames_close(
@@ -230,6 +284,38 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, interrupt: type[BaseExce
         (stage / "sequences.csv").write_text("half")
         raise interrupt()
     assert [p.name for p in out.iterdir()] == ["old.txt"]
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from otb_diag.io.atomic import staged_output
+with staged_output(sys.argv[1]) as stage:
+    (stage / "tokens.parquet").write_text("half")
+    os.kill(os.getpid(), signal.SIGKILL)  # no clean-up runs
+"""
+
+
+def test_the_next_run_removes_a_killed_runs_staging(tmp_path: Path) -> None:
+    """SIGKILL leaves the hidden staging directory; the next run into `--out` removes it, but
+    not one of a live process, of another machine, or not of ours."""
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(out)], check=False)
+    assert killed.returncode == -9
+    (left,) = out.glob(".otb-diag-staging-*")
+    assert (left / "tokens.parquet").exists()
+    host = left.name.removeprefix(".otb-diag-staging-").split("-")[0]
+    kept = [
+        out / f".otb-diag-staging-{host}-{os.getpid()}-live",  # this process: alive
+        out / f".otb-diag-staging-{host}x-999999999-other",  # another machine's name
+        out / ".otb-diag-staging-olderformat",
+    ]
+    for folder in kept:
+        folder.mkdir()
+    with staged_output(out) as stage:
+        (stage / "tokens.parquet").write_text("whole")
+    assert not left.exists()
+    assert sorted(out.iterdir()) == sorted([*kept, out / "tokens.parquet"])
+    assert (out / "tokens.parquet").read_text() == "whole"
 
 
 def test_shards_are_balanced_and_cover_every_group() -> None:

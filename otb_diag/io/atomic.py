@@ -7,7 +7,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,17 +70,25 @@ def write_with(dest: str | Path, writer: Callable[[Path], None]) -> None:
         writer(tmp)
 
 
+STAGING_PREFIX = ".otb-diag-staging-"
+
+
 @contextlib.contextmanager
 def staged_output(out: str | Path) -> Iterator[Path]:
     """A hidden staging directory inside `out` for all of a run's files: on success each moves
     into `out` (`os.replace`, a rename each) and the staging directory goes; on any failure or
     interruption (Ctrl-C, SIGTERM from torchrun when another rank died) it goes with everything
     in it, and `out` too if this run created it and nothing else is in it. So `out` holds either
-    every output of the run or none, never some of them."""
+    every output of the run or none, never some of them.
+
+    A run killed outright (SIGKILL, the machine going down) cleans nothing: its staging
+    directory, named after the machine and the process, is removed by the next run into `out`
+    once that process is gone (`remove_stale_staging`)."""
     out = Path(out)
     existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".otb-diag-staging-", dir=out))
+    remove_stale_staging(out)
+    stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_host()}-{os.getpid()}-", dir=out))
     try:
         yield stage
         for item in sorted(stage.iterdir()):
@@ -87,3 +97,32 @@ def staged_output(out: str | Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
         if not existed and not any(out.iterdir()):
             out.rmdir()
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging directories in `out` whose run, on this machine, no longer exists;
+    those of a live process (another run into `out`), of another machine (a shared file
+    system) or not named by `staged_output` are left alone. Returns the removed ones."""
+    removed = []
+    for folder in sorted(out.glob(f"{STAGING_PREFIX}*")):
+        host, _, rest = folder.name.removeprefix(STAGING_PREFIX).partition("-")
+        pid = rest.partition("-")[0]
+        if host == _host() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _host() -> str:
+    """This machine's name, with no `-` (the separator of the staging directory's name)."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True

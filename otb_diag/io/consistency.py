@@ -26,6 +26,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from otb_diag.errors import InputError
 from otb_diag.io.rollout_rows import Response
 
@@ -37,7 +39,60 @@ Fail = Callable[[str, str, str], InputError]  # (canonical field, message, hint)
 
 def check_probabilities(r: Response, fail: Fail) -> tuple[Response, dict[str, int]]:
     """`r` with round-off clamped, and how many entries of each field were clamped; raises the
-    error `fail` makes for the first entry beyond the tolerance."""
+    error `fail` makes for the first entry beyond the tolerance.
+
+    Whole rows are checked with numpy (`_clean_rows`); a row where that finds an entry beyond a
+    rule goes through the entry-by-entry loop (`_clean_entries`), which names the first one."""
+    clean = _clean_rows(r)
+    if clean is None:
+        clean = _clean_entries(r, fail)
+    logprobs, sum_pi2, counts = clean
+    return replace(r, logprobs=logprobs, sum_pi2=sum_pi2), counts
+
+
+Cleaned = tuple[list[float] | None, list[float] | None, dict[str, int]]
+
+
+def _clean_rows(r: Response) -> Cleaned | None:
+    """`_clean_entries`' result with array operations, or None when some entry may break a rule.
+
+    Exactly the loop's values: `where(lp > 0, 0, lp)` is `min(lp, 0.0)`; `np.exp` may differ
+    from `math.exp` in the last bit, so entries whose `sum_pi2` is within 1e-9 (relative) of
+    `p²` or below it, the only ones where `p²` changes the outcome, take the loop's own
+    `math.exp` (below that margin `max(s, p²)` is `s` and the rule `s ≥ p²(1 − tol)` holds)."""
+    counts = dict.fromkeys(CLAMPED_FIELDS, 0)
+    logprobs = sum_pi2 = None
+    lp = None
+    if r.logprobs is not None:
+        lp = np.asarray(r.logprobs, dtype=np.float64)
+        if (lp > TOLERANCE).any():
+            return None
+        counts["logprobs"] = int((lp > 0).sum())
+        lp = np.where(lp > 0, 0.0, lp)  # min(lp, 0.0)
+        logprobs = lp.tolist()
+    if r.sum_pi2 is not None:
+        s = np.asarray(r.sum_pi2, dtype=np.float64)
+        if ((s <= 0) | (s > 1 + TOLERANCE)).any():
+            return None
+        p_sq = np.zeros_like(s)
+        if lp is not None:
+            n = min(len(lp), len(s))
+            p_sq[:n] = np.exp(2 * lp[:n])
+        clean = np.minimum(s, 1.0)
+        for i in np.flatnonzero(s <= p_sq * (1 + 1e-9)).tolist():
+            exact = math.exp(2 * logprobs[i]) if logprobs is not None and i < len(logprobs) else 0
+            if s[i] < exact * (1 - TOLERANCE):
+                return None
+            clean[i] = min(max(float(s[i]), exact), 1.0)
+        counts["sum_pi2"] = int((clean != s).sum())
+        sum_pi2 = clean.tolist()
+    if r.is_weights is not None and (np.asarray(r.is_weights, dtype=np.float64) < 0).any():
+        return None
+    return logprobs, sum_pi2, counts
+
+
+def _clean_entries(r: Response, fail: Fail) -> Cleaned:
+    """Entry by entry: the reference `_clean_rows` follows; raises at the first bad entry."""
     counts = dict.fromkeys(CLAMPED_FIELDS, 0)
     logprobs = None
     if r.logprobs is not None:
@@ -66,7 +121,7 @@ def check_probabilities(r: Response, fail: Fail) -> tuple[Response, dict[str, in
         for i, rho in enumerate(r.is_weights):
             if rho < 0:
                 raise _impossible(fail, "is_weights", i, rho, "is_weights ≥ 0", tolerated=False)
-    return replace(r, logprobs=logprobs, sum_pi2=sum_pi2), counts
+    return logprobs, sum_pi2, counts
 
 
 def _impossible(

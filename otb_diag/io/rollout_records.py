@@ -48,7 +48,7 @@ def records(path: Path, kind: str, keep: Callable[[int], bool] | None = None) ->
 def first_keys(path: Path, kind: str) -> set[str] | None:
     """The keys of the first row (Parquet: the columns), or None when the file has no rows."""
     if kind == "parquet":
-        parquet = _parquet_file(path)
+        parquet = parquet_file(path)
         # The Arrow schema's names are the top-level columns (the Parquet schema's are leaves).
         return set(parquet.schema_arrow.names) if parquet.metadata.num_rows else None
     first = next(_jsonl(path, None), None)
@@ -97,7 +97,7 @@ def _parquet(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]
 
     start = 0
     try:
-        batches = _parquet_file(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+        batches = parquet_file(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
         for batch in batches:
             rows = range(start, start + batch.num_rows)
             start += batch.num_rows
@@ -112,7 +112,7 @@ def _parquet(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]
         raise InputError(f"not a readable Parquet file ({err})", path=path) from None
 
 
-def _parquet_file(path: Path):  # -> pyarrow.parquet.ParquetFile
+def parquet_file(path: Path):  # -> pyarrow.parquet.ParquetFile
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -91,11 +91,17 @@ class RawRow:
         self.source_row = source_row
         self.record = record
         self.keys = keys
+        self._used: dict[str, str] = {}  # canonical name -> key, as `key` finds them
 
     def key(self, name: str) -> str:
         """The key the file used for canonical field `name` (its first spelling if absent)."""
-        present = [k for k in self.keys[name] if self.record.get(k) is not None]
-        return (present or self.keys[name])[0]
+        used = self._used.get(name)
+        if used is None:
+            spellings = self.keys[name]
+            get = self.record.get
+            used = next((k for k in spellings if get(k) is not None), spellings[0])
+            self._used[name] = used
+        return used
 
     def value(self, name: str) -> Any:
         """The value of canonical field `name`, None when absent or null."""
@@ -104,11 +110,13 @@ class RawRow:
     def fail(self, name: str, message: str, hint: str | None = None) -> InputError:
         return self.error(self.source_row, message, field=self.key(name), hint=hint)
 
-    def parse(self, verl_groups: dict[tuple[int, str], str] | None) -> Response:
+    def parse(
+        self, verl_groups: dict[tuple[int, str], str] | None, source_path: str | None = None
+    ) -> Response:
         """Validate every field and build the `Response` (sample numbers are filled in later).
 
         `verl_groups` is given for verl dumps: it maps (step, input) to the group id, shared
-        across rows, for rows without a `uid`.
+        across rows, for rows without a `uid`. `source_path` is the file's path, for messages.
         """
         required = _REQUIRED if verl_groups is None else _REQUIRED[1:]
         for alternatives in (*required, _REQUIRED_REWARD):
@@ -143,6 +151,8 @@ class RawRow:
             sample=0,
             source_row=self.source_row,
             temperature=1.0 if temperature is None else temperature,
+            prompt_messages=self.record.get("prompt_messages"),
+            source_path=source_path,
             **fields,
         )
 

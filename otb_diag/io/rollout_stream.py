@@ -3,9 +3,11 @@ a chunk of groups at a time.
 
 The rollouts are a set of files (`rollout_sources.expand_rollouts`: a file, a directory or a
 glob), read in step order. The index pass validates every row (the errors of `read_rollouts`,
-in file order), applies `--steps`, and keeps a few numbers per row: its file, its group, its
-sample number and its token count. Groups need not be contiguous in a file; a group id used in
-more than one file is qualified by its file's name (`12/g0`), as `read_rollout_set` does.
+in file order; or, for a caller that validates while reading, only reads a few columns of a
+plain Parquet set: `rollout_scan.py`), applies `--steps`, and keeps a few numbers per row: its
+file, its group, its sample number and its token count. Groups need not be contiguous in a
+file; a group id used in more than one file is qualified by its file's name (`12/g0`), as
+`read_rollout_set` does.
 `chunk_groups` cuts the groups, in order of first appearance, into chunks of about
 `CHUNK_TOKENS` response tokens; `stream_chunks` reads the files once more and yields each
 chunk's `Rollouts` as soon as all of its rows have been seen, so peak memory is one chunk (plus
@@ -22,7 +24,7 @@ import numpy as np
 
 from otb_diag.errors import InputError
 from otb_diag.io.consistency import CLAMPED_FIELDS
-from otb_diag.io.rollout_rows import Response
+from otb_diag.io.rollout_scan import scan_columns, scan_rows
 from otb_diag.io.rollout_sources import StepRange, expand_rollouts
 from otb_diag.io.rollouts import Rollouts, iter_responses
 
@@ -52,13 +54,16 @@ class RolloutIndex:
     row_tokens: np.ndarray
     has_ids: bool  # every row has prompt_ids and response_ids
     tool_output: bool  # some response holds tool output (mask 0)
-    clamped: dict[str, int]  # logged values clamped onto a consistency rule, every file
+    # Logged values clamped onto a consistency rule, every file; None when the index pass did
+    # not decode the rows (`stream_chunks` then counts them, chunk by chunk).
+    clamped: dict[str, int] | None
     reward_columns: list[str] | None = None
 
     @property
     def shell(self) -> Rollouts:
         """The set's `Rollouts` with no responses: path, format, files and clamped counts."""
-        return Rollouts(self.path, self.format, [], clamped=dict(self.clamped), files=self.files)
+        clamped = dict.fromkeys(CLAMPED_FIELDS, 0) if self.clamped is None else dict(self.clamped)
+        return Rollouts(self.path, self.format, [], clamped=clamped, files=self.files)
 
     def group_tokens(self) -> np.ndarray:
         """`[groups]` response tokens of each group."""
@@ -70,28 +75,29 @@ def index_rollouts(
     *,
     steps: StepRange | None = None,
     reward_columns: list[str] | None = None,
+    validate: bool = True,
 ) -> RolloutIndex:
     """Validate every row of the set `spec` names and index the rows whose step lies in
-    `steps` (all rows when None; see `RolloutIndex`)."""
+    `steps` (all rows when None; see `RolloutIndex`).
+
+    `validate=False` is for a caller that decodes every row later (`stream_chunks` validates
+    each row it reads): without `steps`, a plain Parquet set is then indexed from four of its
+    columns (`rollout_scan.scan_columns`), and the clamped round-off is left to that pass
+    (`clamped` is None)."""
     files = expand_rollouts(spec)
+    scan = None if validate or steps is not None else scan_columns(files)
+    if scan is None:
+        scan = scan_rows(files, steps, reward_columns)
     position: dict[tuple[int, str], int] = {}  # (file, group id) -> group position
     counts: list[int] = []
     kept: list[tuple[int, int, int, int, int]] = []  # file, local, group, sample, tokens
-    shells: list[Rollouts] = []
-    has_ids, tool_output = True, False
-    for f, local, r, wanted in set_rows(files, shells, steps=steps, reward_columns=reward_columns):
-        g = position.setdefault((f, r.group), len(position))
+    for f, local, group, size, wanted in scan.rows:
+        g = position.setdefault((f, group), len(position))
         if g == len(counts):
             counts.append(0)
         counts[g] += 1  # samples are numbered before the --steps filter, as read_rollouts does
-        if not wanted:
-            continue
-        has_ids = has_ids and r.response_ids is not None and r.prompt_ids is not None
-        size = len(r.response_ids) if r.response_ids is not None else len(r.response or "")
-        kept.append((f, local, g, counts[g] - 1, size))
-        tool_output = tool_output or (r.mask is not None and 0 in r.mask)
-    formats = {shell.format for shell in shells}
-    clamped = {k: sum(shell.clamped[k] for shell in shells) for k in CLAMPED_FIELDS}
+        if wanted:
+            kept.append((f, local, g, counts[g] - 1, size))
     if steps is not None and not kept:
         raise InputError(f"no rollout row has a step in {steps}", path=Path(spec))
     table = np.asarray(kept, dtype=np.int64).reshape(-1, 5)
@@ -100,7 +106,7 @@ def index_rollouts(
     renumber[used] = np.arange(len(used))
     return RolloutIndex(
         path=Path(spec),
-        format=formats.pop() if len(formats) == 1 else "mixed",
+        format=scan.formats.pop() if len(scan.formats) == 1 else "mixed",
         files=files,
         group_names=[
             n for k, n in enumerate(group_names(list(position), files)) if renumber[k] >= 0
@@ -110,33 +116,11 @@ def index_rollouts(
         row_group=renumber[table[:, 2]],
         row_sample=table[:, 3],
         row_tokens=table[:, 4],
-        has_ids=has_ids,
-        tool_output=tool_output,
-        clamped=clamped,
+        has_ids=scan.has_ids,
+        tool_output=scan.tool_output,
+        clamped=scan.clamped,
         reward_columns=reward_columns,
     )
-
-
-def set_rows(
-    files: list[Path],
-    shells: list[Rollouts],
-    *,
-    steps: StepRange | None = None,
-    reward_columns: list[str] | None = None,
-) -> Iterator[tuple[int, int, Response, bool]]:
-    """Every row of `files`, in order, validated, as `(file position, index in its file,
-    response, whether its step lies in steps)`; a row without a step is an `InputError` when
-    `steps` is given. Each file's `Rollouts` (format, clamped counts) is appended to `shells`
-    when the file is opened."""
-    for f, path in enumerate(files):
-        shell, rows = iter_responses(path, reward_columns=reward_columns)
-        shells.append(shell)
-        for local, r in rows:
-            if steps is not None and r.step is None:
-                raise shell.error_at(
-                    r, f"--steps {steps} needs a step on every row; this row has none", field="step"
-                )
-            yield f, local, r, steps is None or r.step in steps
 
 
 def group_names(keys: list[tuple[int, str]], files: list[Path]) -> list[str]:
@@ -162,19 +146,23 @@ def chunk_groups(group_tokens: Sequence[int], budget: int = CHUNK_TOKENS) -> lis
 
 def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Iterator[Rollouts]:
     """One `Rollouts` per entry of `chunks` (lists of group positions, possibly empty), in order,
-    with each row's group and sample number from the index; rows of groups in no chunk are
-    skipped without being decoded."""
+    with each row's group and sample number from the index, and in `clamped` the logged values
+    clamped in the chunk's own rows; rows of groups in no chunk are skipped without being
+    decoded."""
     row_chunk = np.full(len(index.row_group), -1, dtype=np.int64)
     for c, groups in enumerate(chunks):
         row_chunk[np.isin(index.row_group, np.asarray(groups, dtype=np.int64))] = c
     expected = np.bincount(row_chunk[row_chunk >= 0], minlength=len(chunks))
     pending: dict[int, list] = {}
+    clamped: dict[int, Counter[str]] = {}
     ready = 0
 
     def complete() -> Iterator[Rollouts]:
         nonlocal ready
         while ready < len(chunks) and len(pending.get(ready, ())) == expected[ready]:
-            yield replace(index.shell, responses=pending.pop(ready, []))
+            counts = {k: clamped.get(ready, Counter())[k] for k in CLAMPED_FIELDS}
+            yield replace(index.shell, responses=pending.pop(ready, []), clamped=counts)
+            clamped.pop(ready, None)
             ready += 1
 
     yield from complete()
@@ -186,13 +174,16 @@ def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Itera
         local[index.row_local[mine]] = np.flatnonzero(mine)  # file row -> index row
         wanted = local.copy()
         wanted[local >= 0] = row_chunk[local[local >= 0]]
-        _, rows = iter_responses(
+        shell, rows = iter_responses(
             path,
             keep=lambda i, w=wanted: i < len(w) and bool(w[i] >= 0),
             reward_columns=index.reward_columns,
         )
+        seen = Counter(shell.clamped)  # the file's clamped counts before this row
         for j, response in rows:
             i = int(local[j])
+            clamped.setdefault(int(row_chunk[i]), Counter()).update(Counter(shell.clamped) - seen)
+            seen = Counter(shell.clamped)
             named = replace(
                 response,
                 group=index.group_names[index.row_group[i]],

@@ -143,9 +143,8 @@ def iter_responses(
     keys = first_keys(path, kind)
     if keys is None:
         raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
-    verl = all(key in keys for key in VERL_SIGNATURE)
-    trl = not verl and is_trl_record(keys)
-    trainer = "verl" if verl else "trl" if trl else None
+    trainer = trainer_of(keys)
+    verl, trl = trainer == "verl", trainer == "trl"
     rollouts = Rollouts(path, f"{trainer}-{kind}" if trainer else kind, [])
     row_keys = VERL_KEYS if verl else TRL_KEYS if trl else KEYS
 
@@ -159,10 +158,7 @@ def iter_responses(
             if trl:
                 record = trl_record(record, reward_columns, fail)
             row = RawRow(rollouts.error, source_row, record, row_keys)
-            response = row.parse(step_groups if trainer else None)
-            response = replace(
-                response, prompt_messages=record.get("prompt_messages"), source_path=str(path)
-            )
+            response = row.parse(step_groups if trainer else None, str(path))
             _check_token_fields(rollouts, response, row.key)
             response, counts = check_probabilities(response, row.fail)
             for name, count in counts.items():
@@ -170,7 +166,14 @@ def iter_responses(
             yield index, response
 
     return rollouts, rows()
-    return rollouts
+
+
+def trainer_of(keys: Collection[str]) -> str | None:
+    """ "verl" or "trl" when a file's first row (Parquet: its columns) has these keys, else None
+    (the plain format of the README)."""
+    if all(key in keys for key in VERL_SIGNATURE):
+        return "verl"
+    return "trl" if is_trl_record(keys) else None
 
 
 def tokenize_rollouts(

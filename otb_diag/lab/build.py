@@ -37,6 +37,7 @@ from transformers import (
 
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import no_transformers_progress_bars
+from otb_diag.io.devices import torch_threads
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import (
     rollout_rows,
@@ -130,16 +131,13 @@ SCENARIOS = {"default": LabConfig(), "long": LONG}
 def _build_environment(threads: int) -> Iterator[None]:
     """Fixed thread count, deterministic kernels and no per-file transformers progress bars
     (the build has its own) for the build; all restored afterwards."""
-    old_threads = torch.get_num_threads()
     old_deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     try:
-        with no_transformers_progress_bars():
+        with torch_threads(threads), no_transformers_progress_bars():
             yield
     finally:
         torch.use_deterministic_algorithms(old_deterministic)
-        torch.set_num_threads(old_threads)
 
 
 def evaluate(

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -17,11 +18,15 @@ from torch import Tensor
 def pad(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0, dtype=torch.float32):
     """`[B, width]` tensor of right-padded rows (lists of numbers, none longer than `width`).
 
-    One conversion of all the values, then one masked write: positions t < len(row i), taken
-    row by row, are exactly the order of the concatenated rows."""
+    One conversion of all the values (numpy's, which rounds each number to `dtype` as
+    `torch.tensor` does, at a third of its cost), then one masked write: positions
+    t < len(row i), taken row by row, are exactly the order of the concatenated rows."""
     out = torch.full((len(rows), width), fill, dtype=dtype)
-    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    lengths = torch.from_numpy(sizes)
+    values = itertools.chain.from_iterable(rows)
+    numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    flat = torch.from_numpy(np.fromiter(values, dtype=numpy_dtype, count=int(sizes.sum())))
     out[torch.arange(width)[None, :] < lengths[:, None]] = flat
     return out
 

@@ -96,7 +96,7 @@ def _summary(m: Measured, settings: EnergySettings, out: Path, world_size: int) 
             "round_trip_issues": final.round_trip_issues,
             "prompts_without_chat_template": final.untemplated_prompts,
         },
-        "consistency": {"tolerance": TOLERANCE, "clamped": dict(m.index.clamped)},
+        "consistency": {"tolerance": TOLERANCE, "clamped": dict(m.clamped)},
         "advantage_audit": final.audit,
         "energy": {
             "step": final.step,

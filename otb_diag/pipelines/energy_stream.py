@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
 from otb_diag.io.batch import make_batch
 from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.consistency import CLAMPED_FIELDS
+from otb_diag.io.devices import torch_threads
 from otb_diag.io.distributed import Dist, require_groups, shard_by_tokens
 from otb_diag.io.inputs import checkpoint_record, with_temperature
 from otb_diag.io.rollout_sources import parse_steps
@@ -42,6 +45,7 @@ from otb_diag.io.rollouts import (
     prompts_without_template,
     tokenize_rollouts,
 )
+from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy import (
     EnergyTables,
     checkpoint_stats,
@@ -53,6 +57,12 @@ from otb_diag.maths.proxies import combine_proxies
 from otb_diag.pipelines.energy_audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
+
+# Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
+# tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
+# with one when the cores are busy (each parallel region waits for a time slice: 2.5-3x on the
+# shared 2-core machine, bench/README.md). One thread is also what torchrun gives its ranks.
+MODEL_FREE_THREADS = 1
 
 # Figure 5 is a hexbin of every generated token up to this many; beyond, an evenly spaced
 # subset of this size (every k-th token of the file), so its memory stays flat.
@@ -74,6 +84,7 @@ class StepResult:
     fig5_tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
     untemplated_prompts: int = 0  # text prompts tokenized without the chat template
     audit: dict[str, Any] | None = None  # the advantage audit (`energy_audit.py`)
+    clamped: dict[str, int] = field(default_factory=dict)  # logged values clamped, its rows
 
 
 @dataclass
@@ -87,6 +98,7 @@ class Measured:
     timings: dict[str, float]
     outputs: list[str]
     rank_tokens: list[int]
+    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`consistency.py`)
 
 
 @dataclass
@@ -98,6 +110,7 @@ class _Part:
     round_trip_issues: int
     untemplated_prompts: int
     audit: dict[str, Any] | None
+    clamped: dict[str, int]  # the share's logged values clamped (its rows' round-off)
 
 
 def measure_and_write(
@@ -111,6 +124,7 @@ def measure_and_write(
             rollouts_path,
             steps=parse_steps(settings.steps),
             reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+            validate=False,  # every row is validated when `stream_chunks` reads it
         )
     )
     d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
@@ -129,8 +143,10 @@ def measure_and_write(
     timings = {"measure_s": 0.0}
     results: list[StepResult] = []
     with contextlib.ExitStack() as stack:
+        if not checkpoints:
+            stack.enter_context(torch_threads(MODEL_FREE_THREADS))
         tokens_path = out / "tokens.parquet"
-        writer = _TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
+        writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else d.checked(lambda p=path: settings.load.load(p))
             t0 = time.perf_counter()
@@ -167,11 +183,15 @@ def measure_and_write(
             )
         t0 = time.perf_counter()
         writer.close()
-        fig4_tokens = _group_tokens(writer.path, group, results[-1].step if several else None)
+        # The figure's group, from its chunk of the last step (the last len(chunks) written).
+        position = index.group_names.index(group)
+        chunk = next(c for c, groups in enumerate(chunks) if position in groups)
+        fig4_tokens = read_group(writer.path, group, writer.chunks[chunk - len(chunks)])
         outputs = ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
-    return Measured(index, results, group, tir, timings, outputs, rank_tokens)
+    clamped = index.clamped if index.clamped is not None else results[-1].clamped
+    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped)
 
 
 def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: float | None) -> None:
@@ -229,7 +249,7 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
     )
     generated = int((tables.sequences["generated"] > 0).sum())
     audit = audit_share(batch, stats.w, rollouts, settings, tir)
-    return _Part(tables, generated, issues, untemplated, audit)
+    return _Part(tables, generated, issues, untemplated, audit, rollouts.clamped)
 
 
 def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
@@ -270,6 +290,7 @@ class _Accumulator:
         self.tokens = 0
         self.issues = 0
         self.untemplated = 0
+        self.clamped: Counter[str] = Counter()
         self.audits = AuditParts()
         self.format = ""
 
@@ -277,6 +298,8 @@ class _Accumulator:
         self.format = fmt
         self.audits.add([p.audit for p in parts], merged.sequences)
         self.untemplated += sum(p.untemplated_prompts for p in parts)
+        for p in parts:
+            self.clamped.update(p.clamped)
         self.sequences.append(merged.sequences)
         self.groups.append(merged.groups)
         self.proxies += [(p.tables.proxies, p.generated_sequences) for p in parts]
@@ -301,46 +324,12 @@ class _Accumulator:
             fig5_tokens=_concat(self.fig5) if self.fig5 else pd.DataFrame(),
             untemplated_prompts=self.untemplated,
             audit=self.audits.result(self.format),
+            clamped={k: self.clamped[k] for k in CLAMPED_FIELDS},
         )
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-
-
-class _TokenWriter:
-    """tokens.parquet, one row group per chunk, into the temporary `path` (renamed by the
-    caller's `atomic_path` when everything else is written)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path  # None: not rank 0, nothing is written
-        self._writer = None
-
-    def write(self, tokens: pd.DataFrame) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if self.path is None:
-            return
-        if self._writer is None:
-            table = pa.Table.from_pandas(tokens, preserve_index=False)
-            self._writer = pq.ParquetWriter(self.path, table.schema)
-        else:
-            table = pa.Table.from_pandas(tokens, schema=self._writer.schema, preserve_index=False)
-        self._writer.write_table(table)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def _group_tokens(path: Path, group: str, step: int | None) -> pd.DataFrame:
-    """The rows of one group (of one step) of the written tokens.parquet, for figure 4."""
-    import pyarrow.parquet as pq
-
-    filters = [("group", "==", group)] + ([("step", "==", step)] if step is not None else [])
-    return pq.read_table(path, filters=filters).to_pandas()
 
 
 def _write_tables(

@@ -16,8 +16,8 @@ from typing import Any
 
 from otb_diag.errors import InputError
 from otb_diag.io.distributed import session
+from otb_diag.io.rollout_scan import set_rows
 from otb_diag.io.rollout_sources import expand_rollouts, parse_steps
-from otb_diag.io.rollout_stream import set_rows
 from otb_diag.io.rollouts import (
     Rollouts,
     RoundTripIssue,
