@@ -59,10 +59,12 @@ class FigurePlan:
                     sketch_dim=16, group_sizes=(2, 4), sweep_lrs=(1e-4, 1e-3),
                     prompts_per_step=2,
                 )  # fmt: skip
+            # Sized for 2 CPU cores (about an hour with --jobs 2): a training step samples up
+            # to 400 tokens per response, and full mode costs ~3 forward passes per direction.
             return cls(
                 train_steps=200, variance_modes=("proxy", "head", "full"), draws=200,
-                bootstrap=1000, sketch_dim=32, group_sizes=(2, 4, 8, 16, 32, 64),
-                sweep_lrs=(1e-4, 3e-4, 1e-3, 3e-3), prompts_per_step=4,
+                bootstrap=1000, sketch_dim=16, group_sizes=(2, 4, 8, 16, 32, 64),
+                sweep_lrs=(3e-4, 1e-3, 3e-3), prompts_per_step=2,
             )  # fmt: skip
         if quick:
             return cls(

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from otb_diag.io.devices import torch_threads
 from otb_diag.pipelines.train import TrainSettings, train
 
 
@@ -29,12 +28,8 @@ class TrainingJob:
 
 
 def _run_one(job: TrainingJob, progress: bool) -> dict[str, Any]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return train(job.ckpt, job.out, job.settings, progress=progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_trainings(jobs: list[TrainingJob], workers: int, progress: bool) -> list[dict[str, Any]]:
