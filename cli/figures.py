@@ -36,10 +36,11 @@ def figures(
     (PNG and PDF) into OUT/, and figures.json says which command made each.
 
     Default scenario: four 30-step trainings (mean N=4, mean N=16, otb N=4, optseq N=4; same
-    seed), a few minutes. Long scenario (hours on 2 cores; --jobs 2 halves the trainings):
-    variance-compare proxy/head/full at N=2…64, a learning-rate sweep of mean N=4 for 200 steps
-    at 1e-4, 3e-4, 1e-3 and 3e-3, then otb and optseq N=4 at the lowest rate where mean became
-    unstable (lr_sweep_fig1_grad_norm_and_score.png shows the sweep).
+    seed), a few minutes. Long scenario (about an hour on 2 cores with --jobs 2):
+    variance-compare proxy/head/full at N=2…64 (k = 16 directions), a learning-rate sweep of
+    mean N=4 (2 prompts per step) for 200 steps at 3e-4, 1e-3 and 3e-3, then otb and optseq N=4
+    at the lowest rate where mean became unstable (lr_sweep_fig1_grad_norm_and_score.png shows
+    the sweep; figures.json gives each rate's verdict).
 
     Example: otb-diag figures --out figures/
     """

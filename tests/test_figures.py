@@ -27,3 +27,29 @@ def test_quick_figures_produce_every_file(tmp_path: Path) -> None:
         "otb N=4",
         "optseq N=4",
     }
+
+
+def test_quick_long_figures_run_the_sweep(tmp_path: Path) -> None:
+    """`figures --scenario long --quick`: the sweep runs mean at each rate, the chosen rate is
+    the rule's (`choose_lr`), otb and optseq train at it, and the sweep figure is written."""
+    result = CliRunner().invoke(
+        app,
+        ["figures", "--quick", "--scenario", "long", "--out", str(tmp_path), "--quiet"],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "figures.json").read_text())
+    assert record["scenario"] == "long"
+    sweep = record["sweep"]
+    assert [r["lr"] for r in sweep["runs"]] == [1e-4, 1e-3]
+    unstable = [r["lr"] for r in sweep["runs"] if r["unstable"]]
+    assert sweep["chosen_lr"] == (min(unstable) if unstable else 1e-3)
+    lr = f"{sweep['chosen_lr']:g}"
+    assert {r["run"] for r in record["collapse"]} == {
+        f"mean N=4 lr={lr}",
+        f"otb N=4 lr={lr}",
+        f"optseq N=4 lr={lr}",
+    }
+    assert (tmp_path / "lr_sweep_fig1_grad_norm_and_score.png").stat().st_size > 1000
+    for name in EXPECTED:  # the quick plan measures head mode, as the default's does
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000, name
+    assert record["paper_claim"], "the head mode gives a claim verdict at N=4"

@@ -6,6 +6,7 @@ what a plot needs lives here."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import matplotlib as mpl
@@ -32,7 +33,9 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
     with mpl.rc_context(STYLE):
         colors = [PASS_COLOR if r > 0 else FAIL_COLOR for r in seqs["reward"]]
         ax.bar(seqs["sample"], seqs["energy"], color=colors, width=0.8)
-        step = 1 if len(seqs) <= 16 else 4  # legible tick labels at column width
+        # At most ~12 tick labels, a power of two apart: legible at column width (4 for M = 32,
+        # 16 for M = 128).
+        step = 1 if len(seqs) <= 16 else 2 ** math.ceil(math.log2(len(seqs) / 12))
         ax.set_xticks(seqs["sample"].iloc[::step])
         ax.set_xlabel("response in group (sample index)")
         ax.set_ylabel(r"total energy $W(\tau)=\sum_t w_t$")
