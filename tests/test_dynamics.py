@@ -330,3 +330,27 @@ def test_cli_label_count_must_match(tmp_path: Path) -> None:
     result = runner.invoke(app, ["dynamics", "--log", str(path), "--label", "a", "--label", "b"])
     assert result.exit_code == 2
     assert "--label" in result.output
+
+
+def test_runs_sharing_baseline_and_size_get_distinct_colours() -> None:
+    from otb_diag.plots.dynamics import _styles
+    from otb_diag.plots.style import baseline_color
+
+    def table(baselines: list[str], sizes: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "run": [f"r{i}" for i in range(len(baselines))],
+                "baseline": baselines,
+                "group_size": sizes,
+            }
+        )
+
+    sweep = _styles(table(["mean", "mean", "mean"], [4, 4, 4]))  # a learning-rate sweep
+    assert len({s["color"] for s in sweep.values()}) == 3
+    mixed = _styles(table(["mean", "mean", "otb"], [4, 16, 4]))
+    assert [s["color"] for s in mixed.values()] == [
+        baseline_color("mean"),
+        baseline_color("mean"),
+        baseline_color("otb"),
+    ]
+    assert mixed["r0"]["linestyle"] != mixed["r1"]["linestyle"]

@@ -5,7 +5,8 @@ Every function takes the tidy table `otb-diag dynamics` writes (dynamics.csv: on
 and logged step, columns run, step, grad_norm, score, variance_proxy, tokens_sampled, baseline,
 group_size) and the per-run results (collapse.json's `runs`: run, collapse_step,
 warning_step, tokens_to_target). A run is coloured by its baseline (`baseline_color`; unknown
-baselines share the fallback colour) and its line style says its group size.
+baselines share the fallback colour) and its line style says its group size; runs that share
+both get a colour each.
 
 Log axes draw what a log axis can: positive finite values as lines (a lone point as a dot);
 zeros and negatives (TRL logs `grad_norm = 0.0` when every group had equal rewards) as
@@ -22,7 +23,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from otb_diag.plots.style import COLUMN_WIDTH_IN, STYLE, baseline_color, new_figure
+from otb_diag.plots.style import COLUMN_WIDTH_IN, OKABE_ITO, STYLE, baseline_color, new_figure
 
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
 # Beside the axes, off the curves (a legend inside covered the top of the log-scale panels).
@@ -45,15 +46,20 @@ def _identity(rows: pd.DataFrame) -> tuple[str, float]:
 
 
 def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
-    """Colour by baseline and line style by group size, per run (in order of appearance)."""
+    """Colour by baseline and line style by group size, per run (in order of appearance).
+    When two runs share both (a learning-rate sweep, seeds), each run gets its own colour
+    instead, in the palette's order, so no two lines look alike."""
     sizes = sorted({s for s in table["group_size"].dropna().unique()})
+    identities = {run: _identity(rows) for run, rows in table.groupby("run", sort=False)}
+    keys = [(b, "?" if np.isnan(n) else n) for b, n in identities.values()]
+    by_run = len(set(keys)) < len(keys)
+    palette = list(OKABE_ITO.values())
     styles = {}
-    for run, rows in table.groupby("run", sort=False):
-        baseline, size = _identity(rows)
+    for i, (run, (baseline, size)) in enumerate(identities.items()):
         styles[run] = {
-            "color": baseline_color(baseline),
+            "color": palette[i % len(palette)] if by_run else baseline_color(baseline),
             "linestyle": GROUP_SIZE_STYLES[sizes.index(size) % len(GROUP_SIZE_STYLES)]
-            if size in sizes
+            if size in sizes and not by_run
             else "-",
         }
     return styles
