@@ -77,3 +77,22 @@ def test_train_runs_on_the_long_scenario(tmp_path: Path) -> None:
         assert len(r["response_ids"]) <= LONG.max_new_tokens
     settings = json.loads((tmp_path / "train.json").read_text())["settings"]
     assert settings["max_new_tokens"] == LONG.max_new_tokens
+
+
+def test_variance_compare_long_gives_a_measured_verdict(tmp_path: Path) -> None:
+    """With pools of 128 the default group sizes reach N = 64 ≥ 32, so the paper-claim
+    verdict is measured (reproduced or not), never `undecided`."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "variance-compare", "--scenario", "long", "--mode", "proxy", "--draws", "20",
+            "--bootstrap", "50", "--baselines", "none,mean,otb", "--aggregations", "token-sum",
+            "--out", str(tmp_path), "--quiet", "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (draws,) = summary["draws"].values()
+    assert draws["group_sizes"] == [2, 4, 8, 16, 32, 64]
+    (claim,) = summary["paper_claim"]
+    assert claim["verdict"] in ("reproduced", "not reproduced")
