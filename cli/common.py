@@ -98,12 +98,15 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def or_default(value: Path | None, default: Path, what: str) -> Path:
-    """`value`, or the embedded default with a note saying it was used."""
+def or_default(value: Path | None, default: Callable[[], Path], what: str) -> Path:
+    """`value`, or the embedded default with a note saying it was used. `default` is called
+    only then: finding a scenario's files fails when it is not shipped, which must not matter
+    to a user who named their own."""
     if value is not None:
         return value
-    note(f"no {what} given: using the embedded default {default}")
-    return default
+    path = default()
+    note(f"no {what} given: using the embedded default {path}")
+    return path
 
 
 def print_json(data: Any) -> None:
@@ -216,5 +219,5 @@ def checkpoint_dirs(ckpt: list[Path] | None, scenario: str = "default") -> list[
     from otb_diag.io.checkpoint import find_checkpoints
     from otb_diag.io.defaults import default_checkpoint
 
-    dirs = ckpt or [or_default(None, default_checkpoint(scenario), "--ckpt")]
+    dirs = ckpt or [or_default(None, lambda: default_checkpoint(scenario), "--ckpt")]
     return [c for d in dirs for c in find_checkpoints(d)]

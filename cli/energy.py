@@ -96,7 +96,7 @@ def energy(
     from otb_diag.io.inputs import LoadOptions
     from otb_diag.pipelines.energy import EnergySettings, format_summary, run_energy
 
-    rollouts_path = rollouts or or_default(None, default_rollouts(scenario), "--rollouts")
+    rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     if model_free:
         if ckpt:
             note("--model-free given: ignoring --ckpt")

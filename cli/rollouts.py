@@ -67,10 +67,10 @@ def inspect(
     def tokenizer() -> tuple[Any, int]:
         from otb_diag.io.checkpoint import load_tokenizer
 
-        ckpt_dir = ckpt or or_default(None, default_checkpoint(scenario), "checkpoint")
+        ckpt_dir = or_default(ckpt, lambda: default_checkpoint(scenario), "checkpoint")
         return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
-    path = file or or_default(None, default_rollouts(scenario), "rollouts file")
+    path = or_default(file, lambda: default_rollouts(scenario), "rollouts file")
     result = inspect_rollouts(
         path,
         tokenizer,

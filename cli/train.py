@@ -101,6 +101,6 @@ def train(
         save_every=save_every,
         seed=seed,
     )
-    start = ckpt or or_default(None, default_checkpoint(scenario), "--ckpt")
+    start = or_default(ckpt, lambda: default_checkpoint(scenario), "--ckpt")
     summary = run_training(start, out, settings, progress=not quiet)
     typer.echo(format_summary(summary))

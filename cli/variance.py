@@ -179,7 +179,7 @@ def variance_compare(
         raise InputError(
             f"group sizes must be integers, got '{group_sizes}'", field="group-sizes"
         ) from None
-    rollouts_path = rollouts or or_default(None, default_rollouts(scenario), "--rollouts")
+    rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     settings = VarianceSettings(
         modes=modes,
         baselines=_csv(baselines),

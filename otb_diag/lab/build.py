@@ -37,6 +37,7 @@ from transformers import (
 
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import no_transformers_progress_bars
+from otb_diag.io.defaults import SCENARIOS as SCENARIO_NAMES
 from otb_diag.io.devices import torch_threads
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import (
@@ -124,7 +125,8 @@ LONG = LabConfig(
 """The long scenario (issue 14): op A, a written running sum of 3 to 52 digits, so correct
 responses take 20 to about 350 tokens; a 4-layer model; 16 prompts x 128 responses."""
 
-SCENARIOS = {"default": LabConfig(), "long": LONG}
+# Keyed by the names `io/defaults.py` knows (where each is shipped); zip fails on a mismatch.
+SCENARIOS = dict(zip(SCENARIO_NAMES, (LabConfig(), LONG), strict=True))
 
 
 @contextlib.contextmanager

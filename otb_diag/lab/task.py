@@ -83,8 +83,9 @@ def scratchpad(digits: str) -> str:
     (``"a3+0=3;b9+3=2;"``)."""
     lines, total = [], 0
     for label, d in zip(LABELS, digits, strict=False):
-        lines.append(f"{label}{d}+{total}={(total + int(d)) % 10};")
-        total = (total + int(d)) % 10
+        new = (total + int(d)) % 10
+        lines.append(f"{label}{d}+{total}={new};")
+        total = new
     return "".join(lines)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.io.atomic import write_json
-from otb_diag.io.defaults import check_scenario, default_checkpoint, default_checkpoints
+from otb_diag.io.defaults import check_scenario, default_checkpoints
 from otb_diag.io.defaults import default_rollouts as scenario_rollouts
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.collapse import DetectionRule
@@ -92,6 +92,8 @@ def run_figures(
     `figures.json`) a record of what made each file. `jobs` trainings run at once."""
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
+    checkpoints = default_checkpoints(scenario)
+    start = checkpoints[-1]  # the one the rollouts were sampled from; trainings start there
     runs = out / "runs"
     timings: dict[str, float] = {}
     made: dict[str, str] = {}
@@ -104,7 +106,7 @@ def run_figures(
             made[f"{prefix}{name}.png"] = command
 
     t0 = time.perf_counter()
-    run_energy(default_checkpoints(scenario), rollouts, runs / "energy", progress=progress)
+    run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
     keep(
         runs / "energy",
         [
@@ -113,7 +115,7 @@ def run_figures(
             "fig5_probability_vs_gradient",
             "fig_energy_by_step",
         ],
-        f"otb-diag energy --ckpt {default_checkpoint(scenario).parent}{scenario_flag}",
+        f"otb-diag energy --ckpt {start.parent}{scenario_flag}",
     )
     timings["energy_s"] = time.perf_counter() - t0
 
@@ -126,9 +128,7 @@ def run_figures(
         group_sizes=plan.group_sizes,
         seed=seed,
     )
-    variance = run_variance(
-        [default_checkpoint(scenario)], rollouts, runs / "variance", settings, progress=progress
-    )
+    variance = run_variance([start], rollouts, runs / "variance", settings, progress=progress)
     exact = plan.variance_modes[-1]
     keep(
         runs / "variance",
@@ -140,7 +140,10 @@ def run_figures(
     timings["variance_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    start = default_checkpoint(scenario)
+    train_flags = (
+        f"otb-diag train{scenario_flag} --steps {plan.train_steps} "
+        f"--prompts-per-step {plan.prompts_per_step} --seed {seed}"
+    )
 
     def job(baseline: str, n: int, lr: float) -> TrainingJob:
         label = f"{baseline} N={n}" + (f" lr={lr:g}" if plan.sweep_lrs else "")
@@ -169,9 +172,8 @@ def run_figures(
         keep(
             runs / "sweep-dynamics",
             DYNAMICS_FIGURES[:1],
-            f"otb-diag train{scenario_flag} --baseline mean --group-size 4 --steps "
-            f"{plan.train_steps} --lr {{{','.join(f'{lr:g}' for lr in plan.sweep_lrs)}}} "
-            "then otb-diag dynamics",
+            f"{train_flags} --baseline mean --group-size 4 at --lr "
+            f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
             prefix="lr_sweep_",
         )
         lr = sweep["chosen_lr"]
@@ -193,8 +195,7 @@ def run_figures(
     keep(
         runs / "dynamics",
         DYNAMICS_FIGURES,
-        f"otb-diag train{scenario_flag} --steps {plan.train_steps} "
-        f"({', '.join(j.label for j in compared)}) then otb-diag dynamics",
+        f"{train_flags} ({', '.join(j.label for j in compared)}), then otb-diag dynamics",
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
