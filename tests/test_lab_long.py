@@ -28,6 +28,7 @@ from otb_diag.lab.task import (
     verify,
 )
 from otb_diag.lab.tokenizer import LONG_ALPHABET, build_tokenizer
+from otb_diag.lab.train import digit_ceiling
 
 LONG_TOKENIZER = build_tokenizer(LONG_ALPHABET)
 
@@ -121,11 +122,42 @@ def test_left_padded_batch_samples_what_each_row_samples_alone() -> None:
     assert all(row and row[-1] == tok.eos_token_id for row in together)
 
 
+# --- curriculum --------------------------------------------------------------------------------
+
+
+def test_digit_ceiling_hand_cases() -> None:
+    # (8, 0.5) over 100 steps of 3..52 digits: 8 at step 0, 8 + 44 * 25/50 = 30 at step 25,
+    # the full 52 from step 50 on; no curriculum: 52 throughout.
+    ceilings = [digit_ceiling(s, 100, (3, 52), (8, 0.5)) for s in (0, 25, 49, 50, 99)]
+    assert ceilings == [8, 30, 51, 52, 52]
+    assert {digit_ceiling(s, 100, (3, 52), None) for s in range(100)} == {52}
+    assert digit_ceiling(0, 100, (3, 52), (1, 0.5)) == 3  # never below the smallest count
+
+
+@given(
+    steps=st.integers(1, 500),
+    low=st.integers(1, 10),
+    span=st.integers(0, 50),
+    start=st.integers(1, 60),
+    fraction=st.floats(0.01, 1.0),
+)
+def test_digit_ceiling_grows_within_bounds(
+    steps: int, low: int, span: int, start: int, fraction: float
+) -> None:
+    digits = (low, low + span)
+    ceilings = [digit_ceiling(s, steps, digits, (start, fraction)) for s in range(steps)]
+    assert all(low <= c <= low + span for c in ceilings)
+    assert ceilings == sorted(ceilings)  # never shrinks
+    if steps >= 2:
+        assert ceilings[-1] == low + span or fraction * steps > steps - 1
+
+
 # --- reduced build (CI) ------------------------------------------------------------------------
 
 TINY_LONG = LabConfig(
     ops=("A",),
     train_digits=(3, 8),
+    curriculum=(4, 0.5),
     alphabet=LONG_ALPHABET,
     n_embd=32,
     n_layer=1,

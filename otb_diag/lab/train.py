@@ -76,6 +76,25 @@ def sample_n_digits(rng: np.random.Generator, low: int = MIN_DIGITS, high: int =
     return min(high, int(math.exp(u)))
 
 
+def digit_ceiling(
+    step: int, steps: int, digits: tuple[int, int], curriculum: tuple[int, float] | None
+) -> int:
+    """Largest digit count of step `step` (0-based) of `steps`: with ``curriculum = (start,
+    fraction)`` it grows linearly from `start` to ``digits[1]`` over the first `fraction` of the
+    steps, then stays there; with None it is ``digits[1]`` throughout.
+
+    Why: with learned absolute positions a line's lookup and sum are learned position by
+    position, and short problems are learned first; a ceiling that grows lets the long positions
+    be trained once the short ones work instead of spending early steps on them.
+    """
+    if curriculum is None:
+        return digits[1]
+    start, fraction = curriculum
+    progress = min(1.0, step / max(1.0, fraction * steps))
+    grown = start + (digits[1] - start) * progress
+    return max(digits[0], min(digits[1], int(grown)))
+
+
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to a tenth of `lr` (a calm end for the last checkpoint)."""
     if step < warmup:
@@ -97,10 +116,12 @@ def train(
     out_dir: Path,
     ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP),
     digits: tuple[int, int] = (MIN_DIGITS, MAX_DIGITS),
+    curriculum: tuple[int, float] | None = None,
     bar: tqdm | None = None,
 ) -> list[float]:
     """Train for `steps` AdamW steps on fresh problems of `ops` (about `batch_tokens` prompt +
-    answer tokens per batch, one digit count in `digits` per batch); save
+    answer tokens per batch, one digit count in `digits` per batch, its ceiling growing as
+    `digit_ceiling` says under a `curriculum`); save
     `out_dir/checkpoint-<step>/` at each of `save_steps` (steps counted from 1). Returns the
     per-step training loss.
 
@@ -113,7 +134,9 @@ def train(
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step - 1, steps, lr, warmup)
-        n_digits = sample_n_digits(rng, *digits)
+        n_digits = sample_n_digits(
+            rng, digits[0], digit_ceiling(step - 1, steps, digits, curriculum)
+        )
         # A fixed token budget per batch: short problems come many to a batch at almost no extra
         # cost (a step on a small model is mostly overhead), so they are learned well.
         n_problems = max(1, batch_tokens // problem_tokens(ops[0], n_digits))
