@@ -28,6 +28,7 @@ JL estimate, `E‖u_t‖² = ‖s_t‖²`, with relative error about `√(2/k)` 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
 from otb_diag.maths import chunked_attention
-from otb_diag.maths.directions import Block, direction_piece
+from otb_diag.maths.directions import Block, unit_pieces
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.token_stats import (
     eval_mode,
@@ -158,23 +159,20 @@ def forward_scores(
                 for lo in range(0, block.k, directions_batch):
                     js = range(lo, min(lo + directions_batch, block.k))
                     tangents = {
-                        _PREFIX + n: torch.stack(
-                            [
-                                direction_piece(seed, j, n, params[n].shape, block.k, device)
-                                for j in js
-                            ]
-                        ).to(params[n].dtype)
+                        _PREFIX + n: unit_pieces(seed, js, n, params[n].shape, device).to(
+                            params[n].dtype
+                        )
                         for n in block.params
-                    }  # {name: [d, *shape]}: v_{b,j} restricted to each parameter
+                    }  # {name: [d, *shape]}: √k_b · v_{b,j} restricted to each parameter
                     for n, row in frozen.items():
                         if _PREFIX + n in tangents:
                             tangents[_PREFIX + n][:, row] = 0  # autograd's padding convention
                     u = vmap(_jvp_fn(wrapper, inputs, primals))(
                         tangents
-                    )  # [d, N]: ⟨v_{b,j}, ∇θ log p_t⟩
+                    )  # [d, N]: √k_b·⟨v, ∇θ log p_t⟩
                     proj[out_rows, cols, block.offset + lo : block.offset + lo + len(js)] = (
-                        u.T.float().cpu()
-                    )
+                        u.T.float().cpu() / math.sqrt(block.k)
+                    )  # the jvp is linear in the tangent: 1/√k_b applied to [N, d], not to [d, D]
             if progress is not None:
                 progress(sum(lengths[i] for i in group))
     return proj
