@@ -198,6 +198,7 @@ def main() -> None:
     parser.add_argument("--directions", type=int, default=4, help="directions per jvp (vmap)")
     parser.add_argument("--jl-seeds", type=int, default=0, help="projection seeds (default)")
     parser.add_argument("--models", default=",".join(MODELS), help="subset of 5M,25M,100M")
+    parser.add_argument("--lengths", default="256,2048", help="response lengths T")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._memory:
@@ -207,7 +208,8 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, {platform.python_version()}, load average "
           f"{os.getloadavg()}")  # fmt: skip
     chosen = args.models.split(",")
-    cases = [("5M", (256,))] if args.quick else [(m, (256, 2048)) for m in chosen if m]
+    lengths = tuple(int(t) for t in args.lengths.split(","))
+    cases = [("5M", (256,))] if args.quick else [(m, lengths) for m in chosen if m]
     rows = []
     for name, lengths in cases:
         per_model = [measure(name, t, args.k, args.prefix, args.directions) for t in lengths]
