@@ -83,7 +83,7 @@ def jvp_pass(model, batch, directions: int, attention: str = NAME) -> None:
     params = select_parameters(model, None)
     blocks = [Block("all", tuple(params), directions, 0)]
     forward_scores(model, batch, params, blocks, 0, batch_tokens=1 << 20,
-                   directions_batch=directions, chunk_size=256,
+                   directions_batch=directions,
                    attention=attention)  # fmt: skip
 
 

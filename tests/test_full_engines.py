@@ -360,3 +360,20 @@ def test_auto_choice_counts_work_and_ignores_the_clock(monkeypatch: pytest.Monke
     # Σ_t L_t = 2 tokens · (1 + 2) + 1 token · (1 + 3) = 10
     assert reverse == 3.0 * 2 * 10 * 10 + 2 * 4 * 2 * 3
     assert full_cost.choose_engine(forward, reverse) == "vjp"  # 2 · 960 > 648
+
+
+def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) -> None:
+    """With the query-chunked attention the estimate holds `max(SCORES_PER_CHUNK, rows · h · L)`
+    scores, not the eager `rows · h · L²` (full_cost docstring); models that cannot switch keep
+    the eager count."""
+    model, batch = gpt2(), make_batch()  # 3 rows, longest prompt ⧺ response L = 8, h = 2
+    monkeypatch.setattr(full_cost, "SCORES_PER_CHUNK", 1)
+    kwargs = {"engine": "jvp", "budget_s": None, "available_bytes": 1e12}
+    chunked = plan(model, batch, **kwargs)
+    monkeypatch.setattr(full_cost, "switchable", lambda m: False)
+    eager = plan(model, batch, **kwargs)
+    nd = chunked.directions_batch
+    assert eager.directions_batch == nd
+    eager_scores, chunk_scores = 3 * 2 * 8 * 8, 3 * 2 * 8
+    expected = (1 + nd) * 4 * 2 * (eager_scores - chunk_scores)
+    assert eager.forward_peak_bytes - chunked.forward_peak_bytes == expected

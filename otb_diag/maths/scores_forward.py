@@ -47,6 +47,9 @@ from otb_diag.maths.token_stats import (
 )
 
 _PREFIX = "lm."  # parameter names inside `_TokenLogProbs`
+# Tokens whose fp32 logits `[chunk, V]` (and their tangents) are formed at once: 64 halves a
+# 5 M model's peak memory against 256 at T = 256 (bench/README.md) at the same speed.
+HEAD_CHUNK = 64
 
 
 class _TokenLogProbs(nn.Module):
@@ -86,7 +89,7 @@ def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
         yield
         return
     setter = getattr(model, "set_attn_implementation", None)
-    if not _switchable(model):
+    if not switchable(model):
         setter = None  # its attention modules read the config at each call
     if setter is not None:
         setter(name)
@@ -113,10 +116,10 @@ def forward_mode_attention(
     """Run `model` with `name` (default: the query-chunked eager attention), or with eager
     attention for a model whose attention does not go through transformers' `AttentionInterface`
     (it cannot switch to a registered implementation: Falcon, custom code)."""
-    return attention_implementation(model, name if _switchable(model) else "eager")
+    return attention_implementation(model, name if switchable(model) else "eager")
 
 
-def _switchable(model: nn.Module) -> bool:
+def switchable(model: nn.Module) -> bool:
     """Whether `model`'s attention goes through transformers' `AttentionInterface`."""
     return getattr(type(model), "_can_set_attn_implementation", lambda: False)()
 
@@ -130,7 +133,7 @@ def forward_scores(
     *,
     batch_tokens: int,
     directions_batch: int,
-    chunk_size: int,
+    chunk_size: int = HEAD_CHUNK,
     progress: Callable[[int], None] | None = None,
     attention: str = chunked_attention.NAME,
 ) -> Tensor:
