@@ -7,7 +7,7 @@ For models of ~5 M, ~25 M and ~100 M parameters and one response of T ∈ {256, 
 - reverse mode (vjp, k directions): seconds per response, measured on the first `--prefix`
   tokens and extrapolated to T by the cost model's `Σ_t L_t` (marked "extrapolated");
 - peak resident memory of a forward-mode pass (each attention) ÷ a bare forward's (target ≤ 3),
-  each in a fresh subprocess (`VmHWM` reset once the model and inputs are ready);
+  each in a fresh subprocess (`VmHWM` reset after a first call on 8 tokens);
 - the crossover T above which forward mode wins for k directions, from the two measured T
   (forward ∝ T, reverse = b T² + c T).
 `--e2e`: `token_scores(engine="auto")` on a ~25 M model, 32 responses of T = 512, k = 32.
@@ -90,9 +90,14 @@ def jvp_pass(model, batch, directions: int, attention: str = NAME) -> None:
 def memory_child(name: str, length: int, what: str) -> None:
     model = model_of(name, PROMPT + length)
     batch = responses(MODELS[name][2], 1, length)
+
+    def run(b: ResponseBatch) -> None:
+        bare_forward(model, b) if what == "bare" else jvp_pass(model, b, 1, what)
+
+    run(_sub_batch(batch, [0], 8))  # first-call costs (lazy imports), as a real run's calibration
     ready = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
-    bare_forward(model, batch) if what == "bare" else jvp_pass(model, batch, 1, what)
+    run(batch)
     print(json.dumps({"peak_extra_mib": (_rss_kib("VmHWM") - ready) / 1024}))
 
 
