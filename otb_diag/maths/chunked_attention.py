@@ -7,8 +7,9 @@ eager computation, `softmax(c·tanh(s q kᵀ / c) + mask) v` (c: Gemma-2's `soft
 most models; s: `scaling`), done `rows` query rows at a time with plain differentiable ops, so
 forward AD goes through it unchanged while the `L × L` intermediates and their tangents exist
 only `rows × keys` at a time. Keys that the mask excludes for every row of a chunk (after its last
-row for a causal mask, before its window for a sliding one) are skipped, which halves the work of
-a causal model: exact, since an excluded key's weight `exp(min − max)` is 0 in fp32.
+row for a causal mask, before its window for a sliding one) are skipped, which brings a causal
+model's attention work from `L²` towards `L²/2` as the chunks get more numerous: exact, since an
+excluded key's weight `exp(min − max)` is 0 in fp32.
 
 It is registered with transformers' `AttentionInterface` under `NAME`, with the eager (additive
 4-D float) mask, so a model switched to it (`set_attn_implementation(NAME)`, done by
