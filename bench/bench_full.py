@@ -41,6 +41,7 @@ from otb_diag.maths.scores_reverse import _Columns, reverse_scores
 
 MODELS = {"5M": (256, 4, 4096), "25M": (512, 6, 4096), "100M": (768, 12, 8192)}  # d, layers, V
 PROMPT = 8
+REVERSE_BYTES = 4 << 30  # gradients held by reverse mode (32 tokens of a 100 M model: 37 GiB)
 
 
 def model_of(name: str, positions: int) -> GPT2LMHeadModel:
@@ -122,7 +123,9 @@ def measure(name: str, length: int, k: int, prefix: int, directions: int) -> dic
     blocks = [Block("all", tuple(params), k, 0)]
     # the direction columns are drawn once per run: timed apart, not extrapolated
     draw = timed(lambda: _Columns(params, blocks, 0, torch.device("cpu")))
-    rev_prefix = timed(lambda: reverse_scores(model, cut, params, blocks, 0, 32)) - draw
+    n = sum(p.numel() for p in params.values())
+    chunk = max(1, min(32, REVERSE_BYTES // (12 * n)))  # ≈ 12 bytes per parameter and token
+    rev_prefix = timed(lambda: reverse_scores(model, cut, params, blocks, 0, chunk)) - draw
     rows, cut_rows = [(PROMPT, length)], [(PROMPT, min(prefix, length))]
     scale = _prefix_work(rows, 32) / _prefix_work(cut_rows, 32)
     return {
