@@ -2,11 +2,12 @@
 
 For models of ~5 M, ~25 M and ~100 M parameters and one response of T ∈ {256, 2048} tokens
 (`--quick`: the ~5 M model at T = 256 only):
-- forward mode (jvp): seconds per response and direction, and that ÷ a bare forward (target ≤ 3);
+- forward mode (jvp): seconds per response and direction, and that ÷ a bare forward (target ≤ 3),
+  with the query-chunked attention the engine uses and, in the same run, with eager attention;
 - reverse mode (vjp, k directions): seconds per response, measured on the first `--prefix`
   tokens and extrapolated to T by the cost model's `Σ_t L_t` (marked "extrapolated");
-- peak resident memory of a forward-mode pass ÷ a bare forward's (target ≤ 3), each in a fresh
-  subprocess (`VmHWM` reset once the model and inputs are ready);
+- peak resident memory of a forward-mode pass (each attention) ÷ a bare forward's (target ≤ 3),
+  each in a fresh subprocess (`VmHWM` reset after a first call on 8 tokens);
 - the crossover T above which forward mode wins for k directions, from the two measured T
   (forward ∝ T, reverse = b T² + c T).
 `--e2e`: `token_scores(engine="auto")` on a ~25 M model, 32 responses of T = 512, k = 32.
@@ -30,6 +31,7 @@ import torch
 from bench_stats import _rss_kib
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from otb_diag.maths.chunked_attention import NAME
 from otb_diag.maths.directions import Block, select_parameters
 from otb_diag.maths.full_cost import _prefix_work, _sub_batch
 from otb_diag.maths.response_batch import ResponseBatch, pad
@@ -39,6 +41,7 @@ from otb_diag.maths.scores_reverse import _Columns, reverse_scores
 
 MODELS = {"5M": (256, 4, 4096), "25M": (512, 6, 4096), "100M": (768, 12, 8192)}  # d, layers, V
 PROMPT = 8
+REVERSE_BYTES = 4 << 30  # gradients held by reverse mode (32 tokens of a 100 M model: 37 GiB)
 
 
 def model_of(name: str, positions: int) -> GPT2LMHeadModel:
@@ -77,19 +80,25 @@ def bare_forward(model, batch) -> None:
         model(ids, use_cache=False)
 
 
-def jvp_pass(model, batch, directions: int) -> None:
+def jvp_pass(model, batch, directions: int, attention: str = NAME) -> None:
     params = select_parameters(model, None)
     blocks = [Block("all", tuple(params), directions, 0)]
     forward_scores(model, batch, params, blocks, 0, batch_tokens=1 << 20,
-                   directions_batch=directions, chunk_size=256)  # fmt: skip
+                   directions_batch=directions,
+                   attention=attention)  # fmt: skip
 
 
 def memory_child(name: str, length: int, what: str) -> None:
     model = model_of(name, PROMPT + length)
     batch = responses(MODELS[name][2], 1, length)
+
+    def run(b: ResponseBatch) -> None:
+        bare_forward(model, b) if what == "bare" else jvp_pass(model, b, 1, what)
+
+    run(_sub_batch(batch, [0], 8))  # first-call costs (lazy imports), as a real run's calibration
     ready = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
-    bare_forward(model, batch) if what == "bare" else jvp_pass(model, batch, 1)
+    run(batch)
     print(json.dumps({"peak_extra_mib": (_rss_kib("VmHWM") - ready) / 1024}))
 
 
@@ -107,19 +116,24 @@ def measure(name: str, length: int, k: int, prefix: int, directions: int) -> dic
     bare = min(timed(lambda: bare_forward(model, batch)) for _ in range(2))
     jvp_pass(model, _sub_batch(batch, [0], 8), directions)  # warm-up
     jvp = timed(lambda: jvp_pass(model, batch, directions)) / directions
+    eager = timed(lambda: jvp_pass(model, batch, directions, "eager")) / directions
+    bare_rss = max(peak(name, length, "bare"), 1e-9)
     params = select_parameters(model, None)
     cut = _sub_batch(batch, [0], prefix)
     blocks = [Block("all", tuple(params), k, 0)]
     # the direction columns are drawn once per run: timed apart, not extrapolated
     draw = timed(lambda: _Columns(params, blocks, 0, torch.device("cpu")))
-    rev_prefix = timed(lambda: reverse_scores(model, cut, params, blocks, 0, 32)) - draw
+    n = sum(p.numel() for p in params.values())
+    chunk = max(1, min(32, REVERSE_BYTES // (12 * n)))  # ≈ 12 bytes per parameter and token
+    rev_prefix = timed(lambda: reverse_scores(model, cut, params, blocks, 0, chunk)) - draw
     rows, cut_rows = [(PROMPT, length)], [(PROMPT, min(prefix, length))]
     scale = _prefix_work(rows, 32) / _prefix_work(cut_rows, 32)
     return {
         "model": name, "params": sum(p.numel() for p in model.parameters()), "T": length,
         "bare_forward_s": bare, "jvp_s_per_direction": jvp, "jvp_over_bare": jvp / bare,
         "vjp_s": draw + rev_prefix * scale, "vjp_extrapolated": prefix < length,
-        "rss_ratio": peak(name, length, "jvp") / max(peak(name, length, "bare"), 1e-9),
+        "rss_ratio": peak(name, length, NAME) / bare_rss, "eager_jvp_s_per_direction": eager,
+        "eager_over_bare": eager / bare, "eager_rss_ratio": peak(name, length, "eager") / bare_rss,
     }  # fmt: skip
 
 
@@ -149,7 +163,8 @@ def describe(r: dict, k: int) -> str:
         f"{r['model']:>5} ({r['params'] / 1e6:.1f} M) T={r['T']:>5}: jvp "
         f"{r['jvp_s_per_direction']:.3f} s/direction = {r['jvp_over_bare']:.2f} x bare forward "
         f"[{verdict(r['jvp_over_bare'])} <= 3]; vjp (k={k}) {r['vjp_s']:.1f} s{extrapolated}; "
-        f"peak RSS {r['rss_ratio']:.2f} x bare [{verdict(r['rss_ratio'])} <= 3]"
+        f"peak RSS {r['rss_ratio']:.2f} x bare [{verdict(r['rss_ratio'])} <= 3]; eager "
+        f"attention instead: {r['eager_over_bare']:.2f} x, peak RSS {r['eager_rss_ratio']:.2f} x"
     )
 
 
@@ -191,6 +206,7 @@ def main() -> None:
     parser.add_argument("--directions", type=int, default=4, help="directions per jvp (vmap)")
     parser.add_argument("--jl-seeds", type=int, default=0, help="projection seeds (default)")
     parser.add_argument("--models", default=",".join(MODELS), help="subset of 5M,25M,100M")
+    parser.add_argument("--lengths", default="256,2048", help="response lengths T")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._memory:
@@ -200,7 +216,8 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, {platform.python_version()}, load average "
           f"{os.getloadavg()}")  # fmt: skip
     chosen = args.models.split(",")
-    cases = [("5M", (256,))] if args.quick else [(m, (256, 2048)) for m in chosen if m]
+    lengths = tuple(int(t) for t in args.lengths.split(","))
+    cases = [("5M", (256,))] if args.quick else [(m, lengths) for m in chosen if m]
     rows = []
     for name, lengths in cases:
         per_model = [measure(name, t, args.k, args.prefix, args.directions) for t in lengths]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,21 +59,34 @@ def name_key(name: str) -> int:
 def direction_piece(
     seed: int, j: int, name: str, shape: Sequence[int], k: int, device: torch.device | str
 ) -> Tensor:
-    """The piece of direction `v_j` on parameter `name`: `shape` fp32, entries `N(0, 1/k)`,
-    drawn on `device` from the generator keyed by `(seed, j, crc32(name))`."""
-    state = np.random.SeedSequence([seed, STREAM_DIRECTIONS, j, name_key(name)])
-    generator = torch.Generator(device=device).manual_seed(int(state.generate_state(1)[0]))
-    return torch.randn(*shape, generator=generator, device=device) / math.sqrt(k)
+    """The piece of direction `v_j` on parameter `name`: `shape` fp32, entries `N(0, 1/k)`."""
+    return unit_pieces(seed, [j], name, shape, device)[0] / math.sqrt(k)
+
+
+def unit_pieces(
+    seed: int,
+    directions: Sequence[int],
+    name: str,
+    shape: Sequence[int],
+    device: torch.device | str,
+) -> Tensor:
+    """`[len(directions), *shape]` fp32: `√k · v_j` on parameter `name` for each j, entries
+    `N(0, 1)` drawn on `device` from the generator keyed by `(seed, j, crc32(name))`, each
+    straight into its slice (no stacking copy; the caller applies `1/√k` where it is cheapest)."""
+    out = torch.empty(len(directions), *shape, device=device)
+    for piece, j in zip(out, directions, strict=True):
+        state = np.random.SeedSequence([seed, STREAM_DIRECTIONS, j, name_key(name)])
+        generator = torch.Generator(device=device).manual_seed(int(state.generate_state(1)[0]))
+        torch.randn(*shape, generator=generator, device=device, out=piece)
+    return out
 
 
 def projection_columns(
-    seed: int, directions: Iterable[int], name: str, numel: int, k: int, device: torch.device | str
+    seed: int, directions: Sequence[int], name: str, numel: int, k: int, device: torch.device | str
 ) -> Tensor:
     """`[numel, len(directions)]`: the columns `v_j` (j in `directions`) restricted to one
     flattened parameter, what the reverse engine multiplies gradients by (`g @ columns`)."""
-    return torch.stack(
-        [direction_piece(seed, j, name, (numel,), k, device) for j in directions], dim=1
-    )
+    return unit_pieces(seed, directions, name, (numel,), device).T / math.sqrt(k)
 
 
 def select_parameters(model: nn.Module, pattern: str | None) -> dict[str, Tensor]:

@@ -17,11 +17,13 @@ projection product, and `columns` the time to draw the `n × K` direction column
 they are held, per product otherwise).
 
 Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
-forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + rows · h · L² · 2 + chunk ·
-V · 3)`; reverse `layers · L · (34 d + 5 h L) · 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))`
-plus the held columns and the pending gradients. Each engine takes the largest batching that
-fits in `MEMORY_SHARE` of the memory available on the device; one that does not fit at its
-smallest batching is not run (a clear error, never the kernel's OOM killer).
+forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2 + chunk · V · 3)` with
+`A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when they
+are formed a query chunk at a time (`chunked_attention.py`); reverse `layers · L · (34 d + 5 h L)
+· 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held columns and the pending gradients.
+Each engine takes the largest batching that fits in `MEMORY_SHARE` of the memory available on the
+device; one that does not fit at its smallest batching is not run (a clear error, never the
+kernel's OOM killer).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.errors import InputError
+from otb_diag.maths.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.maths.directions import Block, projection_columns
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.scores_forward import forward_scores
+from otb_diag.maths.scores_forward import HEAD_CHUNK, forward_scores, switchable
 from otb_diag.maths.scores_reverse import HOLD_BYTES, PENDING_BYTES, reverse_scores
 from otb_diag.maths.token_stats import pack_by_tokens
 
@@ -181,7 +184,7 @@ def plan_full(
     force: bool = False,
     batch_tokens: int = 16384,
     chunk_size: int = 32,
-    head_chunk: int = 256,
+    head_chunk: int = HEAD_CHUNK,
     available_bytes: float | None = None,
 ) -> FullPlan:
     """Estimate both engines (module docstring), choose one, and refuse what cannot run.
@@ -209,8 +212,13 @@ def plan_full(
     biggest_block = max(sum(params[name].numel() for name in b.params) for b in blocks)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
+    attention = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
+    if switchable(model):  # query-chunked: one chunk's scores (chunked_attention.py)
+        rows_max = max(len(g) for g in groups)
+        attention = min(attention, max(SCORES_PER_CHUNK, rows_max * heads * longest))
+
     def forward_peak(nd: int) -> float:
-        acts = tok_batch * 16 * d + tok_batch * heads * longest * 2 + head_chunk * vocab * 3
+        acts = tok_batch * 16 * d + attention * 2 + head_chunk * vocab * 3
         return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts
 
     def reverse_peak(c: int) -> float:

@@ -155,8 +155,7 @@ def token_scores(
     else:
         proj = forward_scores(
             model, batch, selected, blocks, seed, batch_tokens=batch_tokens,
-            directions_batch=plan.directions_batch, chunk_size=_DEFAULT_CHUNK["head"],
-            progress=progress,
+            directions_batch=plan.directions_batch, progress=progress,
         )  # fmt: skip
         # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
         block_sq = torch.stack(

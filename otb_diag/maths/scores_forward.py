@@ -12,7 +12,8 @@ Several directions share one primal computation: `vmap` over a batch of tangents
 log-softmax runs in fp32 from the final hidden states through the output layer in chunks of
 tokens (never `[B, L, V]`), the tangents in the parameters' dtype (bf16 models: bf16 tangents,
 fp32 log-softmax and accumulation). `scaled_dot_product_attention` has no forward-AD formula,
-so the pass switches the model to eager attention and back.
+so the pass switches the model to the query-chunked eager attention of `chunked_attention.py`
+(eager attention for a model that cannot switch) and back.
 
 Autograd's convention for an `nn.Embedding` with a `padding_idx` (Gemma's 0, OPT's 1): its
 lookup gives that row no gradient. Forward mode follows it by zeroing the row's tangent, exact
@@ -27,13 +28,15 @@ JL estimate, `E‖u_t‖² = ‖s_t‖²`, with relative error about `√(2/k)` 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
-from otb_diag.maths.directions import Block, direction_piece
+from otb_diag.maths import chunked_attention
+from otb_diag.maths.directions import Block, unit_pieces
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.token_stats import (
     eval_mode,
@@ -44,6 +47,9 @@ from otb_diag.maths.token_stats import (
 )
 
 _PREFIX = "lm."  # parameter names inside `_TokenLogProbs`
+# Tokens whose fp32 logits `[chunk, V]` (and their tangents) are formed at once: 64 halves a
+# 5 M model's peak memory against 256 at T = 256 (bench/README.md) at the same speed.
+HEAD_CHUNK = 64
 
 
 class _TokenLogProbs(nn.Module):
@@ -74,19 +80,21 @@ class _TokenLogProbs(nn.Module):
 
 
 @contextlib.contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run `model` with the eager attention implementation (forward-AD has no formula for
-    `scaled_dot_product_attention`), restoring the previous one afterwards."""
+def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
+    """Run `model` with the attention implementation `name` (`"eager"`, `chunked_attention.NAME`),
+    restoring the previous one afterwards."""
     config = model.config
     before = getattr(config, "_attn_implementation", None)
-    if before in (None, "eager"):
+    if before in (None, name):
         yield
         return
     setter = getattr(model, "set_attn_implementation", None)
+    if not switchable(model):
+        setter = None  # its attention modules read the config at each call
     if setter is not None:
-        setter("eager")
+        setter(name)
     else:
-        config._attn_implementation = "eager"
+        config._attn_implementation = name
     try:
         yield
     finally:
@@ -94,6 +102,26 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
             setter(before)
         else:
             config._attn_implementation = before
+
+
+def eager_attention(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Run `model` with the eager attention implementation (forward-AD has no formula for
+    `scaled_dot_product_attention`)."""
+    return attention_implementation(model, "eager")
+
+
+def forward_mode_attention(
+    model: nn.Module, name: str = chunked_attention.NAME
+) -> contextlib.AbstractContextManager[None]:
+    """Run `model` with `name` (default: the query-chunked eager attention), or with eager
+    attention for a model whose attention does not go through transformers' `AttentionInterface`
+    (it cannot switch to a registered implementation: Falcon, custom code)."""
+    return attention_implementation(model, name if switchable(model) else "eager")
+
+
+def switchable(model: nn.Module) -> bool:
+    """Whether `model`'s attention goes through transformers' `AttentionInterface`."""
+    return getattr(type(model), "_can_set_attn_implementation", lambda: False)()
 
 
 def forward_scores(
@@ -105,8 +133,9 @@ def forward_scores(
     *,
     batch_tokens: int,
     directions_batch: int,
-    chunk_size: int,
+    chunk_size: int = HEAD_CHUNK,
     progress: Callable[[int], None] | None = None,
+    attention: str = chunked_attention.NAME,
 ) -> Tensor:
     """`proj [B, T, K]` (K = Σ_b k_b) fp32 on the CPU, 0 at padding: `proj[i, t, offset_b + j] =
     ⟨v_{b,j}, ∇θ log p_t⟩` (module docstring).
@@ -114,7 +143,8 @@ def forward_scores(
     Responses are packed into padded batches of at most `batch_tokens` `prompt ⧺ response`
     tokens; each batch runs `⌈k_b / directions_batch⌉` vmapped jvps per block, every one over
     `directions_batch` tangents; the head's logits are formed `chunk_size` tokens at a time.
-    `progress` gets the response tokens of a batch once all its directions are done.
+    `progress` gets the response tokens of a batch once all its directions are done. The model
+    runs with the `attention` implementation (`forward_mode_attention`).
     """
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape
@@ -123,7 +153,7 @@ def forward_scores(
     wrapper = _TokenLogProbs(model, chunk_size)
     frozen = padding_rows(model)
     packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
-    with torch.no_grad(), eval_mode(model), eager_attention(model):
+    with torch.no_grad(), eval_mode(model), forward_mode_attention(model, attention):
         for group in pack_by_tokens(packed, batch_tokens):
             inputs, out_rows, cols = _padded(batch, group, device)
             for block in blocks:
@@ -132,23 +162,20 @@ def forward_scores(
                 for lo in range(0, block.k, directions_batch):
                     js = range(lo, min(lo + directions_batch, block.k))
                     tangents = {
-                        _PREFIX + n: torch.stack(
-                            [
-                                direction_piece(seed, j, n, params[n].shape, block.k, device)
-                                for j in js
-                            ]
-                        ).to(params[n].dtype)
+                        _PREFIX + n: unit_pieces(seed, js, n, params[n].shape, device).to(
+                            params[n].dtype
+                        )
                         for n in block.params
-                    }  # {name: [d, *shape]}: v_{b,j} restricted to each parameter
+                    }  # {name: [d, *shape]}: √k_b · v_{b,j} restricted to each parameter
                     for n, row in frozen.items():
                         if _PREFIX + n in tangents:
                             tangents[_PREFIX + n][:, row] = 0  # autograd's padding convention
                     u = vmap(_jvp_fn(wrapper, inputs, primals))(
                         tangents
-                    )  # [d, N]: ⟨v_{b,j}, ∇θ log p_t⟩
+                    )  # [d, N]: √k_b·⟨v, ∇θ log p_t⟩
                     proj[out_rows, cols, block.offset + lo : block.offset + lo + len(js)] = (
-                        u.T.float().cpu()
-                    )
+                        u.T.float().cpu() / math.sqrt(block.k)
+                    )  # the jvp is linear in the tangent: 1/√k_b applied to [N, d], not to [d, D]
             if progress is not None:
                 progress(sum(lengths[i] for i in group))
     return proj

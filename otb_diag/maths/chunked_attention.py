@@ -1,0 +1,93 @@
+"""Query-chunked eager attention for the forward-mode pass (theory.md §4).
+
+`scaled_dot_product_attention` has no forward-AD formula, and the eager implementation forms the
+scores `[B, heads, L, L]` at once: under `vmap(jvp)` each of them also carries a tangent per
+direction, which dominates the time and memory of a forward-mode pass at long T. This is the
+eager computation, `softmax(c·tanh(s q kᵀ / c) + mask) v` (c: Gemma-2's `softcap`, absent for
+most models; s: `scaling`), done `rows` query rows at a time with plain differentiable ops, so
+forward AD goes through it unchanged while the `L × L` intermediates and their tangents exist
+only `rows × keys` at a time. Keys that the mask excludes for every row of a chunk (after its last
+row for a causal mask, before its window for a sliding one) are skipped, which brings a causal
+model's attention work from `L²` towards `L²/2` as the chunks get more numerous: exact, since an
+excluded key's weight `exp(min − max)` is 0 in fp32.
+
+It is registered with transformers' `AttentionInterface` under `NAME`, with the eager (additive
+4-D float) mask, so a model switched to it (`set_attn_implementation(NAME)`, done by
+`scores_forward.forward_mode_attention`) builds the same masks (padding, causal, sliding windows)
+as for eager attention. Keys and values are shared across a GQA group by broadcasting instead of
+`repeat_kv`'s copies; the softmax runs in fp32; dropout follows `module.training` as eager's does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch._C._functorch import is_batchedtensor
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+NAME = "otb_chunked_eager"
+SCORES_PER_CHUNK = 1 << 20  # elements of one chunk's [B, heads, rows, keys] scores (4 MiB fp32)
+
+
+def chunked_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    rows: int | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    """`(out [B, Lq, heads, D], None)` from `query [B, heads, Lq, D]`, `key`/`value
+    [B, kv_heads, Lk, D]` and the additive `attention_mask [B, 1, Lq, Lk]` (0 kept, dtype min
+    dropped) or None; `rows` query rows per chunk (default: `SCORES_PER_CHUNK` scores)."""
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads  # GQA: query heads per key/value head
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    rows = rows or max(1, SCORES_PER_CHUNK // (batch * heads * kv_len))
+    q = query.reshape(batch, kv_heads, group, q_len, head_dim)
+    k, v = key[:, :, None], value[:, :, None]  # [B, kv_heads, 1, Lk, D]: broadcast over the group
+    masks = None if attention_mask is None else _grouped(attention_mask[..., :kv_len], kv_heads)
+    out = []
+    for lo in range(0, q_len, rows):
+        hi = min(lo + rows, q_len)
+        mask = None if masks is None else masks[:, :, :, lo:hi]
+        first, last = _kept_keys(mask, kv_len)
+        scores = q[:, :, :, lo:hi] @ k[:, :, :, first:last].transpose(-1, -2) * scaling
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)  # Gemma-2: c·tanh(s/c)
+        if mask is not None:
+            scores = scores + mask[..., first:last]
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+        out.append(weights @ v[:, :, :, first:last])  # [B, kv_heads, group, rows, D]
+    attended = torch.cat(out, dim=3).reshape(batch, heads, q_len, head_dim)
+    return attended.transpose(1, 2).contiguous(), None
+
+
+def _grouped(mask: Tensor, kv_heads: int) -> Tensor:
+    """`[B, 1 or kv_heads, 1 or group, Lq, Lk]`: a `[B, 1, Lq, Lk]` mask broadcast over all heads,
+    a per-head `[B, heads, Lq, Lk]` one split into its key/value groups."""
+    if mask.shape[1] == 1:
+        return mask[:, :, None]
+    return mask.unflatten(1, (kv_heads, mask.shape[1] // kv_heads))
+
+
+def _kept_keys(mask: Tensor | None, kv_len: int) -> tuple[int, int]:
+    """`[first, last)`: the keys some row of the chunk attends to (all when the mask is absent,
+    batched under vmap, or drops every key, as for a padding-only chunk)."""
+    if mask is None or is_batchedtensor(mask):
+        return 0, kv_len
+    kept = (mask > torch.finfo(mask.dtype).min / 2).flatten(0, -2).any(0).nonzero()  # [n, 1]
+    if len(kept) == 0:
+        return 0, kv_len
+    return int(kept[0, 0]), int(kept[-1, 0]) + 1
+
+
+ALL_ATTENTION_FUNCTIONS.register(NAME, chunked_attention_forward)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
