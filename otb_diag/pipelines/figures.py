@@ -64,7 +64,7 @@ class FigurePlan:
             return cls(
                 train_steps=200, variance_modes=("proxy", "head", "full"), draws=200,
                 bootstrap=1000, sketch_dim=16, group_sizes=(2, 4, 8, 16, 32, 64),
-                sweep_lrs=(3e-4, 1e-3, 3e-3), prompts_per_step=2,
+                sweep_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3), prompts_per_step=2,
             )  # fmt: skip
         if quick:
             return cls(
