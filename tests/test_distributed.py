@@ -51,13 +51,20 @@ def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
     return path
 
 
-def torchrun(n: int, *args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(
+    n: int, *args: str | Path, timeout: float = 240, script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`otb-diag ARGS` (or `python SCRIPT ARGS`) on `n` gloo ranks."""
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python", str(BIN)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    cmd += [str(script)] if script else ["--no-python", str(BIN)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
+    # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
+    # so a failure in CI says where that rank was.
+    env["PYTHONFAULTHANDLER"] = "1"
     return subprocess.run(
         cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -216,6 +223,33 @@ def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -
     assert two.returncode == 0, two.stderr[-3000:]
     assert json.loads(two.stdout) == json.loads(one.stdout)
     assert json.loads(two.stdout)["rows"] == GROUPS * PER_GROUP
+
+
+LEAVE_SESSION = """
+import os, sys
+from otb_diag.io.checkpoint import load_checkpoint
+from otb_diag.io.distributed import session
+
+with session("cpu") as d:
+    load_checkpoint(sys.argv[1])
+tasks = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(f"rank {d.rank} threads after the session: {tasks}")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names from Linux /proc")
+def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
+    """After `session()` the process group is gone, gloo's threads with it, even when a model was
+    loaded inside (transformers then imports torch.distributed.fsdp, whose default argument
+    `dist.group.WORLD` would hold a group made before it): threads left for interpreter teardown
+    once aborted a rank in CI after its work was done."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_SESSION, encoding="utf-8")
+    result = torchrun(2, default_checkpoint(), script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "threads after" in line]
+    assert len(lines) == 2, result.stdout
+    assert all("gloo" not in line for line in lines), lines
 
 
 def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ Failure handling, so that one rank's problem never leaves the others hanging:
 - every collective has a timeout (`OTB_DIAG_DIST_TIMEOUT_S`, default 1800 s), and a lost peer
   (a killed rank) surfaces as `DistributedError`, not a hang;
 - SIGTERM (what torchrun sends to the survivors when a rank dies) raises `SystemExit`, so the
-  atomic writers' clean-up runs and no temporary file is left in `--out`.
+  atomic writers' clean-up runs and no temporary file is left in `--out`;
+- a run that succeeds ends with a barrier, so no rank shuts its process group down while
+  another still uses it.
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ def session(device: str = "cpu") -> Iterator[Dist]:
     import torch
     import torch.distributed as dist
 
+    # Import the model stack before the group exists. torch.distributed.fsdp, which transformers
+    # imports (through torch._dynamo), binds `dist.group.WORLD` as a default argument when it is
+    # first imported: imported after init_process_group, it keeps the group, and gloo's threads,
+    # alive past destroy_process_group into interpreter teardown, where they sometimes abort the
+    # rank (SIGABRT, "terminate called without an active exception") after its work is done.
+    import transformers.modeling_utils  # noqa: F401
+
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -122,6 +131,10 @@ def session(device: str = "cpu") -> Iterator[Dist]:
     _current = Dist(dist.get_rank(), dist.get_world_size())
     try:
         yield _current
+        # Leave together: a rank that tears gloo down while rank 0 is still writing (and its
+        # pairs still open) can abort in gloo's shutdown. Skipped on an error, whose peers are
+        # stopped by `checked` or by torchrun's SIGTERM instead.
+        _collective(dist.barrier)
     finally:
         _current = None
         with contextlib.suppress(Exception):
