@@ -38,10 +38,10 @@ from otb_diag.maths.coordinate_variance import (
 from otb_diag.maths.directions import (
     Block,
     block_of,
-    direction_piece,
     parameter_blocks,
     projection_columns,
     select_parameters,
+    unit_pieces,
 )
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.scores import token_scores
@@ -144,19 +144,24 @@ def test_engines_agree_on_the_embedded_default() -> None:
     assert_close_to_norm(jvp.proj, vjp.proj, rel=1e-5)
 
 
+def direction_piece(seed: int, j: int, name: str, shape: tuple[int, ...], k: int) -> torch.Tensor:
+    """The piece of direction `v_j` on parameter `name` (CPU): entries `N(0, 1/k)`."""
+    return unit_pieces(seed, [j], name, shape, "cpu")[0] / math.sqrt(k)
+
+
 def test_directions_regenerate_identically_and_independently() -> None:
-    a = direction_piece(7, 3, "model.layers.0.mlp.up_proj.weight", (5, 4), 16, "cpu")
-    again = direction_piece(7, 3, "model.layers.0.mlp.up_proj.weight", (5, 4), 16, "cpu")
+    a = direction_piece(7, 3, "model.layers.0.mlp.up_proj.weight", (5, 4), 16)
+    again = direction_piece(7, 3, "model.layers.0.mlp.up_proj.weight", (5, 4), 16)
     assert torch.equal(a, again)
     name = "model.layers.0.mlp.up_proj.weight"
     for other in [(8, 3, name), (7, 4, name), (7, 3, name.replace("0", "1"))]:
-        assert not torch.allclose(a, direction_piece(*other, (5, 4), 16, "cpu"))
+        assert not torch.allclose(a, direction_piece(*other, (5, 4), 16))
     # the scale is 1/√k: over many entries, the variance is 1/k
-    big = direction_piece(0, 0, "w", (200_000,), 16, "cpu")
+    big = direction_piece(0, 0, "w", (200_000,), 16)
     assert big.var().item() == pytest.approx(1 / 16, rel=0.02)
     # the reverse engine's columns are the same pieces
     cols = projection_columns(7, range(2, 5), "x", 20, 16, "cpu")
-    torch.testing.assert_close(cols[:, 1], direction_piece(7, 3, "x", (20,), 16, "cpu"))
+    torch.testing.assert_close(cols[:, 1], direction_piece(7, 3, "x", (20,), 16))
 
 
 def test_forward_engine_does_not_depend_on_batching() -> None:

@@ -56,13 +56,6 @@ def name_key(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
-def direction_piece(
-    seed: int, j: int, name: str, shape: Sequence[int], k: int, device: torch.device | str
-) -> Tensor:
-    """The piece of direction `v_j` on parameter `name`: `shape` fp32, entries `N(0, 1/k)`."""
-    return unit_pieces(seed, [j], name, shape, device)[0] / math.sqrt(k)
-
-
 def unit_pieces(
     seed: int,
     directions: Sequence[int],
