@@ -354,3 +354,20 @@ def test_runs_sharing_baseline_and_size_get_distinct_colours() -> None:
         baseline_color("otb"),
     ]
     assert mixed["r0"]["linestyle"] != mixed["r1"]["linestyle"]
+
+
+def test_fig1_draws_the_trailing_mean_over_the_faint_per_step_score() -> None:
+    from otb_diag.plots.dynamics import fig1_grad_norm_and_score
+
+    frame = synthetic_run(collapse_at=None, rise_at=None, seed=2)
+    frame["score"] = np.random.default_rng(0).uniform(0, 1, len(frame))  # noisy, as 8 samples are
+    result = analyse_run(frame, DetectionRule(smooth=5))
+    table = frame.assign(run="r", score_smoothed=result.score_smoothed)
+    fig = fig1_grad_norm_and_score(table, [{"run": "r", **result.summary()}])
+    curves = [ln for ln in fig.axes[1].get_lines() if len(ln.get_xdata()) == len(frame)]
+    (faint,) = [ln for ln in curves if ln.get_alpha() is not None]
+    (line,) = [ln for ln in curves if ln.get_alpha() is None]
+    np.testing.assert_array_equal(np.asarray(faint.get_ydata(), float), frame["score"])
+    expected = frame["score"].rolling(5, min_periods=5).mean().to_numpy()
+    np.testing.assert_allclose(np.asarray(line.get_ydata(), float), expected, rtol=1e-12)
+    assert "trailing mean" in fig.axes[1].get_title()

@@ -29,6 +29,8 @@ from transformers import (
 
 from otb_diag.errors import InputError
 from otb_diag.maths import full_cost
+from otb_diag.maths import scores as scores_module
+from otb_diag.maths import scores_forward as scores_forward_module
 from otb_diag.maths.chunked_attention import NAME
 from otb_diag.maths.coordinate_variance import (
     block_tables,
@@ -324,6 +326,24 @@ def test_cost_model_refuses_over_budget_unless_forced() -> None:
     assert "estimated forward mode (jvp)" in ok.describe()
     tokens = sum(len(r) for r in RESPONSES)
     assert ok.tokens == tokens and ok.directions == 8 and ok.n_params > 0
+
+
+def test_forward_mode_packs_small_batches_on_the_cpu_and_runs_as_planned() -> None:
+    model, batch = gpt2(), make_batch()
+    cap = full_cost.CPU_FORWARD_BATCH_TOKENS
+    assert plan(model, batch, engine="jvp", batch_tokens=16384).forward_batch_tokens == cap
+    assert plan(model, batch, engine="jvp", batch_tokens=12).forward_batch_tokens == 12
+    seen: list[int] = []
+    real = scores_forward_module.forward_scores
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["batch_tokens"])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scores_module, "forward_scores", spy)
+        token_scores(model, batch, "full", 8, seed=0, engine="jvp", batch_tokens=16384)
+    assert seen == [cap]
 
 
 def test_cost_model_refuses_what_does_not_fit_in_memory() -> None:

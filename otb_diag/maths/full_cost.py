@@ -47,6 +47,11 @@ from otb_diag.maths.scores_reverse import HOLD_BYTES, PENDING_BYTES, reverse_sco
 from otb_diag.maths.token_stats import pack_by_tokens
 
 CALIBRATION_TOKENS = 256
+# Forward mode on the CPU packs at most this many padded tokens per batch. Its cost per direction
+# and token grows with the batch (25 M model, 8 directions, rows of 520 tokens, 2 threads:
+# 1.05-1.35 µs at 520-1040 tokens a batch, 1.4-1.5 at 2080, 1.7-1.8 at 4160), as the tangents of
+# the activations outgrow the caches; a GPU keeps `batch_tokens` (the larger, the busier).
+CPU_FORWARD_BATCH_TOKENS = 1024
 MEMORY_SHARE = 0.7
 DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
 DEFAULT_BUDGET_S = 7200.0
@@ -74,6 +79,7 @@ class FullPlan:
     reverse_peak_bytes: float
     available_bytes: float
     directions_batch: int
+    forward_batch_tokens: int  # padded tokens per forward-mode batch
     reverse_chunk: int
     budget_s: float | None
     calibration: dict[str, float] = field(default_factory=dict)
@@ -190,7 +196,8 @@ def plan_full(
     """Estimate both engines (module docstring), choose one, and refuse what cannot run.
 
     engine: `auto` (of the engines that fit, the reverse one unless forward mode's counted work
-    is less than 1/`EXACT_NORMS_PREMIUM` of it: `work_counts`), `jvp` or `vjp`. Raises
+    is less than 1/`EXACT_NORMS_PREMIUM` of it: `work_counts`), `jvp` or `vjp`. batch_tokens:
+    forward mode's padded tokens per batch (at most `CPU_FORWARD_BATCH_TOKENS` on the CPU). Raises
     `InputError` when the chosen engine does not fit in memory, or its estimate exceeds
     `budget_s` and not `force`.
     """
@@ -206,6 +213,8 @@ def plan_full(
     k_total = sum(b.k for b in blocks)
     longest = max(p + t for p, t in rows)
     tokens = sum(t for _, t in rows)
+    if device.type == "cpu":
+        batch_tokens = min(batch_tokens, CPU_FORWARD_BATCH_TOKENS)
     groups = pack_by_tokens([p + t for p, t in rows], batch_tokens)
     padded = sum(len(g) * max(rows[i][0] + rows[i][1] for i in g) for g in groups)
     tok_batch = max(len(g) * max(sum(rows[i]) for i in g) for g in groups)
@@ -255,7 +264,8 @@ def plan_full(
         engine = choose_engine(forward_w if nd else math.inf, reverse_w if chunk else math.inf)
     plan = FullPlan(
         engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
-        reverse_peak(max(chunk, 1)), available, max(nd, 1), max(chunk, 1), budget_s, calibration,
+        reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, max(chunk, 1), budget_s,
+        calibration,
     )  # fmt: skip
     if not math.isfinite(plan.estimate_s):
         peak = plan.forward_peak_bytes if plan.engine == "jvp" else plan.reverse_peak_bytes

@@ -113,7 +113,8 @@ def token_scores(
     `jvp` engine's head too) or the `vjp` engine's per-token gradients `[chunk, n_params]`
     (default 32, lowered to fit memory: each chunk's backward passes run over the prefix it
     needs, so small chunks skip most of the causal triangle's unused half).
-    batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`, `jvp`).
+    batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`, `jvp`; the `jvp`
+    engine takes at most `full_cost.CPU_FORWARD_BATCH_TOKENS` on the CPU).
     force: run `full` mode even when its estimate exceeds `budget_s` (seconds; None: no limit).
     progress: called with the number of response tokens of each finished batch or response.
     engine, params, by_block, directions_per_block: `full` only: the engine (`auto` by the cost
@@ -154,7 +155,7 @@ def token_scores(
         )
     else:
         proj = forward_scores(
-            model, batch, selected, blocks, seed, batch_tokens=batch_tokens,
+            model, batch, selected, blocks, seed, batch_tokens=plan.forward_batch_tokens,
             directions_batch=plan.directions_batch, progress=progress,
         )  # fmt: skip
         # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm

@@ -115,7 +115,7 @@ def run_figures(
             "fig5_probability_vs_gradient",
             "fig_energy_by_step",
         ],
-        f"otb-diag energy --ckpt {start.parent}{scenario_flag}",
+        f"otb-diag energy --ckpt {_shown(start.parent)}{scenario_flag}",
     )
     timings["energy_s"] = time.perf_counter() - t0
 
@@ -214,6 +214,15 @@ def run_figures(
     }
     write_json(out / "figures.json", record)
     return record
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it (as a user types it; the
+    record then holds no machine's absolute path), else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:

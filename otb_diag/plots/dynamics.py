@@ -122,7 +122,9 @@ def _color(style: dict) -> dict:
 
 def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
     """Gradient norm (log scale) above, score below, against step; one line per run, its
-    collapse step (if any) as a dotted vertical line in the run's colour on both panels."""
+    collapse step (if any) as a dotted vertical line in the run's colour on both panels. With a
+    `score_smoothed` column (what `otb-diag dynamics` writes) the score panel draws it as the
+    line, the per-step score faint behind it."""
     styles, results = _styles(table), _results(runs)
     fig, (top, bottom) = _stacked(4.0)
     with mpl.rc_context(STYLE):
@@ -130,15 +132,24 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
         _log_panel(
             top, [(rows, "grad_norm", styles[run], run) for run, rows in groups], "grad_norm"
         )
+        smoothed = "score_smoothed" in table and bool(np.isfinite(table["score_smoothed"]).any())
         for run, rows in groups:
             style = styles[run]
-            bottom.plot(rows["step"], rows["score"], marker="o" if len(rows) == 1 else "", **style)
+            marker = "o" if len(rows) == 1 else ""
+            if smoothed:  # a step's score is a few samples' mean: the trailing mean reads better
+                bottom.plot(rows["step"], rows["score"], marker=marker, alpha=0.25,
+                            linewidth=0.6, **_color(style))  # fmt: skip
+                bottom.plot(rows["step"], rows["score_smoothed"], **style)
+            else:
+                bottom.plot(rows["step"], rows["score"], marker=marker, **style)
             for ax in (top, bottom):
                 _mark(ax, results[run]["collapse_step"], style["color"], ":")
         top.set_ylabel("gradient norm ‖g‖")
         top.set_title("Gradient norm and score (dotted: detected collapse)")
         top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("score (mean reward)")
+        if smoothed:
+            bottom.set_title("faint: each step; line: trailing mean (--smooth points)", fontsize=6)
         bottom.set_xlabel("training step")
     return fig
 
