@@ -226,14 +226,15 @@ def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -
 
 
 LEAVE_SESSION = """
-import os, sys
+import json, os, sys
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.distributed import session
 
 with session("cpu") as d:
     load_checkpoint(sys.argv[1])
 tasks = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(f"rank {d.rank} threads after the session: {tasks}")
+with open(os.path.join(sys.argv[2], f"rank{d.rank}.json"), "w") as f:  # one file a rank: the
+    json.dump(tasks, f)  # ranks' prints could interleave on the shared stdout
 """
 
 
@@ -245,11 +246,10 @@ def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
     once aborted a rank in CI after its work was done."""
     script = tmp_path / "leave.py"
     script.write_text(LEAVE_SESSION, encoding="utf-8")
-    result = torchrun(2, default_checkpoint(), script=script)
+    result = torchrun(2, default_checkpoint(), tmp_path, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if "threads after" in line]
-    assert len(lines) == 2, result.stdout
-    assert all("gloo" not in line for line in lines), lines
+    threads = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert all(names and not any("gloo" in n for n in names) for names in threads.values()), threads
 
 
 def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
