@@ -371,3 +371,23 @@ def test_fig1_draws_the_trailing_mean_over_the_faint_per_step_score() -> None:
     expected = frame["score"].rolling(5, min_periods=5).mean().to_numpy()
     np.testing.assert_allclose(np.asarray(line.get_ydata(), float), expected, rtol=1e-12)
     assert "trailing mean" in fig.axes[1].get_title()
+
+
+def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None:
+    """A 3-step TRL run beside a long one: the long run gets its trailing mean, the short one
+    (no mean within 5 points) keeps its score as a full line, not only a faint one."""
+    from otb_diag.plots.dynamics import fig1_grad_norm_and_score
+
+    rule = DetectionRule(smooth=5)
+    frames, runs = [], []
+    for name, n in (("long", 40), ("short", 3)):
+        frame = synthetic_run(n=n, collapse_at=None, rise_at=None)
+        result = analyse_run(frame, rule)
+        frames.append(frame.assign(run=name, score_smoothed=result.score_smoothed))
+        runs.append({"run": name, **result.summary()})
+    fig = fig1_grad_norm_and_score(pd.concat(frames, ignore_index=True), runs)
+    full = [ln for ln in fig.axes[1].get_lines() if ln.get_alpha() is None]
+    short = [ln for ln in full if len(ln.get_xdata()) == 3]
+    assert len(short) == 1
+    np.testing.assert_array_equal(np.asarray(short[0].get_ydata(), float), frames[1]["score"])
+    assert any(len(ln.get_xdata()) == 40 for ln in full)  # the long run's trailing mean

@@ -124,7 +124,7 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
     """Gradient norm (log scale) above, score below, against step; one line per run, its
     collapse step (if any) as a dotted vertical line in the run's colour on both panels. With a
     `score_smoothed` column (what `otb-diag dynamics` writes) the score panel draws it as the
-    line, the per-step score faint behind it."""
+    line, the per-step score faint behind it (a run too short for the mean: its per-step line)."""
     styles, results = _styles(table), _results(runs)
     fig, (top, bottom) = _stacked(4.0)
     with mpl.rc_context(STYLE):
@@ -132,11 +132,14 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
         _log_panel(
             top, [(rows, "grad_norm", styles[run], run) for run, rows in groups], "grad_norm"
         )
-        smoothed = "score_smoothed" in table and bool(np.isfinite(table["score_smoothed"]).any())
+        smoothed = False  # whether some run's score is drawn as its trailing mean
         for run, rows in groups:
             style = styles[run]
             marker = "o" if len(rows) == 1 else ""
-            if smoothed:  # a step's score is a few samples' mean: the trailing mean reads better
+            # A step's score is a few samples' mean: the trailing mean reads better. A run
+            # shorter than the mean's window has none and keeps its per-step line.
+            if "score_smoothed" in rows and np.isfinite(rows["score_smoothed"]).any():
+                smoothed = True
                 bottom.plot(rows["step"], rows["score"], marker=marker, alpha=0.25,
                             linewidth=0.6, **_color(style))  # fmt: skip
                 bottom.plot(rows["step"], rows["score_smoothed"], **style)
