@@ -31,13 +31,13 @@ import torch
 from bench_stats import _rss_kib
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from otb_diag.maths.chunked_attention import NAME
-from otb_diag.maths.directions import Block, select_parameters
-from otb_diag.maths.full_cost import _prefix_work, _sub_batch
 from otb_diag.maths.response_batch import ResponseBatch, pad
-from otb_diag.maths.scores import token_scores
-from otb_diag.maths.scores_forward import eager_attention, forward_scores
-from otb_diag.maths.scores_reverse import _Columns, reverse_scores
+from otb_diag.policy.scores.chunked_attention import NAME
+from otb_diag.policy.scores.cost import _prefix_work, _sub_batch
+from otb_diag.policy.scores.directions import Block, select_parameters
+from otb_diag.policy.scores.forward_mode import eager_attention, forward_scores
+from otb_diag.policy.scores.reverse_mode import _Columns, reverse_scores
+from otb_diag.policy.scores.token_scores import token_scores
 
 MODELS = {"5M": (256, 4, 4096), "25M": (512, 6, 4096), "100M": (768, 12, 8192)}  # d, layers, V
 PROMPT = 8
@@ -171,11 +171,11 @@ def describe(r: dict, k: int) -> str:
 def jl_seeds(seeds: int, k: int) -> dict:
     import numpy as np
 
-    from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-    from otb_diag.io.inputs import LoadOptions, checkpoint_batch, load_rollouts
-    from otb_diag.maths.coordinate_variance import projection_error
+    from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
     from otb_diag.maths.returns import returns_to_go
-    from otb_diag.maths.variance import paired_estimates, variance_table
+    from otb_diag.maths.variance.blocks import projection_error
+    from otb_diag.maths.variance.paired_draws import paired_estimates, variance_table
 
     ckpt, batch, _ = checkpoint_batch(
         default_checkpoint(), load_rollouts(DEFAULT_ROLLOUTS), LoadOptions()

@@ -55,8 +55,8 @@ def qwen15b_shaped():  # -> transformers.Qwen2ForCausalLM, random weights in bf1
 
 
 def one_response_batch(tokens: int):  # -> ResponseBatch of one row
-    from otb_diag.io.batch import make_batch
-    from otb_diag.io.rollouts import Response, Rollouts
+    from otb_diag.io.rollouts.readers import Response, Rollouts
+    from otb_diag.io.rollouts.to_batch import make_batch
 
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (PROMPT + tokens,), generator=g).tolist()
@@ -100,8 +100,8 @@ def main() -> None:
         print("skipped: no CUDA")
         return
 
-    from otb_diag.maths.energy import checkpoint_stats
-    from otb_diag.maths.scores import token_scores
+    from otb_diag.maths.energy.tables import checkpoint_stats
+    from otb_diag.policy.scores.token_scores import token_scores
 
     model = qwen15b_shaped()
     batch = one_response_batch(args.tokens)

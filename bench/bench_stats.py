@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.io.rollouts import read_rollouts
-from otb_diag.maths.token_stats import pack_by_tokens, pad_batch, stats_for_sequences
+from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.policy.forward_pass import pack_by_tokens, pad_batch, stats_for_sequences
 
 TIME_TARGET = 1.15  # statistics pass / bare forward, on CPU
 MEMORY_TARGET = 0.25  # peak extra RSS, statistics pass / naive logits path

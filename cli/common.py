@@ -18,7 +18,7 @@ import typer
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import json_text
-from otb_diag.io.distributed import DistributedError
+from otb_diag.runtime.torchrun import DistributedError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -217,7 +217,7 @@ def checkpoint_dirs(ckpt: list[Path] | None, scenario: str = "default") -> list[
     """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
     the scenario's embedded final checkpoint, with a note, when none is given."""
     from otb_diag.io.checkpoint import find_checkpoints
-    from otb_diag.io.defaults import default_checkpoint
+    from otb_diag.io.scenarios import default_checkpoint
 
     dirs = ckpt or [or_default(None, lambda: default_checkpoint(scenario), "--ckpt")]
     return [c for d in dirs for c in find_checkpoints(d)]

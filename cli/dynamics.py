@@ -78,7 +78,7 @@ def dynamics(
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.maths.collapse import DetectionRule
+    from otb_diag.dynamics.collapse import DetectionRule
     from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
 
     if label and len(label) != len(log):

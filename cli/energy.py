@@ -92,9 +92,9 @@ def energy(
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
-    from otb_diag.io.defaults import default_rollouts
-    from otb_diag.io.inputs import LoadOptions
-    from otb_diag.pipelines.energy import EnergySettings, format_summary, run_energy
+    from otb_diag.io.loading import LoadOptions
+    from otb_diag.io.scenarios import default_rollouts
+    from otb_diag.pipelines.energy.recipe import EnergySettings, format_summary, run_energy
 
     rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     if model_free:

@@ -44,7 +44,7 @@ def figures(
 
     Example: otb-diag figures --out figures/
     """
-    from otb_diag.pipelines.figures import run_figures
+    from otb_diag.pipelines.figures.recipe import run_figures
 
     record = run_figures(
         out, quick=quick, seed=seed, progress=not quiet, scenario=scenario, jobs=jobs

@@ -42,7 +42,7 @@ def build(
 
     Example: otb-diag lab build --scenario long --out ./long-lab --seed 0
     """
-    from otb_diag.io.defaults import check_scenario
+    from otb_diag.io.scenarios import check_scenario
     from otb_diag.lab.build import SCENARIOS, build_lab
 
     config = SCENARIOS[check_scenario(scenario)]

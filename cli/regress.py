@@ -64,8 +64,8 @@ def regress(
 
         otb-diag regress --golden golden.json --current runs --junit report.xml
     """
-    from otb_diag.pipelines import regress as lib
-    from otb_diag.pipelines.run_metrics import collect_metrics
+    from otb_diag.pipelines.regress import recipe as lib
+    from otb_diag.pipelines.regress.run_metrics import collect_metrics
 
     metrics = collect_metrics(current)
     if update:

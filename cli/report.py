@@ -45,7 +45,7 @@ def report(
 
         otb-diag report runs --out report.html
     """
-    from otb_diag.pipelines.report import write_report
+    from otb_diag.pipelines.report.recipe import write_report
 
     path = write_report(run_dirs, out, golden)
     typer.echo(f"wrote {path.resolve()}")

@@ -61,8 +61,8 @@ def inspect(
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
     """
-    from otb_diag.io.defaults import default_checkpoint, default_rollouts
-    from otb_diag.pipelines.inspect import format_summary, inspect_rollouts
+    from otb_diag.io.scenarios import default_checkpoint, default_rollouts
+    from otb_diag.pipelines.inspect.recipe import format_summary, inspect_rollouts
 
     def tokenizer() -> tuple[Any, int]:
         from otb_diag.io.checkpoint import load_tokenizer

@@ -83,9 +83,9 @@ def train(
 
     Example: otb-diag train --baseline otb --group-size 4 --steps 20 --out run/
     """
-    from otb_diag.io.defaults import default_checkpoint
-    from otb_diag.pipelines.train import format_summary, scenario_settings
-    from otb_diag.pipelines.train import train as run_training
+    from otb_diag.io.scenarios import default_checkpoint
+    from otb_diag.pipelines.rl_training import format_summary, scenario_settings
+    from otb_diag.pipelines.rl_training import train as run_training
 
     settings = scenario_settings(
         scenario,

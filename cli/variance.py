@@ -165,9 +165,14 @@ def variance_compare(
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
     from otb_diag.errors import InputError
-    from otb_diag.io.defaults import default_rollouts
-    from otb_diag.io.inputs import LoadOptions
-    from otb_diag.pipelines.variance import MODES, VarianceSettings, format_summary, run_variance
+    from otb_diag.io.loading import LoadOptions
+    from otb_diag.io.scenarios import default_rollouts
+    from otb_diag.pipelines.variance.recipe import (
+        MODES,
+        VarianceSettings,
+        format_summary,
+        run_variance,
+    )
 
     modes = _csv(mode)
     unknown = [m for m in modes if m not in MODES]

@@ -19,23 +19,25 @@ from typing import Any
 import pandas as pd
 from torch import Tensor
 
-from otb_diag.io.batch import make_batch
+from otb_diag.dynamics.collapse import DetectionRule as DetectionRule  # re-exported
+from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.checkpoint import load_checkpoint as load_checkpoint  # re-exported
-from otb_diag.io.defaults import default_checkpoint, default_rollouts
-from otb_diag.io.inputs import load_rollouts
-from otb_diag.io.rollouts import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.loading import load_rollouts
+from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.scenarios import default_checkpoint, default_rollouts
 from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
-from otb_diag.maths.baselines import BASELINES, compute_advantages
-from otb_diag.maths.baselines import register_baseline as register_baseline  # re-exported
-from otb_diag.maths.collapse import DetectionRule as DetectionRule  # re-exported
-from otb_diag.maths.collapse import RunDynamics, analyse_run
-from otb_diag.maths.energy import checkpoint_stats
-from otb_diag.maths.energy import energy_tables as energy_tables  # re-exported
+from otb_diag.maths.energy.tables import checkpoint_stats
+from otb_diag.maths.energy.tables import energy_tables as energy_tables  # re-exported
+from otb_diag.maths.estimators.baselines import BASELINES, compute_advantages
+from otb_diag.maths.estimators.baselines import (
+    register_baseline as register_baseline,  # re-exported
+)
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.token_stats import TokenStats, cumulative_energy
-from otb_diag.pipelines.variance import VarianceSettings, run_variance
+from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
+from otb_diag.policy.forward_pass import TokenStats, cumulative_energy
 
 
 def embedded_default(scenario: str = "default") -> tuple[Path, Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from otb_diag.io.defaults import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
 
 runner = CliRunner()
 

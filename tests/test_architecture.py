@@ -15,18 +15,21 @@ RANK = {
     "__init__": 0,  # the package root: `__version__`, and the API names it resolves lazily
     "errors": 0,
     "maths": 1,
-    "io": 2,
-    "plots": 3,
-    "lab": 4,
-    "pipelines": 5,
-    "api": 6,
-    "cli": 6,
-    "__main__": 7,
+    "dynamics": 1,
+    "runtime": 2,
+    "policy": 3,
+    "io": 4,
+    "plots": 5,
+    "lab": 6,
+    "pipelines": 7,
+    "api": 8,
+    "cli": 8,
+    "__main__": 9,
 }
 
 
 def layer(module: str) -> str:
-    """`otb_diag.maths.baselines` -> `maths`; `otb_diag.cli.main` -> `cli`;
+    """`otb_diag.maths.estimators.baselines` -> `maths`; `otb_diag.cli.main` -> `cli`;
     `otb_diag.__version__` -> `__init__`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in RANK else "__init__"

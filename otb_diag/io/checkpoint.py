@@ -15,7 +15,7 @@ import torch
 from packaging.version import Version
 
 from otb_diag.errors import InputError
-from otb_diag.io.devices import device_map_kwargs, resolve_device
+from otb_diag.runtime.devices import device_map_kwargs, resolve_device
 
 if TYPE_CHECKING:  # transformers itself is imported where a checkpoint is read (seconds of
     # start-up that model-free commands do not pay)

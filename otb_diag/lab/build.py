@@ -37,8 +37,7 @@ from transformers import (
 
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import no_transformers_progress_bars
-from otb_diag.io.defaults import SCENARIOS as SCENARIO_NAMES
-from otb_diag.io.devices import torch_threads
+from otb_diag.io.scenarios import SCENARIOS as SCENARIO_NAMES
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.sample import (
     rollout_rows,
@@ -46,6 +45,7 @@ from otb_diag.lab.sample import (
     sample_responses,
     sample_tool_responses,
 )
+from otb_diag.lab.sft import train
 from otb_diag.lab.task import (
     MAX_DIGITS,
     MIN_DIGITS,
@@ -57,7 +57,7 @@ from otb_diag.lab.task import (
     verify,
 )
 from otb_diag.lab.tokenizer import ALPHABET, LONG_ALPHABET, build_tokenizer
-from otb_diag.lab.train import train
+from otb_diag.runtime.devices import torch_threads
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
+from otb_diag.dynamics.collapse import DetectionRule, analyse_run
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import read_training_log, with_label
-from otb_diag.maths.collapse import DetectionRule, analyse_run
 from otb_diag.plots import dynamics as plots_dynamics
 from otb_diag.plots.style import save_figure
 

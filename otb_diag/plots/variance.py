@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
-from otb_diag.maths.fidelity import correlations
+from otb_diag.maths.variance.fidelity import correlations
 from otb_diag.plots.style import STYLE, baseline_color, new_figure
 
 LINESTYLES = {"loo": "--", "true": ":"}

@@ -1,0 +1,1 @@
+"""dynamics: see ARCHITECTURE.md."""

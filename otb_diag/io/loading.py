@@ -1,0 +1,109 @@
+"""From the user's paths to measurable tensors: read the rollouts, load each checkpoint, tokenize
+and bound-check the rollouts against it, and describe the inputs for a summary.json. Shared by
+every command that measures rollouts under a checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from otb_diag.errors import InputError
+from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts.sources import parse_steps, read_rollout_set
+from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.runtime.devices import device_map_kwargs, resolve_device
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
+    and how text prompts are tokenized (--chat-template)."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    chat_template: bool = False
+    device_map: str | None = None
+
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a device this
+        machine does not have."""
+        if self.device_map is None:
+            resolve_device(self.device)
+        else:
+            device_map_kwargs(self.device_map)
+
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint at `path`, loaded as these options say."""
+        return load_checkpoint(
+            path,
+            device=self.device,
+            device_map=self.device_map,
+            dtype=self.dtype,
+            allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+
+def load_rollouts(
+    path: Path,
+    temperature: float | None = None,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+) -> Rollouts:
+    """Read and validate rollouts (a file, a directory or a glob; rows with a step in `steps`,
+    "A-B"); `temperature`, when given, overrides every row's τ."""
+    rollouts = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_columns)
+    return with_temperature(rollouts, temperature)
+
+
+def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:
+    """`rollouts` with every row's τ replaced by `temperature`, when given."""
+    if temperature is None:
+        return rollouts
+    if temperature <= 0:
+        raise InputError(f"temperature must be positive, got {temperature}", field="temperature")
+    responses = [replace(r, temperature=temperature) for r in rollouts.responses]
+    return replace(rollouts, responses=responses)
+
+
+def response_tokens(rollouts: Rollouts) -> int | None:
+    """Total response tokens, or None while some rows are text only (not yet tokenized)."""
+    lengths = [len(r.response_ids) for r in rollouts.responses if r.response_ids is not None]
+    return sum(lengths) if len(lengths) == len(rollouts.responses) else None
+
+
+def checkpoint_batch(
+    path: Path, rollouts: Rollouts, options: LoadOptions
+) -> tuple[Checkpoint, ResponseBatch, int]:
+    """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
+    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
+    round-trip through the tokenizer."""
+    ckpt = options.load(path)
+    tokenized, issues = tokenize_rollouts(
+        rollouts, ckpt.tokenizer, chat_template=options.chat_template
+    )
+    check_vocab(tokenized, ckpt.vocab_size)
+    return ckpt, make_batch(tokenized), len(issues)
+
+
+def checkpoint_record(ckpt: Checkpoint) -> dict[str, Any]:
+    return {"path": str(ckpt.path), "sha256": directory_sha256(ckpt.path), "step": ckpt.step}
+
+
+def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:
+    """Path, format and hash of the rollouts; with several files, each file's hash."""
+    files = rollouts.files or [Path(rollouts.path)]
+    record: dict[str, Any] = {"path": str(Path(rollouts.path).resolve()), "format": rollouts.format}
+    if len(files) == 1:
+        return {**record, "sha256": file_sha256(files[0])}
+    return {
+        **record,
+        "files": [{"path": str(f.resolve()), "sha256": file_sha256(f)} for f in files],
+    }

@@ -1,0 +1,1 @@
+"""io/rollouts: see ARCHITECTURE.md."""

@@ -1,0 +1,163 @@
+"""What the index pass of `rollout_stream` learns from each row, two ways.
+
+`scan_rows` decodes and validates every row (`iter_responses`): the errors of `read_rollouts`
+come out in file order, before anything is measured, and the clamped round-off is counted.
+`scan_columns` reads four columns of a plain Parquet set (no trainer dump) as Arrow arrays, a
+batch at a time, without decoding rows: the group id (`group`, else `uid`), the response's size
+(the length of `response_ids`, else of `response`), whether `prompt_ids` and `response_ids` are
+there and whether `mask` holds a 0. It serves a caller that decodes every row later anyway
+(`energy`: the reading pass validates each row it decodes, so nothing goes unchecked), and
+returns None on anything it cannot settle from the columns (JSON Lines, a trainer dump, a
+missing column, a null or non-id group, a column of an unexpected type): the caller then scans
+the rows, which names the problem."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
+from otb_diag.io.rollouts.readers import Rollouts, iter_responses, trainer_of
+from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS, file_kind, first_keys, parquet_file
+from otb_diag.io.rollouts.rows import KEYS
+from otb_diag.io.rollouts.sources import StepRange
+
+
+@dataclass
+class RowScan:
+    """Per row of the set, in order: `(file position, index in its file, group id, size,
+    whether its step is wanted)`; and over the wanted rows, whether all have token ids and
+    whether some response holds tool output (mask 0). `clamped` is None when the rows were not
+    decoded (their round-off is then counted by the pass that decodes them)."""
+
+    rows: list[tuple[int, int, str, int, bool]]
+    has_ids: bool
+    tool_output: bool
+    formats: set[str]
+    clamped: dict[str, int] | None
+
+
+def scan_rows(
+    files: list[Path], steps: StepRange | None, reward_columns: list[str] | None
+) -> RowScan:
+    """Every row decoded and validated, in file order (see `set_rows`)."""
+    shells: list[Rollouts] = []
+    scan = RowScan([], True, False, set(), None)
+    for f, local, r, wanted in set_rows(files, shells, steps=steps, reward_columns=reward_columns):
+        size = len(r.response_ids) if r.response_ids is not None else len(r.response or "")
+        scan.rows.append((f, local, r.group, size, wanted))
+        if wanted:
+            scan.has_ids = scan.has_ids and r.response_ids is not None and r.prompt_ids is not None
+            scan.tool_output = scan.tool_output or (r.mask is not None and 0 in r.mask)
+    scan.formats = {shell.format for shell in shells}
+    scan.clamped = {k: sum(shell.clamped[k] for shell in shells) for k in CLAMPED_FIELDS}
+    return scan
+
+
+def set_rows(
+    files: list[Path],
+    shells: list[Rollouts],
+    *,
+    steps: StepRange | None = None,
+    reward_columns: list[str] | None = None,
+) -> Iterator[tuple[int, int, Any, bool]]:
+    """Every row of `files`, in order, validated, as `(file position, index in its file,
+    response, whether its step lies in steps)`; a row without a step is an `InputError` when
+    `steps` is given. Each file's `Rollouts` (format, clamped counts) is appended to `shells`
+    when the file is opened."""
+    for f, path in enumerate(files):
+        shell, rows = iter_responses(path, reward_columns=reward_columns)
+        shells.append(shell)
+        for local, r in rows:
+            if steps is not None and r.step is None:
+                raise shell.error_at(
+                    r, f"--steps {steps} needs a step on every row; this row has none", field="step"
+                )
+            yield f, local, r, steps is None or r.step in steps
+
+
+def scan_columns(files: list[Path]) -> RowScan | None:
+    """The scan of a plain Parquet set from its columns (every row wanted), or None."""
+    scan = RowScan([], True, False, {"parquet"}, None)
+    for f, path in enumerate(files):
+        if file_kind(path) != "parquet":
+            return None
+        keys = first_keys(path, "parquet")
+        if keys is None or trainer_of(keys) is not None:
+            return None
+        groups = [k for k in KEYS["group"] if k in keys]
+        if not groups:
+            return None
+        others = [k for k in ("response_ids", "response", "prompt_ids", "mask") if k in keys]
+        local = 0
+        for batch in parquet_file(path).iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=groups + others, use_threads=False
+        ):
+            columns = dict(zip(batch.schema.names, batch.columns, strict=True))
+            spellings = zip(*(columns[k].to_pylist() for k in groups), strict=True)
+            ids = [_group_id(values) for values in spellings]
+            sizes = _sizes(columns, batch.num_rows)
+            zero = _has_zero(columns["mask"]) if "mask" in columns else False
+            if None in ids or sizes is None or zero is None:
+                return None
+            scan.has_ids = scan.has_ids and all(
+                k in columns and columns[k].null_count == 0 for k in ("prompt_ids", "response_ids")
+            )
+            scan.tool_output = scan.tool_output or zero
+            scan.rows += [
+                (f, local + i, g, n, True) for i, (g, n) in enumerate(zip(ids, sizes, strict=True))
+            ]
+            local += batch.num_rows
+    return scan
+
+
+def _group_id(values: tuple[Any, ...]) -> str | None:
+    """The row's group id as `RawRow.parse` reads it (the first spelling present; a string or
+    an integer, as text), or None when it would not accept it."""
+    value = next((v for v in values if v is not None), None)
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    return None
+
+
+def _sizes(columns: dict[str, Any], rows: int) -> list[int] | None:
+    """Per row, the length of `response_ids`, else of the `response` text; None when a row has
+    neither or a column has an unexpected type."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids, text = columns.get("response_ids"), columns.get("response")
+    if ids is not None and not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)):
+        return None
+    if text is not None and not (
+        pa.types.is_string(text.type) or pa.types.is_large_string(text.type)
+    ):
+        return None
+    lengths = pc.list_value_length(ids).to_pylist() if ids is not None else [None] * rows
+    if None in lengths:
+        chars = pc.utf8_length(text).to_pylist() if text is not None else [None] * rows
+        lengths = [n if n is not None else c for n, c in zip(lengths, chars, strict=True)]
+    return None if None in lengths else lengths
+
+
+def _has_zero(mask: Any) -> bool | None:
+    """Whether some row's mask holds a 0; None for a column that is not a list of numbers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not _is_list(mask.type):
+        return None
+    values = pc.list_flatten(mask)
+    if pa.types.is_boolean(values.type):
+        return bool(pc.any(pc.invert(values)).as_py())
+    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        return None
+    return bool(pc.any(pc.equal(values, 0)).as_py())
+
+
+def _is_list(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)

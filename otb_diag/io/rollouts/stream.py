@@ -1,0 +1,193 @@
+"""Rollouts larger than memory: one pass indexes the groups, later passes hand the responses over
+a chunk of groups at a time.
+
+The rollouts are a set of files (`rollout_sources.expand_rollouts`: a file, a directory or a
+glob), read in step order. The index pass validates every row (the errors of `read_rollouts`,
+in file order; or, for a caller that validates while reading, only reads a few columns of a
+plain Parquet set: `rollout_scan.py`), applies `--steps`, and keeps a few numbers per row: its
+file, its group, its sample number and its token count. Groups need not be contiguous in a
+file; a group id used in more than one file is qualified by its file's name (`12/g0`), as
+`read_rollout_set` does.
+`chunk_groups` cuts the groups, in order of first appearance, into chunks of about
+`CHUNK_TOKENS` response tokens; `stream_chunks` reads the files once more and yields each
+chunk's `Rollouts` as soon as all of its rows have been seen, so peak memory is one chunk (plus
+the rows of later chunks interleaved with it), not the set."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from otb_diag.errors import InputError
+from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
+from otb_diag.io.rollouts.readers import Rollouts, iter_responses
+from otb_diag.io.rollouts.scan import scan_columns, scan_rows
+from otb_diag.io.rollouts.sources import StepRange, expand_rollouts
+
+# Response tokens per chunk: bounds the per-token tables held at once (~0.1 GB at this size).
+CHUNK_TOKENS = 1 << 18
+
+
+@dataclass(frozen=True)
+class RolloutIndex:
+    """What the index pass keeps of a rollout set: one entry per kept row, in set order.
+
+    row_file: `[rows]` position of the row's file in `files`.
+    row_local: `[rows]` the row's index among all rows of its file (`iter_responses`' index).
+    row_group: `[rows]` position of the row's group in `group_names` (first-appearance order).
+    row_sample: `[rows]` 0-based position of the row within its group, in file order.
+    row_tokens: `[rows]` response tokens (characters of the response text for rows without ids).
+    """
+
+    path: Path
+    format: str
+    files: list[Path]
+    group_names: list[str]
+    row_file: np.ndarray
+    row_local: np.ndarray
+    row_group: np.ndarray
+    row_sample: np.ndarray
+    row_tokens: np.ndarray
+    has_ids: bool  # every row has prompt_ids and response_ids
+    tool_output: bool  # some response holds tool output (mask 0)
+    # Logged values clamped onto a consistency rule, every file; None when the index pass did
+    # not decode the rows (`stream_chunks` then counts them, chunk by chunk).
+    clamped: dict[str, int] | None
+    reward_columns: list[str] | None = None
+
+    @property
+    def shell(self) -> Rollouts:
+        """The set's `Rollouts` with no responses: path, format, files and clamped counts."""
+        clamped = dict.fromkeys(CLAMPED_FIELDS, 0) if self.clamped is None else dict(self.clamped)
+        return Rollouts(self.path, self.format, [], clamped=clamped, files=self.files)
+
+    def group_tokens(self) -> np.ndarray:
+        """`[groups]` response tokens of each group."""
+        return np.bincount(self.row_group, self.row_tokens, len(self.group_names)).astype(int)
+
+
+def index_rollouts(
+    spec: str | Path,
+    *,
+    steps: StepRange | None = None,
+    reward_columns: list[str] | None = None,
+    validate: bool = True,
+) -> RolloutIndex:
+    """Validate every row of the set `spec` names and index the rows whose step lies in
+    `steps` (all rows when None; see `RolloutIndex`).
+
+    `validate=False` is for a caller that decodes every row later (`stream_chunks` validates
+    each row it reads): without `steps`, a plain Parquet set is then indexed from four of its
+    columns (`rollout_scan.scan_columns`), and the clamped round-off is left to that pass
+    (`clamped` is None)."""
+    files = expand_rollouts(spec)
+    scan = None if validate or steps is not None else scan_columns(files)
+    if scan is None:
+        scan = scan_rows(files, steps, reward_columns)
+    position: dict[tuple[int, str], int] = {}  # (file, group id) -> group position
+    counts: list[int] = []
+    kept: list[tuple[int, int, int, int, int]] = []  # file, local, group, sample, tokens
+    for f, local, group, size, wanted in scan.rows:
+        g = position.setdefault((f, group), len(position))
+        if g == len(counts):
+            counts.append(0)
+        counts[g] += 1  # samples are numbered before the --steps filter, as read_rollouts does
+        if wanted:
+            kept.append((f, local, g, counts[g] - 1, size))
+    if steps is not None and not kept:
+        raise InputError(f"no rollout row has a step in {steps}", path=Path(spec))
+    table = np.asarray(kept, dtype=np.int64).reshape(-1, 5)
+    used = np.unique(table[:, 2])  # groups with a kept row, renumbered in order
+    renumber = np.full(len(position), -1, dtype=np.int64)
+    renumber[used] = np.arange(len(used))
+    return RolloutIndex(
+        path=Path(spec),
+        format=scan.formats.pop() if len(scan.formats) == 1 else "mixed",
+        files=files,
+        group_names=[
+            n for k, n in enumerate(group_names(list(position), files)) if renumber[k] >= 0
+        ],
+        row_file=table[:, 0],
+        row_local=table[:, 1],
+        row_group=renumber[table[:, 2]],
+        row_sample=table[:, 3],
+        row_tokens=table[:, 4],
+        has_ids=scan.has_ids,
+        tool_output=scan.tool_output,
+        clamped=scan.clamped,
+        reward_columns=reward_columns,
+    )
+
+
+def group_names(keys: list[tuple[int, str]], files: list[Path]) -> list[str]:
+    """The names of groups keyed by `(file position, group id)`: the id, qualified by its
+    file's name (`12/g0`) when the id is used in more than one file (`read_rollout_set`)."""
+    owners = Counter(group for _, group in keys)
+    return [f"{files[f].stem}/{group}" if owners[group] > 1 else group for (f, group) in keys]
+
+
+def chunk_groups(group_tokens: Sequence[int], budget: int = CHUNK_TOKENS) -> list[list[int]]:
+    """Consecutive groups (positions) in chunks of at most `budget` tokens; a group larger than
+    the budget is a chunk of its own."""
+    chunks: list[list[int]] = []
+    total = 0
+    for g, n in enumerate(group_tokens):
+        if not chunks or (total + n > budget and chunks[-1]):
+            chunks.append([])
+            total = 0
+        chunks[-1].append(g)
+        total += int(n)
+    return chunks
+
+
+def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Iterator[Rollouts]:
+    """One `Rollouts` per entry of `chunks` (lists of group positions, possibly empty), in order,
+    with each row's group and sample number from the index, and in `clamped` the logged values
+    clamped in the chunk's own rows; rows of groups in no chunk are skipped without being
+    decoded."""
+    row_chunk = np.full(len(index.row_group), -1, dtype=np.int64)
+    for c, groups in enumerate(chunks):
+        row_chunk[np.isin(index.row_group, np.asarray(groups, dtype=np.int64))] = c
+    expected = np.bincount(row_chunk[row_chunk >= 0], minlength=len(chunks))
+    pending: dict[int, list] = {}
+    clamped: dict[int, Counter[str]] = {}
+    ready = 0
+
+    def complete() -> Iterator[Rollouts]:
+        nonlocal ready
+        while ready < len(chunks) and len(pending.get(ready, ())) == expected[ready]:
+            counts = {k: clamped.get(ready, Counter())[k] for k in CLAMPED_FIELDS}
+            yield replace(index.shell, responses=pending.pop(ready, []), clamped=counts)
+            clamped.pop(ready, None)
+            ready += 1
+
+    yield from complete()
+    for f, path in enumerate(index.files):
+        mine = index.row_file == f
+        if not (row_chunk[mine] >= 0).any():
+            continue
+        local = np.full(int(index.row_local[mine].max()) + 1, -1, dtype=np.int64)
+        local[index.row_local[mine]] = np.flatnonzero(mine)  # file row -> index row
+        wanted = local.copy()
+        wanted[local >= 0] = row_chunk[local[local >= 0]]
+        shell, rows = iter_responses(
+            path,
+            keep=lambda i, w=wanted: i < len(w) and bool(w[i] >= 0),
+            reward_columns=index.reward_columns,
+        )
+        seen = Counter(shell.clamped)  # the file's clamped counts before this row
+        for j, response in rows:
+            i = int(local[j])
+            clamped.setdefault(int(row_chunk[i]), Counter()).update(Counter(shell.clamped) - seen)
+            seen = Counter(shell.clamped)
+            named = replace(
+                response,
+                group=index.group_names[index.row_group[i]],
+                sample=int(index.row_sample[i]),
+            )
+            pending.setdefault(int(row_chunk[i]), []).append(named)
+            yield from complete()

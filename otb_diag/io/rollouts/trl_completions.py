@@ -1,0 +1,103 @@
+"""TRL's completion logs as rollout rows.
+
+`GRPOTrainer` with `log_completions=True` writes, at every logging step,
+`output_dir/completions/completions_{step:05d}.parquet` with the columns `step`, `prompt`,
+`completion`, one column per reward function (named after it), any `log_extra` columns, and
+`advantage` (the trainer's advantage of each completion, one number per completion). Prompts
+and completions are text, or lists of `{role, content}` messages for conversational data; the
+text was decoded with `skip_special_tokens=True`.
+
+Each record becomes a row of the project's format: a group is one (step, prompt) pair, the
+response is `completion`, the reward is the sum of the reward-function columns (TRL's
+`reward_weights` default to 1; a function returning None is NaN and left out of the sum, as
+TRL's `nansum` does) unless `reward_columns` names the ones to sum, and `advantage` is kept as
+`trainer_advantage`. Reward-function columns are told apart from extra columns by being
+numeric; `--reward-column` settles any doubt.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from otb_diag.errors import InputError
+from otb_diag.io.rollouts.rows import KEYS
+
+TRL_SIGNATURE = ("step", "prompt", "completion")
+TRL_KEYS = {
+    **KEYS,
+    "group": ("uid",),  # TRL logs none: groups are (step, prompt)
+    "response": ("completion",),
+    "reward": ("reward",),
+    "trainer_advantage": ("advantage",),
+}
+_NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image", "images"}
+
+
+def is_trl_record(keys: Collection[str]) -> bool:
+    """Whether a record with these keys (or a Parquet file with these columns) is TRL's."""
+    return all(key in keys for key in TRL_SIGNATURE) and "input" not in keys
+
+
+def trl_record(
+    record: dict[str, Any],
+    reward_columns: Sequence[str] | None,
+    fail: Callable[[str, str, str | None], InputError],
+) -> dict[str, Any]:
+    """The record with `reward` (the summed reward columns) and text `prompt`/`completion`
+    (the content of their messages when conversational; the prompt's messages are kept as
+    `prompt_messages`). `fail(field, message, hint)` makes the error for this row."""
+    out = dict(record)
+    columns = list(reward_columns) if reward_columns else _reward_columns(record)
+    if not columns:
+        raise fail(
+            "reward",
+            "no reward-function column: expected a numeric column per reward function "
+            f"(columns: {', '.join(map(str, record))}).",
+            "Name the reward with --reward-column NAME.",
+        )
+    values = []
+    for name in columns:
+        if name not in record:
+            raise fail(name, f"no column '{name}' (columns: {', '.join(map(str, record))}).", None)
+        value = record[name]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue  # a reward function that returned None: NaN, left out of TRL's nansum
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise fail(name, f"expected a number, got {type(value).__name__} {value!r:.40}.", None)
+        values.append(float(value))
+    if not values:
+        raise fail(
+            columns[0],
+            f"every reward column ({', '.join(columns)}) is empty: TRL could not score this "
+            "completion.",
+            "Choose the reward with --reward-column NAME.",
+        )
+    out["reward"] = sum(values)
+    for name in ("prompt", "completion"):
+        if isinstance(record[name], list):
+            out[name] = _message_text(record[name], name, fail)
+    if isinstance(record["prompt"], list):
+        out["prompt_messages"] = [
+            {"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
+            for m in record["prompt"]
+        ]
+    return out
+
+
+def _reward_columns(record: dict[str, Any]) -> list[str]:
+    return [
+        key
+        for key, value in record.items()
+        if key not in _NOT_REWARDS
+        and (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))
+    ]
+
+
+def _message_text(
+    messages: list[Any], field: str, fail: Callable[[str, str, str | None], InputError]
+) -> str:
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        raise fail(field, "expected text or a list of {role, content} messages.", None)
+    return "".join(m["content"] for m in messages)

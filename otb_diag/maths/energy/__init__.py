@@ -1,0 +1,1 @@
+"""maths/energy: see ARCHITECTURE.md."""

@@ -1,0 +1,219 @@
+"""Realized energy of a set of rollouts and what the baselines make of it (paper figures 3–5).
+
+Two sources of per-token statistics, both `[B, T]` over the response tokens of a `ResponseBatch`:
+- `checkpoint_stats`: a forward pass of the checkpoint (exact; gives entropy and ‖h_t‖²);
+- `logged_stats` (model-free): the `logprobs` and `sum_pi2` a trainer logged (verl can emit both).
+`energy_tables` turns either into the tidy tables `otb-diag energy` writes. No file I/O here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from otb_diag.errors import InputError
+from otb_diag.maths.energy.heterogeneity import group_heterogeneity
+from otb_diag.maths.energy.proxies import proxies_by_baseline
+from otb_diag.maths.estimators.baselines import compute_advantages
+from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.policy.forward_pass import (
+    TokenStats,
+    cumulative_energy,
+    proxy_from_probs,
+    stats_for_sequences,
+)
+
+DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", "optseq", "otb")
+
+
+def checkpoint_stats(
+    model: torch.nn.Module,
+    batch: ResponseBatch,
+    *,
+    batch_tokens: int = 16384,
+    chunk_size: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> TokenStats:
+    """Per-token statistics of every response under the checkpoint, `[B, T]` fp32 on the CPU.
+
+    `progress(n)` is called with the number of response tokens of each finished model batch."""
+    per_row = stats_for_sequences(
+        model,
+        batch.prompt_ids,
+        [
+            ids[:n]
+            for ids, n in zip(batch.response_ids.tolist(), batch.length.tolist(), strict=True)
+        ],
+        batch.temperature.tolist(),
+        chunk_size=chunk_size,
+        batch_tokens=batch_tokens,
+        progress=progress,
+    )
+    width = batch.response_ids.shape[1]
+
+    def grid(name: str) -> Tensor:
+        return pad([getattr(s, name).tolist() for s in per_row], width)
+
+    return TokenStats(
+        logprob=grid("logprob"),
+        prob=grid("prob"),
+        sum_pi2=grid("sum_pi2"),
+        entropy=grid("entropy"),
+        w=grid("w"),
+        h_sq=grid("h_sq"),
+    )
+
+
+def logged_stats(batch: ResponseBatch, path: str = "rollouts") -> TokenStats:
+    """Model-free statistics from the rollouts' own `logprobs` and `sum_pi2` (tempered, as the
+    sampler saw them). Entropy needs the full distribution, so it is NaN; `h_sq` is None."""
+    missing = [f for f in ("logprobs", "sum_pi2") if getattr(batch, f) is None]
+    if missing:
+        raise InputError(
+            f"model-free mode needs per-token {' and '.join(missing)} on every row.",
+            path=path,
+            field=missing[0],
+            hint="Give a checkpoint with --ckpt, or log old_log_probs and sum_pi_squared "
+            "(verl: actor.calculate_sum_pi_squared) with the rollouts.",
+        )
+    prob = batch.logprobs.exp()
+    w = proxy_from_probs(prob, batch.sum_pi2, batch.temperature[:, None]) * batch.valid
+    return TokenStats(
+        logprob=batch.logprobs * batch.valid,
+        prob=prob * batch.valid,
+        sum_pi2=batch.sum_pi2 * batch.valid,
+        entropy=torch.full_like(prob, math.nan),
+        w=w,
+        h_sq=None,
+    )
+
+
+@dataclass(frozen=True)
+class EnergyTables:
+    """What `otb-diag energy` writes: `tokens` (one row per response token), `sequences` (one per
+    response), `groups` (one per group) and the variance proxies per baseline."""
+
+    tokens: pd.DataFrame
+    sequences: pd.DataFrame
+    groups: pd.DataFrame
+    proxies: dict[str, dict[str, float]]
+
+
+def tir_needed(batch: ResponseBatch) -> bool:
+    """Tool output inside a response (mask 0 before the end) calls for verl's TIR re-indexing."""
+    return bool(((batch.mask == 0) & batch.valid).any())
+
+
+def energy_tables(
+    batch: ResponseBatch,
+    stats: TokenStats,
+    baselines: Sequence[str] = DEFAULT_BASELINES,
+    *,
+    token_text: Callable[[list[int]], list[str]] | None = None,
+    **baseline_options: object,
+) -> EnergyTables:
+    """Tables of energies, returns and advantages.
+
+    `baseline_options` (e.g. `handle_zero_tail`, `tir`, `eps`) go to every baseline that takes
+    them; the rollouts' importance weights, when present, go as `is_weights` (w·ρ²).
+    `token_text(ids)` names the tokens (the tokenizer's `convert_ids_to_tokens`)."""
+    mask = batch.mask
+    energy = cumulative_energy(stats.w, mask)  # W_t = Σ_{j≤t} mask_j·w_j
+    returns = returns_to_go(batch.token_rewards, mask)  # G_t = Σ_{k≥t} r_k
+    options = {"is_weights": batch.is_weights, **baseline_options}
+    advantages = {
+        b: compute_advantages(b, returns, mask, batch.group, energy, **options) for b in baselines
+    }
+    proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
+
+    rows, cols = batch.valid.nonzero(as_tuple=True)
+    ids = batch.response_ids[rows, cols]
+    tokens = pd.DataFrame(
+        {
+            "group": np.asarray(batch.group_names, dtype=object)[batch.group[rows].numpy()],
+            "sample": batch.sample[rows].numpy(),
+            "t": cols.numpy(),
+            "token_id": ids.numpy(),
+            "token": token_text(ids.tolist()) if token_text else None,
+            "mask": mask[rows, cols].to(torch.int8).numpy(),
+            "logprob": stats.logprob[rows, cols].numpy(),
+            "prob": stats.prob[rows, cols].numpy(),
+            "sum_pi2": stats.sum_pi2[rows, cols].numpy(),
+            "entropy": stats.entropy[rows, cols].numpy(),
+            "w": stats.w[rows, cols].numpy(),
+            "W": energy[rows, cols].numpy(),
+            "return": returns[rows, cols].numpy(),
+            **{f"adv_{b}": a[rows, cols].numpy() for b, a in advantages.items()},
+            "temperature": batch.temperature[rows].numpy(),
+            "h_sq": stats.h_sq[rows, cols].numpy() if stats.h_sq is not None else math.nan,
+        }
+    )
+    sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
+    # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
+    ends = np.cumsum(batch.valid.sum(-1).numpy())
+    paths = np.split(tokens["W"].to_numpy(), ends[:-1])  # [B] of [length_i]
+    groups = group_table(sequences, paths)
+    return EnergyTables(tokens, sequences, groups, proxies)
+
+
+def sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
+    """One row per response: `energy` is W(τ) = W_T; `energy_rank` is 1 for the lowest energy
+    of its group; `mean_w` averages w over the generated tokens."""
+    generated = batch.mask.sum(-1)
+    seqs = pd.DataFrame(
+        {
+            "group": [batch.group_names[g] for g in batch.group.tolist()],
+            "sample": batch.sample.numpy(),
+            "length": batch.length.numpy(),
+            "reward": batch.reward.numpy(),
+            "energy": energy.numpy(),
+            "mean_w": (energy / generated.clamp_min(1)).numpy(),
+        }
+    )
+    seqs["energy_rank"] = (
+        seqs.groupby("group", sort=False)["energy"].rank(method="first").astype(int)
+    )
+    seqs["generated"] = generated.to(torch.long).numpy()  # tokens with mask 1
+    return seqs
+
+
+def group_table(sequences: pd.DataFrame, paths: Sequence[np.ndarray]) -> pd.DataFrame:
+    """One row per group: size, rewards and the energy heterogeneity of its members.
+
+    `paths[i]` is the cumulative energy `W_t` of the response in row i of `sequences`."""
+    rows = []
+    for group, members in sequences.groupby("group", sort=False):
+        rewards = members["reward"].to_numpy()
+        member_paths = [paths[i] for i in members.index]
+        rows.append(
+            {
+                "group": group,
+                "size": len(members),
+                "mean_reward": float(rewards.mean()),
+                "mixed_rewards": bool(np.ptp(rewards) > 0),
+                "min_length": int(members["length"].min()),
+                "max_length": int(members["length"].max()),
+                **group_heterogeneity(member_paths),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def pick_group(groups: pd.DataFrame) -> str:
+    """The group the figures show: among groups with mixed rewards and at least two members
+    (else all groups), the one whose energy ranking changes most often along t (figure 4's
+    point), ties broken by the energy CV. The CV alone favours short, near-deterministic groups
+    with one outlier, whose profiles all coincide."""
+    candidates = groups[(groups["size"] > 1) & groups["mixed_rewards"]]
+    if candidates.empty:
+        candidates = groups
+    ranked = candidates.sort_values(
+        ["rank_changes", "energy_cv"], ascending=False, na_position="last", kind="stable"
+    )
+    return str(ranked["group"].iloc[0])

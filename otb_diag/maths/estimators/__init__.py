@@ -1,0 +1,1 @@
+"""maths/estimators: see ARCHITECTURE.md."""

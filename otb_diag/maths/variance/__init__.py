@@ -1,0 +1,1 @@
+"""maths/variance: see ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""pipelines/energy: see ARCHITECTURE.md."""

@@ -1,0 +1,367 @@
+"""The measuring loop of `otb-diag energy`, a chunk of groups at a time, on one process or on
+every rank of a torchrun job.
+
+For each checkpoint (or once, model-free) and each chunk of groups (`io/rollout_stream.py`):
+every rank measures its share of the chunk's groups (`shard_by_tokens`), rank 0 gathers the
+shares, puts them in group order and appends the chunk's tokens to `tokens.parquet` as one row
+group (through a temporary file, renamed at the end); per-sequence and per-group tables and the
+proxies' parts accumulate. Row groups follow the chunks, not the ranks, so one process and N
+processes write the same file."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from otb_diag.errors import InputError
+from otb_diag.io.atomic import atomic_path, write_json, write_with
+from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.loading import checkpoint_record, with_temperature
+from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
+from otb_diag.io.rollouts.readers import (
+    Rollouts,
+    check_vocab,
+    prompts_without_template,
+    tokenize_rollouts,
+)
+from otb_diag.io.rollouts.sources import parse_steps
+from otb_diag.io.rollouts.stream import (
+    CHUNK_TOKENS,
+    RolloutIndex,
+    chunk_groups,
+    index_rollouts,
+    stream_chunks,
+)
+from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.token_file import TokenWriter, read_group
+from otb_diag.maths.energy.proxies import combine_proxies
+from otb_diag.maths.energy.tables import (
+    EnergyTables,
+    checkpoint_stats,
+    energy_tables,
+    logged_stats,
+    pick_group,
+)
+from otb_diag.pipelines.energy.audit import AuditParts, audit_share
+from otb_diag.plots import energy as plots
+from otb_diag.plots.style import save_figure
+from otb_diag.runtime.devices import torch_threads
+from otb_diag.runtime.torchrun import Dist, require_groups, shard_by_tokens
+
+# Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
+# tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
+# with one when the cores are busy (each parallel region waits for a time slice: 2.5-3x on the
+# shared 2-core machine, bench/README.md). One thread is also what torchrun gives its ranks.
+MODEL_FREE_THREADS = 1
+
+# Figure 5 is a hexbin of every generated token up to this many; beyond, an evenly spaced
+# subset of this size (every k-th token of the file), so its memory stays flat.
+FIG5_MAX_TOKENS = 1_000_000
+
+
+@dataclass
+class StepResult:
+    """One checkpoint's (or the model-free pass's) tables, on rank 0."""
+
+    step: int
+    checkpoint: dict[str, Any] | None
+    vocab_size: int | None
+    sequences: pd.DataFrame
+    groups: pd.DataFrame
+    proxies: dict[str, dict[str, float]]
+    tokens: int
+    round_trip_issues: int
+    fig5_tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
+    untemplated_prompts: int = 0  # text prompts tokenized without the chat template
+    audit: dict[str, Any] | None = None  # the advantage audit (`energy_audit.py`)
+    clamped: dict[str, int] = field(default_factory=dict)  # logged values clamped, its rows
+
+
+@dataclass
+class Measured:
+    """What rank 0 hands to the summary."""
+
+    index: RolloutIndex
+    results: list[StepResult]
+    group: str
+    tir: bool
+    timings: dict[str, float]
+    outputs: list[str]
+    rank_tokens: list[int]
+    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`consistency.py`)
+
+
+@dataclass
+class _Part:
+    """One rank's share of one chunk."""
+
+    tables: EnergyTables
+    generated_sequences: int  # sequences with a generated token: the proxies' weight
+    round_trip_issues: int
+    untemplated_prompts: int
+    audit: dict[str, Any] | None
+    clamped: dict[str, int]  # the share's logged values clamped (its rows' round-off)
+
+
+def measure_and_write(
+    d: Dist, checkpoints: list[Path], rollouts_path: Path, out: Path, settings: Any, progress: bool
+) -> Measured | None:
+    """Measure every chunk under every checkpoint and write the tables and figures into `out`
+    (rank 0: the caller's staging directory); returns None on the other ranks."""
+    started = time.perf_counter()
+    index = d.checked(
+        lambda: index_rollouts(
+            rollouts_path,
+            steps=parse_steps(settings.steps),
+            reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+            validate=False,  # every row is validated when `stream_chunks` reads it
+        )
+    )
+    d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
+    chunks = chunk_groups(index.group_tokens(), CHUNK_TOKENS)
+    shares, rank_tokens = _plan(index, chunks, d.world_size)
+    tir = index.tool_output if settings.tir is None else settings.tir
+    known = int(index.row_tokens.sum()) if index.has_ids else None
+    bar = tqdm(
+        total=known * max(1, len(checkpoints)) if known else None,
+        unit="tok",
+        unit_scale=True,
+        desc="energy",
+        disable=not (progress and d.is_main),
+    )
+    stride = max(1, math.ceil(int(index.row_tokens.sum()) / FIG5_MAX_TOKENS))
+    timings = {"measure_s": 0.0}
+    results: list[StepResult] = []
+    with contextlib.ExitStack() as stack:
+        if not checkpoints:
+            stack.enter_context(torch_threads(MODEL_FREE_THREADS))
+        tokens_path = out / "tokens.parquet"
+        writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
+        for i, path in enumerate(checkpoints or [None]):
+            ckpt = None if path is None else d.checked(lambda p=path: settings.load.load(p))
+            t0 = time.perf_counter()
+            step = i if ckpt is None or ckpt.step is None else ckpt.step
+            several = len(checkpoints) > 1
+            stream = stream_chunks(index, shares[d.rank])
+            acc = _Accumulator(stride if i == max(0, len(checkpoints) - 1) else 0)
+            for _ in chunks:
+                rollouts = d.checked(
+                    lambda s=stream: with_temperature(next(s), settings.temperature)
+                )
+                part = d.checked(lambda r=rollouts, c=ckpt: _measure(r, c, settings, tir))
+                parts = d.gather(part)
+                if parts is None:
+                    continue
+                present = [p for p in parts if p is not None]
+                merged = _merge([p.tables for p in present], index)
+                writer.write(merged.tokens.assign(step=step) if several else merged.tokens)
+                acc.add(merged, present, index.format)
+                bar.update(len(merged.tokens))
+            timings["measure_s"] += time.perf_counter() - t0
+            if d.is_main:
+                results.append(acc.result(step, ckpt))
+        bar.close()
+        if not d.is_main:
+            return None
+        group = settings.group if settings.group is not None else pick_group(results[-1].groups)
+        if group not in set(results[-1].groups["group"]):
+            known_groups = ", ".join(list(results[-1].groups["group"])[:8])
+            raise InputError(
+                f"no group '{group}' in the rollouts (groups: {known_groups}, ...).",
+                path=rollouts_path,
+                field="group",
+            )
+        t0 = time.perf_counter()
+        writer.close()
+        # The figure's group, from its chunk of the last step (the last len(chunks) written).
+        position = index.group_names.index(group)
+        chunk = next(c for c, groups in enumerate(chunks) if position in groups)
+        fig4_tokens = read_group(writer.path, group, writer.chunks[chunk - len(chunks)])
+        outputs = ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
+        timings["write_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - started
+    clamped = index.clamped if index.clamped is not None else results[-1].clamped
+    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped)
+
+
+def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: float | None) -> None:
+    if tau is not None and tau <= 0:
+        raise InputError(f"temperature must be positive, got {tau}", field="temperature")
+    if not checkpoints and not index.has_ids:
+        raise InputError(
+            "model-free mode needs token ids (prompt_ids, response_ids) on every row; "
+            "this file has text only.",
+            path=index.path,
+            field="response_ids",
+            hint="Give --ckpt so its tokenizer can tokenize the text.",
+        )
+    require_groups(len(index.group_names), d, str(index.path))
+
+
+def _plan(index: RolloutIndex, chunks: list[list[int]], world: int):
+    """Per rank, its groups of every chunk; and each rank's total response tokens."""
+    tokens = index.group_tokens()
+    shares: list[list[list[int]]] = [[] for _ in range(world)]
+    for chunk in chunks:
+        split = shard_by_tokens([int(tokens[g]) for g in chunk], world)
+        for r in range(world):
+            shares[r].append([chunk[k] for k in split[r]])
+    return shares, [int(sum(tokens[g] for c in s for g in c)) for s in shares]
+
+
+def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bool) -> _Part | None:
+    """The tables of this rank's share of one chunk (None when the share is empty)."""
+    if not rollouts.responses:
+        return None
+    issues = untemplated = 0
+    if ckpt is None:
+        batch = make_batch(rollouts)
+        stats = logged_stats(batch, path=str(rollouts.path))
+        token_text: Callable[[list[int]], list[str]] | None = None
+    else:
+        chat = settings.load.chat_template
+        untemplated = 0 if chat else prompts_without_template(rollouts, ckpt.tokenizer)
+        tokenized, found = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat)
+        check_vocab(tokenized, ckpt.vocab_size)
+        issues = len(found)
+        batch = make_batch(tokenized)
+        stats = checkpoint_stats(
+            ckpt.model, batch, batch_tokens=settings.batch_tokens, chunk_size=settings.chunk_size
+        )
+        token_text = ckpt.tokenizer.convert_ids_to_tokens
+    tables = energy_tables(
+        batch,
+        stats,
+        settings.baselines,
+        token_text=token_text,
+        handle_zero_tail=settings.handle_zero_tail,
+        tir=tir,
+    )
+    generated = int((tables.sequences["generated"] > 0).sum())
+    audit = audit_share(batch, stats.w, rollouts, settings, tir)
+    return _Part(tables, generated, issues, untemplated, audit, rollouts.clamped)
+
+
+def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
+    """The ranks' tables of one chunk as one, rows in group order (first appearance in the
+    file), then sample, then t."""
+    position = {name: k for k, name in enumerate(index.group_names)}
+
+    def ordered(frames: list[pd.DataFrame], by_sample: bool) -> pd.DataFrame:
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        keys = [frame["group"].map(position).to_numpy()]
+        if by_sample:
+            keys.insert(0, frame["sample"].to_numpy())
+        order = np.lexsort(keys)  # stable: t order inside a response is kept
+        if (order == np.arange(len(order))).all():
+            return frame
+        return frame.iloc[order].reset_index(drop=True)
+
+    if len(parts) == 1:
+        return parts[0]
+    return EnergyTables(
+        tokens=ordered([p.tokens for p in parts], True),
+        sequences=ordered([p.sequences for p in parts], True),
+        groups=ordered([p.groups for p in parts], False),
+        proxies={},  # the parts' proxies are combined per step, by `_Accumulator`
+    )
+
+
+class _Accumulator:
+    """One step's per-sequence and per-group tables, the proxies' parts and figure 5's tokens,
+    chunk by chunk; the per-token tables themselves are not kept (they are in the file)."""
+
+    def __init__(self, stride: int) -> None:
+        self.stride = stride  # keep every stride-th token for figure 5; 0: none
+        self.sequences: list[pd.DataFrame] = []
+        self.groups: list[pd.DataFrame] = []
+        self.proxies: list[tuple[dict[str, dict[str, float]], int]] = []
+        self.fig5: list[pd.DataFrame] = []
+        self.tokens = 0
+        self.issues = 0
+        self.untemplated = 0
+        self.clamped: Counter[str] = Counter()
+        self.audits = AuditParts()
+        self.format = ""
+
+    def add(self, merged: EnergyTables, parts: list[_Part], fmt: str) -> None:
+        self.format = fmt
+        self.audits.add([p.audit for p in parts], merged.sequences)
+        self.untemplated += sum(p.untemplated_prompts for p in parts)
+        for p in parts:
+            self.clamped.update(p.clamped)
+        self.sequences.append(merged.sequences)
+        self.groups.append(merged.groups)
+        self.proxies += [(p.tables.proxies, p.generated_sequences) for p in parts]
+        self.issues += sum(p.round_trip_issues for p in parts)
+        if self.stride:
+            n = len(merged.tokens)
+            keep = (self.tokens + np.arange(n)) % self.stride == 0
+            self.fig5.append(merged.tokens.loc[keep, ["prob", "w", "mask", "temperature"]])
+        self.tokens += len(merged.tokens)
+
+    def result(self, step: int, ckpt: Checkpoint | None) -> StepResult:
+        names = self.proxies[0][0]
+        return StepResult(
+            step=step,
+            checkpoint=checkpoint_record(ckpt) if ckpt else None,
+            vocab_size=ckpt.vocab_size if ckpt else None,
+            sequences=_concat(self.sequences),
+            groups=_concat(self.groups),
+            proxies={b: combine_proxies([(p[b], n) for p, n in self.proxies]) for b in names},
+            tokens=self.tokens,
+            round_trip_issues=self.issues,
+            fig5_tokens=_concat(self.fig5) if self.fig5 else pd.DataFrame(),
+            untemplated_prompts=self.untemplated,
+            audit=self.audits.result(self.format),
+            clamped={k: self.clamped[k] for k in CLAMPED_FIELDS},
+        )
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _write_tables(
+    out: Path, results: list[StepResult], group: str, fig4_tokens: pd.DataFrame
+) -> list[str]:
+    """sequences.csv, groups.csv, proxies.json and the figures (tokens.parquet is written)."""
+
+    def stacked(name: str) -> pd.DataFrame:
+        """One table over all checkpoints, with a `step` column when there are several."""
+        if len(results) == 1:
+            return getattr(results[0], name)
+        return pd.concat([getattr(r, name).assign(step=r.step) for r in results], ignore_index=True)
+
+    sequences = stacked("sequences")
+    write_with(out / "sequences.csv", lambda p: sequences.to_csv(p, index=False))
+    groups = stacked("groups")
+    write_with(out / "groups.csv", lambda p: groups.to_csv(p, index=False))
+    proxies = results[0].proxies if len(results) == 1 else {str(r.step): r.proxies for r in results}
+    write_json(out / "proxies.json", proxies)
+    files = ["sequences.csv", "groups.csv", "proxies.json"]
+
+    final = results[-1]
+    shown = plots.spread_samples(final.sequences, group, count=8)
+    figures = {
+        "fig3_sequence_energy": plots.fig3_sequence_energy(final.sequences, group),
+        "fig4_cumulative_energy": plots.fig4_cumulative_energy(fig4_tokens, shown, group),
+        "fig5_probability_vs_gradient": plots.fig5_probability_vs_gradient(
+            final.fig5_tokens, final.vocab_size
+        ),
+    }
+    if len(results) > 1:
+        figures["fig_energy_by_step"] = plots.fig_energy_by_step(sequences)
+    for name, fig in figures.items():
+        files += [p.name for p in save_figure(fig, out, name)]
+    return files

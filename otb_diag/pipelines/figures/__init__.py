@@ -1,0 +1,1 @@
+"""pipelines/figures: see ARCHITECTURE.md."""

@@ -1,0 +1,246 @@
+"""`otb-diag figures`: the whole paper-style figure set from an embedded scenario, in one run.
+
+It runs, with fixed seeds, exactly the public commands' library entry points: `energy`
+(figures 3–5 and the energy across checkpoints), `variance-compare` (variance against N, ratio
+to the mean baseline, proxy fidelity), toy trainings and `dynamics` on their logs (figures 1–2,
+score against tokens sampled). Working directories go under `out/runs/`; the figures are copied
+to `out/` (PNG and PDF).
+
+- `default`: trainings `mean` at N = 4 and N = 16, `otb` and `optseq` at N = 4, same seed.
+- `long`: variance-compare at N = 2…64; a learning-rate sweep of `mean` at N = 4, whose lowest
+  unstable rate (`maths/lr_sweep.py`) then trains `otb` and `optseq` at N = 4 too, and dynamics
+  on the three runs at that rate (and, as `lr_sweep_*`, on the sweep).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otb_diag.dynamics.collapse import DetectionRule
+from otb_diag.dynamics.lr_sweep import choose_lr, stability
+from otb_diag.io.atomic import write_json
+from otb_diag.io.scenarios import check_scenario, default_checkpoints
+from otb_diag.io.scenarios import default_rollouts as scenario_rollouts
+from otb_diag.io.training_logs import read_training_log
+from otb_diag.pipelines.dynamics import run_dynamics
+from otb_diag.pipelines.energy.recipe import run_energy
+from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
+from otb_diag.pipelines.rl_training import scenario_settings
+from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
+
+DYNAMICS_FIGURES = ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"]
+
+
+@dataclass(frozen=True)
+class FigurePlan:
+    """How much work each part does: the full set, or `quick` (for CI, a few minutes)."""
+
+    train_steps: int
+    variance_modes: tuple[str, ...]
+    draws: int
+    bootstrap: int
+    sketch_dim: int
+    group_sizes: tuple[int, ...] = (2, 4, 8, 16)
+    trainings: tuple[tuple[str, int], ...] = (("mean", 4), ("mean", 16), ("otb", 4), ("optseq", 4))
+    sweep_lrs: tuple[float, ...] = ()  # long: mean N=4 at each rate, then otb/optseq at one
+    prompts_per_step: int = 8
+    lr: float = 1e-4  # the trainings' rate when there is no sweep
+
+    @classmethod
+    def make(cls, quick: bool, scenario: str = "default") -> FigurePlan:
+        if scenario == "long":
+            if quick:
+                return cls(
+                    train_steps=3, variance_modes=("head",), draws=20, bootstrap=100,
+                    sketch_dim=16, group_sizes=(2, 4), sweep_lrs=(1e-4, 1e-3),
+                    prompts_per_step=2,
+                )  # fmt: skip
+            # Sized for 2 CPU cores (about an hour with --jobs 2): a training step samples up
+            # to 400 tokens per response, and full mode costs ~3 forward passes per direction.
+            return cls(
+                train_steps=200, variance_modes=("proxy", "head", "full"), draws=200,
+                bootstrap=1000, sketch_dim=16, group_sizes=(2, 4, 8, 16, 32, 64),
+                sweep_lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3), prompts_per_step=2,
+            )  # fmt: skip
+        if quick:
+            return cls(
+                train_steps=4, variance_modes=("head",), draws=40, bootstrap=200, sketch_dim=64
+            )
+        return cls(
+            train_steps=30,
+            variance_modes=("proxy", "head", "full"),
+            draws=200,
+            bootstrap=1000,
+            sketch_dim=256,
+        )
+
+
+def run_figures(
+    out: Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+    scenario: str = "default",
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """Regenerate every figure of `scenario` into `out`; returns (and writes as
+    `figures.json`) a record of what made each file. `jobs` trainings run at once."""
+    plan = FigurePlan.make(quick, check_scenario(scenario))
+    rollouts = scenario_rollouts(scenario)
+    checkpoints = default_checkpoints(scenario)
+    start = checkpoints[-1]  # the one the rollouts were sampled from; trainings start there
+    runs = out / "runs"
+    timings: dict[str, float] = {}
+    made: dict[str, str] = {}
+    scenario_flag = "" if scenario == "default" else f" --scenario {scenario}"
+
+    def keep(run_dir: Path, names: list[str], command: str, prefix: str = "") -> None:
+        for name in names:
+            for ext in ("png", "pdf"):
+                shutil.copyfile(run_dir / f"{name}.{ext}", out / f"{prefix}{name}.{ext}")
+            made[f"{prefix}{name}.png"] = command
+
+    t0 = time.perf_counter()
+    run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
+    keep(
+        runs / "energy",
+        [
+            "fig3_sequence_energy",
+            "fig4_cumulative_energy",
+            "fig5_probability_vs_gradient",
+            "fig_energy_by_step",
+        ],
+        f"otb-diag energy --ckpt {_shown(start.parent)}{scenario_flag}",
+    )
+    timings["energy_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    settings = VarianceSettings(
+        modes=plan.variance_modes,
+        draws=plan.draws,
+        bootstrap=plan.bootstrap,
+        sketch_dim=plan.sketch_dim,
+        group_sizes=plan.group_sizes,
+        seed=seed,
+    )
+    variance = run_variance([start], rollouts, runs / "variance", settings, progress=progress)
+    exact = plan.variance_modes[-1]
+    keep(
+        runs / "variance",
+        [f"variance_vs_n_{exact}", f"ratio_to_mean_{exact}", "proxy_fidelity"],
+        f"otb-diag variance-compare{scenario_flag} --mode {','.join(plan.variance_modes)} "
+        f"--group-sizes {','.join(map(str, plan.group_sizes))} "
+        f"--draws {plan.draws} --sketch-dim {plan.sketch_dim}",
+    )
+    timings["variance_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    train_flags = (
+        f"otb-diag train{scenario_flag} --steps {plan.train_steps} "
+        f"--prompts-per-step {plan.prompts_per_step} --seed {seed}"
+    )
+
+    def job(baseline: str, n: int, lr: float) -> TrainingJob:
+        label = f"{baseline} N={n}" + (f" lr={lr:g}" if plan.sweep_lrs else "")
+        name = f"train-{baseline}-n{n}" + (f"-lr{lr:g}" if plan.sweep_lrs else "")
+        return TrainingJob(
+            start,
+            runs / name,
+            scenario_settings(
+                scenario,
+                baseline=baseline,
+                group_size=n,
+                steps=plan.train_steps,
+                seed=seed,
+                save_every=0,
+                lr=lr,
+                prompts_per_step=plan.prompts_per_step,
+            ),  # fmt: skip
+            label,
+        )
+
+    sweep: dict[str, Any] | None = None
+    if plan.sweep_lrs:
+        sweep_jobs = [job("mean", 4, lr) for lr in plan.sweep_lrs]
+        run_trainings(sweep_jobs, jobs, progress)
+        sweep = _sweep_verdicts(sweep_jobs, runs / "sweep-dynamics")
+        keep(
+            runs / "sweep-dynamics",
+            DYNAMICS_FIGURES[:1],
+            f"{train_flags} --baseline mean --group-size 4 at --lr "
+            f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
+            prefix="lr_sweep_",
+        )
+        lr = sweep["chosen_lr"]
+        compared = [sweep_jobs[plan.sweep_lrs.index(lr)], job("otb", 4, lr), job("optseq", 4, lr)]
+        run_trainings(compared[1:], jobs, progress)
+    else:
+        compared = [job(b, n, plan.lr) for b, n in plan.trainings]
+        run_trainings(compared, jobs, progress)
+    timings["train_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    report = run_dynamics(
+        [j.out / "metrics.jsonl" for j in compared],
+        [j.label for j in compared],
+        runs / "dynamics",
+        DetectionRule(),
+        target=None,
+    )
+    keep(
+        runs / "dynamics",
+        DYNAMICS_FIGURES,
+        f"{train_flags} ({', '.join(j.label for j in compared)}), then otb-diag dynamics",
+    )
+    timings["dynamics_s"] = time.perf_counter() - t0
+
+    record = {
+        "scenario": scenario,
+        "quick": quick,
+        "seed": seed,
+        "figures": made,
+        "timings": timings,
+        "paper_claim": variance["paper_claim"] if variance else None,
+        "sweep": sweep,
+        "collapse": [
+            {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
+            for r in report["runs"]
+        ],
+    }
+    write_json(out / "figures.json", record)
+    return record
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it (as a user types it; the
+    record then holds no machine's absolute path), else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
+    """Dynamics on the sweep's runs, each run's stability and the chosen rate."""
+    report = run_dynamics(
+        [j.out / "metrics.jsonl" for j in sweep_jobs],
+        [j.label for j in sweep_jobs],
+        out,
+        DetectionRule(),
+        target=None,
+    )
+    verdicts = []
+    for j, run in zip(sweep_jobs, report["runs"], strict=True):
+        scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)
+        verdicts.append(stability(j.settings.lr, scores, run["collapse_step"]))
+    lr, reason = choose_lr(verdicts)
+    return {
+        "chosen_lr": lr,
+        "reason": reason,
+        "runs": [{**v.__dict__, "unstable": v.unstable} for v in verdicts],
+    }

@@ -1,0 +1,1 @@
+"""pipelines/inspect: see ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""pipelines/regress: see ARCHITECTURE.md."""

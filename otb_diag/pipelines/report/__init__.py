@@ -1,0 +1,1 @@
+"""pipelines/report: see ARCHITECTURE.md."""

@@ -1,0 +1,227 @@
+"""The sentences the report opens with: one per finding, each with its number and, where the
+run measured one, its 95 % interval. Read from the files the commands wrote; nothing is
+re-measured here.
+
+- variance-compare: OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
+  with the intervals `otb-diag regress` uses (`run_metrics.variance_metrics`: the bootstrap
+  interval of the variance widened for the seeded projection, propagated through the
+  mean-baseline curve), and the paper-claim verdict of summary.json;
+- proxy fidelity (fidelity.csv, per block when it has a `block` column);
+- collapse step, warning and lead time per run (collapse.json);
+- energy heterogeneity (summary.json) and a training run's early/late reward (train.json).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
+
+MODES = ("proxy", "head", "full")
+MODE_NAMES = {
+    "proxy": "synthetic scores with ‖s_t‖² = w_t",
+    "head": "exact output-layer gradients",
+    "full": "exact gradients of every parameter",
+}
+CLAIM_N = 4  # the paper's OTB group size (pipelines.variance.CLAIM_N; not imported: torch)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding: `topic` (a short label) and one sentence."""
+
+    topic: str
+    sentence: str
+
+
+def _interval(low: float, high: float, fmt: str) -> str:
+    return f"95 % interval {fmt.format(low)}–{fmt.format(high)}"
+
+
+def _equivalent(value: float, max_n: int) -> str:
+    """An N′ bound as a reader needs it: a number, or `> max N` beyond the measured range."""
+    return f"{value:.1f}" if math.isfinite(value) else f"> {max_n}"
+
+
+def _fraction(x: float) -> str:
+    return f"{x:.0%}".replace("%", " %")
+
+
+def variance_verdicts(run_dir: Path, summary: dict[str, Any], label: str) -> list[Verdict]:
+    """Per mode, OTB at N = 4 (else the smallest N) against the `mean` baseline, then the
+    paper-claim verdicts."""
+    metrics = variance_metrics(run_dir, summary)
+    sizes = [int(n) for n in summary.get("settings", {}).get("group_sizes", [])]
+    rows = summary.get("headline", [])
+    step_prefix = _step_prefix(run_dir)
+    verdicts = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = {r["group_size"]: r for r in rows if r["mode"] == mode}
+        if not mine:
+            continue
+        row = mine.get(CLAIM_N) or mine[min(mine)]
+        n, agg = row["group_size"], row["aggregation"]
+        measured = [s for s in sizes if s in mine] or list(mine)
+        max_n = max(measured)
+        key = f"{step_prefix}{mode}/{agg}/otb/N{n}/"
+        ratio = metrics[key + "ratio_to_mean"]
+        equiv = metrics[key + "equivalent_mean_group_size"]
+        saving = metrics[key + "token_savings"]
+        bound = "at least " if row.get("equivalent_range") == "beyond" else ""
+        sentence = (
+            f"With {MODE_NAMES.get(mode, mode)} ({mode} mode, {agg}), OTB at N = {n} has "
+            f"{ratio.value:.3f}× the gradient variance of the mean baseline "
+            f"({_interval(*ratio.interval(), '{:.3f}')}): the mean baseline needs "
+            + (
+                f"N′ ≈ {equiv.value:.1f} responses per prompt to match it"
+                if math.isfinite(equiv.value)
+                else f"more than the {max_n} responses per prompt measured to match it"
+            )
+            + f" ({_equivalent_interval(equiv, max_n)}), a token saving of {bound}"
+            f"{_fraction(saving.value)} (95 % interval "
+            f"{_fraction(saving.interval()[0])} to {_fraction(saving.interval()[1])})."
+        )
+        verdicts.append(Verdict(f"OTB vs mean, {mode} ({label})", sentence))
+    for claim in summary.get("paper_claim", []):
+        verdicts.append(
+            Verdict(
+                f"paper's claim, {claim['mode']} ({label})",
+                f"The paper's claim (OTB at N = 4 as steady as the mean baseline at N = 32) is "
+                f"{claim['verdict']} in {claim['mode']} mode: {claim['text']}.",
+            )
+        )
+    return verdicts
+
+
+def _equivalent_interval(metric: Metric, max_n: int) -> str:
+    low, high = metric.interval()
+    return f"95 % interval {_equivalent(low, max_n)} to {_equivalent(high, max_n)}"
+
+
+def _step_prefix(run_dir: Path) -> str:
+    """`<step>/` when variance.csv holds several checkpoints (the headline is the last one),
+    as `run_metrics` names them."""
+    table = pd.read_csv(run_dir / "variance.csv")
+    if "step" in table and table["step"].nunique() > 1:
+        return f"{table['step'].max()}/"
+    return ""
+
+
+def absent_modes(summary: dict[str, Any], label: str) -> list[str]:
+    """What a variance run did not measure, said plainly."""
+    modes = summary.get("settings", {}).get("modes", [])
+    notes = []
+    if "full" not in modes:
+        notes.append(
+            f"{label}: no full mode, so no variance with the exact gradients of every parameter "
+            "and no otb-true/optseq-true (run variance-compare with --mode ...,full; it prints "
+            "its cost estimate first and keeps within --budget)."
+        )
+    if not {"head", "full"} & set(modes):
+        notes.append(
+            f"{label}: no head or full mode, so no proxy fidelity (it needs true per-token "
+            "gradient norms)."
+        )
+    return notes
+
+
+def fidelity_verdicts(fidelity: pd.DataFrame, label: str) -> list[Verdict]:
+    """One sentence per mode, checkpoint step and (when present) block of fidelity.csv."""
+    verdicts = []
+    for row in fidelity.to_dict("records"):
+        where = [f"{row['mode']} mode"]
+        if "step" in row and pd.notna(row["step"]):
+            where.append(f"checkpoint step {int(row['step'])}")
+        if "block" in row and pd.notna(row["block"]):
+            where.append(f"block {row['block']}")
+        sentence = (
+            f"The proxy w_t tracks the true per-token ‖∇θ log p_t‖² ({', '.join(where)}) with "
+            f"Spearman {row['token_spearman']:.3f} and Pearson {row['token_pearson']:.3f} over "
+            f"{int(row['tokens']):,} tokens"
+        )
+        if "sequence_spearman" in row and pd.notna(row.get("sequence_spearman")):
+            sentence += (
+                f", and per response (summed energies) with Spearman "
+                f"{row['sequence_spearman']:.3f}, Pearson {row['sequence_pearson']:.3f} over "
+                f"{int(row['sequences']):,} responses"
+            )
+        sentence += " (no interval: the tokens of one response are not independent draws)."
+        verdicts.append(Verdict(f"proxy fidelity ({label})", sentence))
+    return verdicts
+
+
+def collapse_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
+    """One sentence per run of collapse.json."""
+    rule = record.get("rule", {})
+    verdicts = []
+    for r in record.get("runs", []):
+        span = f"steps {r['first_step']}–{r['last_step']}, {r['points']} logged points"
+        if r.get("collapse_step") is None:
+            sentence = (
+                f"Run {r['run']} ({span}): no collapse detected (no {rule.get('persist')} "
+                f"consecutive points with robust z of log grad-norm above "
+                f"{rule.get('threshold')}), so no warning and no lead time."
+            )
+        else:
+            z = r.get("collapse_z")
+            sentence = (
+                f"Run {r['run']} ({span}): collapse at step {r['collapse_step']}"
+                + (f" (robust z {z:.1f} > {rule.get('threshold')})" if z is not None else "")
+                + "; "
+            )
+            if r.get("warning_step") is not None:
+                sentence += (
+                    f"the variance proxy ({r['variance_proxy_kind']}) warned at step "
+                    f"{r['warning_step']}, a lead time of {r['lead_steps']} steps."
+                )
+            else:
+                sentence += (
+                    f"no variance warning in the {rule.get('lead_horizon')} points before "
+                    f"(proxy: {r['variance_proxy_kind']}), so no lead time."
+                )
+        verdicts.append(Verdict(f"collapse ({label})", sentence))
+    return verdicts
+
+
+def energy_verdicts(summary: dict[str, Any], label: str) -> list[Verdict]:
+    e, t = summary["energy"], summary["totals"]
+    sentence = (
+        f"At checkpoint step {e['step']}, the realized energy W(τ) of the {t['responses']:,} "
+        f"responses has mean {e['sequence_energy_mean']:.3g} and median "
+        f"{e['sequence_energy_median']:.3g} (max/min {e['sequence_energy_max_min_ratio']:.3g}); "
+        f"inside a group its coefficient of variation has median "
+        f"{e['group_energy_cv_median']:.2f} over {t['groups']} groups, "
+        f"{e['groups_with_mixed_rewards']} of which have mixed rewards (the only ones a group "
+        "baseline learns from)."
+    )
+    return [Verdict(f"energy ({label})", sentence)]
+
+
+def train_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
+    s, k = record["settings"], record["window"]
+    sentence = (
+        f"Training with the {s['baseline']} baseline at N = {s['group_size']}, lr {s['lr']:g}, "
+        f"{record['totals']['steps']} steps: mean reward "
+        f"{record['early']['mean_reward']:.3f} over the first {k} step(s), "
+        f"{record['late']['mean_reward']:.3f} over the last {k} "
+        f"({record['totals']['tokens_sampled']:,} tokens sampled; one step's reward is noisy, "
+        "see the table)."
+    )
+    return [Verdict(f"training ({label})", sentence)]
+
+
+def regression_verdict(counts: dict[str, int], source: str) -> Verdict:
+    """The status of a comparison with a golden file (or of a regress JUnit report)."""
+    total = sum(counts.values())
+    failing = total - counts["pass"]
+    status = "PASS: every metric agrees" if not failing else f"FAIL: {failing} metric(s) moved"
+    sentence = (
+        f"Against {source}: {status} ({total} metrics: {counts['pass']} pass, {counts['fail']} "
+        f"fail, {counts['missing']} missing, {counts['extra']} extra)."
+    )
+    return Verdict("regression", sentence)

@@ -1,0 +1,362 @@
+"""Online policy-gradient RL on the lab task, on CPU: sample, score, measure, step (`otb-diag
+train`). It shows the diagnostics on a run that moves, starting from any lab-style checkpoint.
+
+One step s = 1, 2, ... (verl's numbering: the rollouts of step s come from the policy after s − 1
+updates, `checkpoint-<s>` holds the weights after update s):
+
+1. draw `prompts_per_step` prompts: (op, digit count) cells drawn uniformly, with replacement, from
+   the lab's rollout prompts (`LabConfig.rollout_prompts`: copy/reverse/sort of 3 to 10 digits,
+   where the shipped model's pass rate is between 0 and 1, plus sort-20 and copy-36, which it
+   always fails), fresh digits each time;
+2. sample `group_size` responses per prompt at `temperature` (all groups in one padded batch),
+   score them with the verifier, and
+   write them as the project's rollout rows to `rollouts/step-<s>.jsonl`; that file, read back with
+   `read_rollouts` and `make_batch`, is the batch, so the trainer sees exactly what
+   `otb-diag energy` / `variance-compare` would;
+3. per-token statistics (w, entropy) of the batch under the sampling policy (`checkpoint_stats`),
+   `W_t = Σ_{j≤t} mask_j w_j`, `G_t`, and the advantages `A` of `baseline`;
+4. the surrogate loss (`surrogate_loss`), whose gradient is −ĝ; backward; the gradient norm before
+   clipping; clip to `max_grad_norm`; one AdamW step.
+
+The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
+sampled. Everything random draws from the seed: prompts from a numpy generator, sampling from
+torch's RNG (forked, so the caller's RNG state is left alone). Same seed and thread count, same
+metrics (except `wall_time`).
+
+Output layout::
+
+    out/metrics.jsonl                one line per step, written and flushed as the step ends, so a
+                                     run that stops keeps every finished step
+    out/rollouts/step-<s>.jsonl      the step's rollouts (rollout format, with step, temperature)
+    out/checkpoint-<s>/              every `save_every` steps and after the last: safetensors,
+                                     config, tokenizer (written to a temporary name, then renamed)
+    out/train.json                   settings, initial checkpoint, totals, versions
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from otb_diag.errors import InputError
+from otb_diag.io.atomic import write_json, write_jsonl
+from otb_diag.io.checkpoint import load_checkpoint, no_transformers_progress_bars
+from otb_diag.io.provenance import library_versions
+from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.scenarios import check_scenario
+from otb_diag.lab.build import SCENARIOS, LabConfig
+from otb_diag.lab.sample import sample_groups
+from otb_diag.lab.task import Problem, make_problem
+from otb_diag.maths.aggregation import aggregation_weights
+from otb_diag.maths.energy.proxies import variance_proxies
+from otb_diag.maths.energy.tables import checkpoint_stats
+from otb_diag.maths.estimators.baselines import compute_advantages, get_baseline
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.returns import returns_to_go
+from otb_diag.policy.forward_pass import TokenStats, cumulative_energy, pad_batch
+
+# Keys of every metrics.jsonl line, in order (the proxies come from `variance_proxies`).
+METRIC_KEYS = (
+    "step",
+    "mean_reward",
+    "pass_rate",
+    "mixed_groups",
+    "loss",
+    "grad_norm",
+    "proxy1_signal_strength",
+    "proxy2_total_power",
+    "proxy3_pure_noise",
+    "expected_a_squared",
+    "expected_w",
+    "token_total_power",
+    "entropy",
+    "mean_response_length",
+    "tokens_sampled",
+    "wall_time",
+)
+
+# What the printed summary compares between the first and the last steps.
+_SUMMARY_KEYS = ("mean_reward", "grad_norm", "entropy", "mean_response_length")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Every knob of `otb-diag train` (the CLI's options, with the same defaults)."""
+
+    baseline: str = "otb"
+    aggregation: str = "token-sum"
+    group_size: int = 4
+    prompts_per_step: int = 8
+    steps: int = 20
+    lr: float = 1e-4
+    max_grad_norm: float = 1.0  # 0 turns clipping off
+    temperature: float = 1.0
+    max_new_tokens: int = LabConfig.max_new_tokens
+    save_every: int = 10  # 0: only after the last step
+    seed: int = 0
+    prompt_cells: tuple[tuple[str, int], ...] = LabConfig.rollout_prompts
+
+
+def scenario_settings(scenario: str, **overrides: Any) -> TrainSettings:
+    """Settings whose prompt cells and response budget are those of an embedded scenario's
+    rollouts (`default`: copy/reverse/sort of 3-36 digits, 64 tokens; `long`: sums of 3-52
+    digits, 400 tokens); `overrides` set the other knobs (None keeps a default)."""
+    lab = SCENARIOS[check_scenario(scenario)]
+    base = {"prompt_cells": lab.rollout_prompts, "max_new_tokens": lab.max_new_tokens}
+    return TrainSettings(**base | {k: v for k, v in overrides.items() if v is not None})
+
+
+def check_settings(settings: TrainSettings) -> None:
+    """Raise `InputError` for a setting that cannot run, before anything is loaded."""
+    get_baseline(settings.baseline)  # unknown name: lists the known ones
+    aggregation_weights(settings.aggregation, torch.ones(1, 1))  # likewise
+    for name in ("group_size", "prompts_per_step", "steps", "max_new_tokens"):
+        if getattr(settings, name) < 1:
+            raise InputError(f"{name} must be at least 1, got {getattr(settings, name)}.")
+    for name in ("lr", "max_grad_norm", "save_every"):
+        if getattr(settings, name) < 0:
+            raise InputError(f"{name} must be non-negative, got {getattr(settings, name)}.")
+    if settings.temperature <= 0:
+        raise InputError(f"temperature must be positive, got {settings.temperature}.")
+
+
+def draw_prompts(rng: np.random.Generator, n: int, cells: tuple[tuple[str, int], ...]) -> list[str]:
+    """`n` prompts: (op, digit count) cells drawn uniformly with replacement, random digits."""
+    picks = rng.integers(0, len(cells), size=n)
+    return [make_problem(rng, *cells[k]).prompt for k in picks]
+
+
+def advantages_for(batch: ResponseBatch, w: Tensor, baseline: str) -> Tensor:
+    """`[B, T]` advantages `A_t = (G_t − B_t) · mask_t` of `baseline`, from `w: [B, T]`.
+
+    Each baseline gets its defaults (verl's: OTB with `handle_zero_tail`, ε = 1e-8)."""
+    energy = cumulative_energy(w, batch.mask)  # W_t = Σ_{j≤t} mask_j w_j
+    returns = returns_to_go(batch.token_rewards, batch.mask)  # G_t = Σ_{k≥t} r_k
+    return compute_advantages(baseline, returns, batch.mask, batch.group, energy)
+
+
+def response_logprobs(model: PreTrainedModel, batch: ResponseBatch) -> Tensor:
+    """`[B, T]` tempered `log π_θ(y_t | x, y_<t) = log_softmax(z_t / τ)[y_t]`, differentiable,
+    0 on padding. One right-padded forward pass over `prompt ⧺ response` rows."""
+    responses = [
+        ids[:n] for ids, n in zip(batch.response_ids.tolist(), batch.length.tolist(), strict=True)
+    ]
+    input_ids, attention_mask, start = pad_batch(batch.prompt_ids, responses)  # [B, L], [B]
+    positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)  # right padding: 0 … L−1
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=False,
+    ).logits  # [B, L, V]
+    # Response token t (0-based) sits at start + t and is predicted by the logits one before it;
+    # padding slots are clamped into range and zeroed below.
+    t = torch.arange(batch.response_ids.shape[1])
+    where = (start[:, None] + t[None] - 1).clamp(max=input_ids.shape[1] - 1)  # [B, T]
+    z = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
+    z = z / batch.temperature[:, None, None]  # z_t / τ
+    logp = torch.log_softmax(z, -1).gather(-1, batch.response_ids[..., None])[..., 0]
+    return torch.where(batch.valid, logp, 0.0)
+
+
+def surrogate_loss(
+    model: PreTrainedModel, batch: ResponseBatch, advantages: Tensor, aggregation: str
+) -> Tensor:
+    """`L(θ) = −Σ_{i,t} c_{i,t} · A_{i,t} · log π_θ(y_t)`, c = `aggregation_weights`.
+
+    A and c are constants of the sampled batch, so `∇L = −Σ c A ∇log π = −ĝ`: a descent step on
+    L is an ascent step along the policy-gradient estimate ĝ of theory.md §3, and ‖∇L‖ = ‖ĝ‖.
+    """
+    c = aggregation_weights(aggregation, batch.mask)  # [B, T], 0 off the mask
+    return -(c * advantages * response_logprobs(model, batch)).sum()
+
+
+def step_metrics(
+    step: int,
+    batch: ResponseBatch,
+    stats: TokenStats,
+    advantages: Tensor,
+    loss: float,
+    grad_norm: float,
+) -> dict[str, Any]:
+    """One metrics line, without the running totals (`tokens_sampled`, `wall_time`)."""
+    mask = batch.mask
+    k = len(batch.group_names)
+    spread = [
+        torch.zeros(k).scatter_reduce(0, batch.group, batch.reward, how, include_self=False)
+        for how in ("amin", "amax")
+    ]  # each group's lowest and highest reward
+    mixed = spread[1] > spread[0]  # [K]: groups a group baseline can learn from
+    return {
+        "step": step,
+        "mean_reward": batch.reward.mean().item(),
+        "pass_rate": (batch.reward >= 1).float().mean().item(),  # share the verifier accepts
+        "mixed_groups": mixed.float().mean().item(),
+        "loss": loss,
+        "grad_norm": grad_norm,
+        **variance_proxies(advantages, mask, stats.w, grad_norm=grad_norm),
+        "entropy": ((stats.entropy * mask).sum() / mask.sum()).item(),  # mean over tokens
+        "mean_response_length": batch.length.float().mean().item(),
+    }
+
+
+def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest: Path) -> None:
+    """Hugging Face checkpoint (safetensors + tokenizer) at `dest`, renamed into place whole."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with no_transformers_progress_bars():  # the training bar is enough
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Remove an earlier run's steps, so that `out` always describes one run."""
+    for stale in out.glob("checkpoint-*"):
+        shutil.rmtree(stale)
+    for stale in (out / "rollouts").glob("step-*.jsonl"):
+        stale.unlink()
+
+
+def _json_line(metrics: dict[str, Any]) -> str:
+    """Strict JSON: a diverged run's NaN or inf becomes null."""
+    finite = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()
+    }
+    return json.dumps(finite, allow_nan=False) + "\n"
+
+
+def train(
+    ckpt: Path, out: Path, settings: TrainSettings = TrainSettings(), *, progress: bool = True
+) -> dict[str, Any]:
+    """Run `settings.steps` RL steps from the checkpoint `ckpt`, writing into `out` (module
+    docstring); returns the summary also written to `out/train.json`."""
+    check_settings(settings)
+    loaded = load_checkpoint(ckpt, dtype="float32")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    longest_prompt = max(
+        len(tokenizer.encode(Problem(op, "0" * n).prompt, add_special_tokens=False))
+        for op, n in settings.prompt_cells
+    )
+    positions = getattr(model.config, "n_positions", math.inf)  # GPT-2's name, as the lab's
+    if longest_prompt + settings.max_new_tokens > positions:
+        raise InputError(
+            f"prompts of up to {longest_prompt} tokens plus max_new_tokens "
+            f"{settings.max_new_tokens} exceed the model's {positions} positions.",
+            field="max_new_tokens",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_previous_run(out)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
+    rng = np.random.default_rng(settings.seed)
+    clip = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
+    tokens_sampled = 0
+    history: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with (
+        torch.random.fork_rng(devices=[]),
+        (out / "metrics.jsonl").open("w", encoding="utf-8") as log,
+        tqdm(total=settings.steps, desc="train", unit="step", disable=not progress) as bar,
+    ):
+        torch.manual_seed(settings.seed)
+        for step in range(1, settings.steps + 1):
+            prompts = draw_prompts(rng, settings.prompts_per_step, settings.prompt_cells)
+            rows_path = out / "rollouts" / f"step-{step}.jsonl"
+            write_jsonl(
+                rows_path,
+                sample_groups(
+                    model, tokenizer, prompts, group_size=settings.group_size,
+                    temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
+                    step=step, together=True,
+                ),
+            )  # fmt: skip
+            batch = make_batch(read_rollouts(rows_path))
+
+            stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
+            advantages = advantages_for(batch, stats.w, settings.baseline)
+            optimizer.zero_grad(set_to_none=True)
+            loss = surrogate_loss(model, batch, advantages, settings.aggregation)
+            loss.backward()  # .grad = −ĝ
+            # ‖ĝ‖ before clipping (clip_grad_norm_ returns the norm it measured).
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+            optimizer.step()
+
+            tokens_sampled += int(batch.length.sum())
+            metrics = step_metrics(step, batch, stats, advantages, loss.item(), grad_norm)
+            metrics |= {
+                "tokens_sampled": tokens_sampled,
+                "wall_time": time.perf_counter() - started,
+            }
+            log.write(_json_line(metrics))
+            log.flush()
+            history.append(metrics)
+            if step == settings.steps or (settings.save_every and step % settings.save_every == 0):
+                save_checkpoint(model, tokenizer, out / f"checkpoint-{step}")
+            bar.set_postfix(
+                step=step, reward=f"{metrics['mean_reward']:.3f}", grad_norm=f"{grad_norm:.3g}"
+            )
+            bar.update(1)
+
+    summary = {
+        "command": "train",
+        "checkpoint": str(loaded.path),
+        "settings": dataclasses.asdict(settings),
+        **_early_and_late(history),
+        "totals": {
+            "steps": settings.steps,
+            "tokens_sampled": tokens_sampled,
+            "wall_time": time.perf_counter() - started,
+        },
+        "versions": library_versions(),
+        "out": str(out.resolve()),
+    }
+    write_json(out / "train.json", summary)
+    return summary
+
+
+def _early_and_late(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means of the first and the last k ≤ 5 steps: one step's reward is too noisy to compare
+    (8 prompts of very different difficulty)."""
+    k = max(1, min(5, len(history) // 2))
+
+    def mean(lines: list[dict[str, Any]]) -> dict[str, float]:
+        return {key: float(np.mean([m[key] for m in lines])) for key in _SUMMARY_KEYS}
+
+    return {"window": k, "early": mean(history[:k]), "late": mean(history[-k:])}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The short human summary `otb-diag train` prints: early and late steps side by side."""
+    early, late, k = summary["early"], summary["late"], summary["window"]
+    n = summary["totals"]["steps"]
+
+    def row(name: str, key: str, fmt: str) -> str:
+        return f"{name:<13}{early[key]:{fmt}} -> {late[key]:{fmt}}"
+
+    return "\n".join(
+        [
+            f"trained      {n} steps from {summary['checkpoint']}",
+            f"means of     steps 1-{k} -> steps {n - k + 1}-{n}",
+            row("mean reward", "mean_reward", ".3f"),
+            row("grad norm", "grad_norm", ".3g"),
+            row("entropy", "entropy", ".3f"),
+            row("length", "mean_response_length", ".1f"),
+            f"sampled      {summary['totals']['tokens_sampled']} tokens in "
+            f"{summary['totals']['wall_time']:.1f} s",
+            f"wrote        {summary['out']} (metrics.jsonl, rollouts/, checkpoint-*/, train.json)",
+        ]
+    )

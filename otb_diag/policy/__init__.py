@@ -1,0 +1,1 @@
+"""policy: see ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""policy/scores: see ARCHITECTURE.md."""

@@ -1,0 +1,358 @@
+"""Cost model of the two `full`-mode engines: time from a short calibration, memory from the
+model's shape, and the choice between them (`--engine auto`).
+
+Forward mode (`scores_forward.py`): `Σ_b ⌈k_b / d⌉` vmapped jvp calls per packed batch (d the
+directions per call), each costing about 3 forward passes per direction, independent of T:
+
+    forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)
+
+with `s_f` the seconds per direction and token measured on a calibration batch of about
+`CALIBRATION_TOKENS` tokens. Reverse mode (`scores_reverse.py`): per response token a backward
+pass over its chunk's prefix L and a projection, `n · (6 L + 2 K)` flops:
+
+    reverse_s ≈ s_b · Σ_t L_t  +  s_p · n · K · tokens  +  columns
+
+with `s_b` measured by the reverse engine on a calibration batch (one direction), `s_p` by one
+projection product, and `columns` the time to draw the `n × K` direction columns (once when
+they are held, per product otherwise).
+
+Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
+forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2 + chunk · V · 3)` with
+`A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when they
+are formed a query chunk at a time (`chunked_attention.py`); reverse `layers · L · (34 d + 5 h L)
+· 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held columns and the pending gradients.
+Each engine takes the largest batching that fits in `MEMORY_SHARE` of the memory available on the
+device; one that does not fit at its smallest batching is not run (a clear error, never the
+kernel's OOM killer).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from otb_diag.errors import InputError
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.forward_pass import pack_by_tokens
+from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
+from otb_diag.policy.scores.directions import Block, projection_columns
+from otb_diag.policy.scores.forward_mode import HEAD_CHUNK, forward_scores, switchable
+from otb_diag.policy.scores.reverse_mode import HOLD_BYTES, PENDING_BYTES, reverse_scores
+
+CALIBRATION_TOKENS = 256
+# Forward mode on the CPU packs at most this many padded tokens per batch. Its cost per direction
+# and token grows with the batch (25 M model, 8 directions, rows of 520 tokens, 2 threads:
+# 1.05-1.35 µs at 520-1040 tokens a batch, 1.4-1.5 at 2080, 1.7-1.8 at 4160), as the tangents of
+# the activations outgrow the caches; a GPU keeps `batch_tokens` (the larger, the busier).
+CPU_FORWARD_BATCH_TOKENS = 1024
+MEMORY_SHARE = 0.7
+DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
+DEFAULT_BUDGET_S = 7200.0
+# `auto` keeps the reverse engine unless forward mode is this much cheaper: the reverse engine
+# gives the exact per-token norms (optseq-true, otb-true, fidelity), forward mode estimates.
+EXACT_NORMS_PREMIUM = 2.0
+# Forward passes one jvp direction costs (measured 3-4.7 on CPU, issue 10), and a backward pass
+# in forward passes: the flop counts of the deterministic engine choice (`work_counts`).
+JVP_PASSES = 3.0
+BACKWARD_PASSES = 2.0
+
+
+@dataclass
+class FullPlan:
+    """What a `full`-mode run will cost, and how it will run."""
+
+    engine: str  # "jvp" or "vjp"
+    n_params: int
+    directions: int  # K = Σ_b k_b
+    blocks: int
+    tokens: int  # response tokens
+    forward_s: float
+    reverse_s: float
+    forward_peak_bytes: float
+    reverse_peak_bytes: float
+    available_bytes: float
+    directions_batch: int
+    forward_batch_tokens: int  # padded tokens per forward-mode batch
+    reverse_chunk: int
+    budget_s: float | None
+    calibration: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def estimate_s(self) -> float:
+        return self.forward_s if self.engine == "jvp" else self.reverse_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "estimate_s": self.estimate_s}
+
+    def describe(self) -> str:
+        """One paragraph for the user, printed before the run."""
+        gib = 1 << 30
+        return (
+            f"full mode: {self.n_params:,} parameters in {self.blocks} block(s), K = "
+            f"{self.directions} directions, {self.tokens:,} response tokens; estimated "
+            f"forward mode (jvp) {_duration(self.forward_s)}, peak "
+            f"{self.forward_peak_bytes / gib:.2f} GiB; reverse mode (vjp) "
+            f"{_duration(self.reverse_s)}, peak {self.reverse_peak_bytes / gib:.2f} GiB "
+            f"(available {self.available_bytes / gib:.1f} GiB); running {self.engine}."
+        )
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "not estimated (does not fit in memory, or another engine was asked for)"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def available_memory(device: torch.device) -> float:
+    """Bytes free for the run: CUDA's free memory, or the host's `MemAvailable` (Linux)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def _shape(model: nn.Module) -> tuple[int, int, int, int]:
+    """(width d, heads h, layers, vocabulary V) from any HF config (attribute maps included)."""
+    config = model.config
+    d = int(getattr(config, "hidden_size", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return d, heads, layers, vocab
+
+
+def _rows(batch: ResponseBatch) -> list[tuple[int, int]]:
+    """(prompt length P, response length T) of every row."""
+    return [(len(p), int(n)) for p, n in zip(batch.prompt_ids, batch.length.tolist(), strict=True)]
+
+
+def _prefix_work(rows: Sequence[tuple[int, int]], chunk: int) -> int:
+    """`Σ_t L_t`: the prefix each token's chunk runs its backward passes over."""
+    return sum(
+        (min(lo + chunk, n) - lo) * (p + min(lo + chunk, n))
+        for p, n in rows
+        for lo in range(0, n, chunk)
+    )
+
+
+def _calibration_rows(batch: ResponseBatch, tokens: int) -> list[int]:
+    """The first rows (in packing order, longest first) up to about `tokens` padded tokens."""
+    lengths = [p + n for p, n in _rows(batch)]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    chosen = [order[0]]
+    for i in order[1:]:
+        if (len(chosen) + 1) * lengths[chosen[0]] > tokens:
+            break
+        chosen.append(i)
+    return chosen
+
+
+def _sub_batch(batch: ResponseBatch, rows: list[int], max_tokens: int) -> ResponseBatch:
+    """`batch` restricted to `rows`, responses cut to `max_tokens` tokens."""
+    index = torch.tensor(rows)
+    length = batch.length[index].clamp_max(max_tokens)
+    return ResponseBatch(**{
+        **vars(batch),
+        "group": batch.group[index], "sample": batch.sample[index], "length": length,
+        "prompt_ids": [batch.prompt_ids[i] for i in rows],
+        "response_ids": batch.response_ids[index, :max_tokens],
+        "valid": batch.valid[index, :max_tokens], "mask": batch.mask[index, :max_tokens],
+        "token_rewards": batch.token_rewards[index, :max_tokens], "reward": batch.reward[index],
+        "temperature": batch.temperature[index], "step": [batch.step[i] for i in rows],
+        "is_weights": None, "logprobs": None, "sum_pi2": None,
+    })  # fmt: skip
+
+
+def plan_full(
+    model: nn.Module,
+    batch: ResponseBatch,
+    params: dict[str, Tensor],
+    blocks: Sequence[Block],
+    seed: int,
+    *,
+    engine: str = "auto",
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    force: bool = False,
+    batch_tokens: int = 16384,
+    chunk_size: int = 32,
+    head_chunk: int = HEAD_CHUNK,
+    available_bytes: float | None = None,
+) -> FullPlan:
+    """Estimate both engines (module docstring), choose one, and refuse what cannot run.
+
+    engine: `auto` (of the engines that fit, the reverse one unless forward mode's counted work
+    is less than 1/`EXACT_NORMS_PREMIUM` of it: `work_counts`), `jvp` or `vjp`. batch_tokens:
+    forward mode's padded tokens per batch (at most `CPU_FORWARD_BATCH_TOKENS` on the CPU). Raises
+    `InputError` when the chosen engine does not fit in memory, or its estimate exceeds
+    `budget_s` and not `force`.
+    """
+    if engine not in ("auto", "jvp", "vjp"):
+        raise InputError(f"engine must be auto, jvp or vjp, got {engine!r}", field="engine")
+    device = next(iter(params.values())).device
+    available = available_memory(device) if available_bytes is None else available_bytes
+    limit = MEMORY_SHARE * available
+    n = sum(p.numel() for p in params.values())
+    elsize = next(iter(params.values())).element_size()
+    d, heads, layers, vocab = _shape(model)
+    rows = _rows(batch)
+    k_total = sum(b.k for b in blocks)
+    longest = max(p + t for p, t in rows)
+    tokens = sum(t for _, t in rows)
+    if device.type == "cpu":
+        batch_tokens = min(batch_tokens, CPU_FORWARD_BATCH_TOKENS)
+    groups = pack_by_tokens([p + t for p, t in rows], batch_tokens)
+    padded = sum(len(g) * max(rows[i][0] + rows[i][1] for i in g) for g in groups)
+    tok_batch = max(len(g) * max(sum(rows[i]) for i in g) for g in groups)
+    biggest_block = max(sum(params[name].numel() for name in b.params) for b in blocks)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    attention = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
+    if switchable(model):  # query-chunked: one chunk's scores (chunked_attention.py)
+        rows_max = max(len(g) for g in groups)
+        attention = min(attention, max(SCORES_PER_CHUNK, rows_max * heads * longest))
+
+    def forward_peak(nd: int) -> float:
+        acts = tok_batch * 16 * d + attention * 2 + head_chunk * vocab * 3
+        return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts
+
+    def reverse_peak(c: int) -> float:
+        stored = layers * longest * (34 * d + 5 * heads * longest) * 4
+        per_token = 3 * 4 * n + 4 * longest * (16 * d + 2 * heads * longest)
+        columns = min(HOLD_BYTES, n * k_total * 4)
+        return model_bytes + stored + c * per_token + columns + max(PENDING_BYTES, c * 4 * n)
+
+    nd = next((x for x in DIRECTION_BATCHES if forward_peak(x) <= limit), 0)
+    chunk = next((c for c in range(chunk_size, 0, -1) if reverse_peak(c) <= limit), 0)
+    calibration: dict[str, float] = {}
+    forward_s = reverse_s = math.inf
+    if nd and engine in ("auto", "jvp"):
+        cal = _sub_batch(batch, _calibration_rows(batch, CALIBRATION_TOKENS), CALIBRATION_TOKENS)
+        one = [Block("calibration", tuple(params), nd, 0)]
+        warm = _sub_batch(batch, _calibration_rows(batch, 1), 4)  # first-call costs, untimed
+        forward_scores(model, warm, params, one, seed, batch_tokens=batch_tokens,
+                       directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
+        t0 = time.perf_counter()
+        forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
+                       directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
+        cal_tokens = len(cal.prompt_ids) * max(p + t for p, t in _rows(cal))
+        calibration["forward_s_per_direction_token"] = (time.perf_counter() - t0) / (
+            nd * cal_tokens
+        )
+        forward_s = calibration["forward_s_per_direction_token"] * k_total * padded
+    if chunk and engine in ("auto", "vjp"):
+        reverse_s, more = _reverse_estimate(model, batch, params, seed, chunk, k_total, rows)
+        calibration.update(more)
+    if engine == "auto":
+        # Chosen by counted work, not by the timings: a timing-based choice would change with
+        # the machine's load (and per torchrun rank), and with it the per-token norms.
+        forward_w, reverse_w = work_counts(model, n, k_total, padded, rows, chunk_size)
+        engine = choose_engine(forward_w if nd else math.inf, reverse_w if chunk else math.inf)
+    plan = FullPlan(
+        engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
+        reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, max(chunk, 1), budget_s,
+        calibration,
+    )  # fmt: skip
+    if not math.isfinite(plan.estimate_s):
+        peak = plan.forward_peak_bytes if plan.engine == "jvp" else plan.reverse_peak_bytes
+        raise InputError(
+            f"full mode ({plan.engine}) does not fit in memory: it needs about "
+            f"{peak / 2**30:.1f} GiB at its smallest batching, {available / 2**30:.1f} GiB are "
+            "available",
+            field="mode",
+            hint="Restrict the parameters (--params), shorten the responses, or use --mode head.",
+        )
+    if budget_s is not None and plan.estimate_s > budget_s and not force:
+        raise InputError(
+            f"{plan.describe()} That exceeds the budget of {_duration(budget_s)}.",
+            field="budget",
+            hint="Raise --budget, pass --force, fewer directions (--sketch-dim, "
+            "--directions-per-block) or parameters (--params).",
+        )
+    return plan
+
+
+def work_counts(
+    model: nn.Module,
+    n: int,
+    k_total: int,
+    padded: int,
+    rows: Sequence[tuple[int, int]],
+    chunk: int,
+) -> tuple[float, float]:
+    """Flops of each engine, a deterministic function of the shapes (N model parameters, n
+    selected, K directions): a token's forward pass costs 2N.
+
+    forward ≈ JVP_PASSES · 2N · K · (padded prompt ⧺ response tokens)
+    reverse ≈ (1 + BACKWARD_PASSES) · 2N · Σ_t L_t  +  2 n K · response tokens (projection)
+    """
+    total = sum(p.numel() for p in model.parameters())
+    tokens = sum(t for _, t in rows)
+    forward = JVP_PASSES * 2 * total * k_total * padded
+    reverse = (1 + BACKWARD_PASSES) * 2 * total * _prefix_work(
+        rows, chunk
+    ) + 2 * n * k_total * tokens
+    return forward, reverse
+
+
+def choose_engine(forward: float, reverse: float) -> str:
+    """`auto`: reverse mode (exact per-token norms) unless forward mode costs less than
+    1/`EXACT_NORMS_PREMIUM` of it (`work_counts`); an engine that does not fit costs inf."""
+    return "jvp" if forward * EXACT_NORMS_PREMIUM < reverse else "vjp"
+
+
+def _reverse_estimate(
+    model: nn.Module,
+    batch: ResponseBatch,
+    params: dict[str, Tensor],
+    seed: int,
+    chunk: int,
+    k_total: int,
+    rows: list[tuple[int, int]],
+) -> tuple[float, dict[str, float]]:
+    """Seconds of the reverse engine: backward (calibrated with one direction on a short batch),
+    projection (one timed product) and drawing the columns (one timed direction)."""
+    device = next(iter(params.values())).device
+    n = sum(p.numel() for p in params.values())
+    cal = _sub_batch(batch, _calibration_rows(batch, CALIBRATION_TOKENS), min(chunk, 16))
+    one = [Block("calibration", tuple(params), 1, 0)]
+    t0 = time.perf_counter()
+    for name, p in params.items():
+        projection_columns(seed, range(1), name, p.numel(), 1, device)
+    draw_s = time.perf_counter() - t0  # one direction over all parameters
+    t0 = time.perf_counter()
+    reverse_scores(model, cal, params, one, seed, chunk)
+    backward_s = max(time.perf_counter() - t0 - draw_s, 1e-9) / max(
+        _prefix_work(_rows(cal), chunk), 1
+    )
+    width = min(n, 1 << 18)
+    g, cols = torch.randn(chunk, width, device=device), torch.randn(width, k_total, device=device)
+    t0 = time.perf_counter()
+    g @ cols
+    project_s = (time.perf_counter() - t0) / (chunk * width * k_total)
+    tokens = sum(t for _, t in rows)
+    products = 1 if n * k_total * 4 <= HOLD_BYTES else max(1, tokens * 4 * n // PENDING_BYTES)
+    total = (
+        backward_s * _prefix_work(rows, chunk)
+        + project_s * n * k_total * tokens
+        + draw_s * k_total * products
+    )
+    return total, {
+        "reverse_s_per_prefix_token": backward_s,
+        "projection_s_per_multiply_add": project_s,
+        "direction_draw_s": draw_s,
+    }

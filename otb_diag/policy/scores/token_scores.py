@@ -1,0 +1,286 @@
+"""Per-token score vectors `s_t = ∇_θ log π(y_t | x, y_<t)` projected to k dimensions (theory §4).
+
+The empirical policy-gradient variance needs, for every response token, a k-dimensional random
+projection `S s_t` of its score vector and `‖s_t‖²`. A projection `S` with `E[Sᵀ S] = I`
+preserves inner products in expectation, `E[(S x)·(S y)] = x·y`, so sums of projected scores
+estimate the squared norms and inner products that the variance is made of.
+
+Two modes, both under the tempered policy `π_t = softmax(z_t / τ)`:
+
+- `head`: the exact gradient of the output layer alone, from a forward pass. For `z = U h + b`,
+  `∂ log p_t / ∂U = u_t h_tᵀ` and `∂ log p_t / ∂b = u_t`, with `u_t = (e_{y_t} − π_t) / τ` (the
+  gradient with respect to the raw logits; times `1 − (z/c)²` under a soft-cap `c · tanh(·/c)`).
+  The bias is folded in as an extra input column, `[U | b]` against `h̃ = [h; 1]`, so the score
+  is the rank-one `u h̃ᵀ` and the Kronecker sketch `(P₁ ⊗ P₂) vec(u h̃ᵀ) = (P₁ u) ⊗ (P₂ h̃)` needs
+  neither `V × d` per token nor `[B, T, V]`: only `[chunk, V]` logits at a time.
+  `‖s_t‖² = ‖u_t‖² ‖h̃_t‖²`.
+- `full`: the gradient of every selected parameter (all by default), projected on the seeded
+  directions of `directions.py` (Gaussian JL, block-diagonal when split into blocks), by one of
+  two engines that give the same projections: `vjp` (`scores_reverse.py`: per-token gradients,
+  exact `‖s_t‖²`) or `jvp` (`scores_forward.py`: one forward-mode pass per direction for all
+  tokens at once; `‖s_t‖²` estimated by `‖u_t‖²`, unbiased). `full_cost.py` estimates both,
+  picks one (`engine="auto"`) and refuses what exceeds the budget or the memory.
+
+The head and proxy matrices are drawn on the CPU from generators seeded by `(seed, stream)`, so
+equal seeds give the same matrices on every device and for every batching.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from otb_diag.errors import InputError
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.forward_pass import (
+    check_output_layer,
+    eval_mode,
+    final_hidden,
+    head_logits,
+    output_layer,
+    pack_by_tokens,
+    pad_batch,
+)
+from otb_diag.policy.scores.cost import DEFAULT_BUDGET_S, FullPlan, plan_full
+from otb_diag.policy.scores.directions import parameter_blocks, select_parameters
+from otb_diag.policy.scores.forward_mode import forward_scores
+from otb_diag.policy.scores.reverse_mode import reverse_scores
+
+# Tokens per chunk when the caller does not say (see `token_scores`); also the valid modes.
+_DEFAULT_CHUNK = {"head": 256, "full": 32}
+
+# Generator streams, so that no two random matrices share numbers (2: `directions.py`).
+_STREAM_VOCAB, _STREAM_HIDDEN, _STREAM_PROXY = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Projected per-token scores of a `ResponseBatch` (`B` responses, `T` = longest), on the CPU.
+
+    proj: `[B, T, k]` fp32, the projection of `s_t`; 0 at padding (`t ≥ T_i`).
+    sq_norm: `[B, T]` fp32, `‖s_t‖²` (exact, or its JL estimate `‖u_t‖²` when not
+    `sq_norm_exact`: the `jvp` engine); 0 at padding.
+    blocks: `(name, first coordinate, k_b)` of each parameter block (`full`; one block `all`
+    unless split); block_sq_norm: `[B, T, n_blocks]` fp32, `‖s_{t,b}‖²` per block (`full`).
+    Tool-output tokens (`mask` 0) get their scores too: applying `mask` is the estimator's job.
+    """
+
+    proj: Tensor
+    sq_norm: Tensor
+    mode: str
+    k: int
+    seed: int
+    engine: str = "forward"
+    sq_norm_exact: bool = True
+    blocks: tuple[tuple[str, int, int], ...] = ()
+    block_sq_norm: Tensor | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+
+
+def token_scores(
+    model: nn.Module,
+    batch: ResponseBatch,
+    mode: Literal["head", "full"],
+    k: int,
+    seed: int,
+    *,
+    chunk_size: int | None = None,
+    batch_tokens: int = 16384,
+    force: bool = False,
+    progress: Callable[[int], None] | None = None,
+    engine: Literal["auto", "jvp", "vjp"] = "auto",
+    params: str | None = None,
+    by_block: bool = False,
+    directions_per_block: int | None = None,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    on_plan: Callable[[FullPlan], None] | None = None,
+) -> TokenScores:
+    """Projected score vectors of every response token of `batch` under `model`.
+
+    model: a Hugging Face causal LM (`*ForCausalLM`), run in eval mode (dropout off).
+    mode: `head` (output layer, Kronecker sketch, any model size) or `full` (the selected
+    parameters, Gaussian JL directions, any model that fits in memory and the budget).
+    k: projection dimension; `head` splits it as `k₁ × k₂` (see `kronecker_split`); `full` with
+    `by_block` gives each block `directions_per_block` (default `⌈k / blocks⌉`) directions.
+    seed: a non-negative integer; equal seeds give identical projections.
+    chunk_size: tokens handled at once: their `[chunk, V]` logits (`head`, default 256; the
+    `jvp` engine's head too) or the `vjp` engine's per-token gradients `[chunk, n_params]`
+    (default 32, lowered to fit memory: each chunk's backward passes run over the prefix it
+    needs, so small chunks skip most of the causal triangle's unused half).
+    batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`, `jvp`; the `jvp`
+    engine takes at most `full_cost.CPU_FORWARD_BATCH_TOKENS` on the CPU).
+    force: run `full` mode even when its estimate exceeds `budget_s` (seconds; None: no limit).
+    progress: called with the number of response tokens of each finished batch or response.
+    engine, params, by_block, directions_per_block: `full` only: the engine (`auto` by the cost
+    model), a regular expression selecting parameters by name, and the block split.
+    on_plan: called with the cost estimate before a `full` run starts.
+    """
+    if mode not in _DEFAULT_CHUNK:
+        raise InputError(f"mode must be 'head' or 'full', got {mode!r}")
+    if k < 1:
+        raise InputError(f"the projection dimension k must be at least 1, got {k}")
+    if seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed}")
+    chunk_size = _DEFAULT_CHUNK[mode] if chunk_size is None else chunk_size
+    if chunk_size < 1:
+        raise InputError(f"chunk_size must be at least 1, got {chunk_size}")
+    if any(len(p) == 0 for p in batch.prompt_ids):
+        raise InputError("every prompt needs at least one token: it predicts the first response")
+    if (batch.temperature <= 0).any():
+        raise InputError("temperature must be positive")
+    if mode == "head":
+        proj, sq_norm = _head_scores(model, batch, k, seed, chunk_size, batch_tokens, progress)
+        return TokenScores(proj, sq_norm, mode, k, seed, engine="forward")
+    if directions_per_block is not None and directions_per_block < 1:
+        raise InputError("directions per block must be at least 1", field="directions-per-block")
+    selected = select_parameters(model, params)
+    blocks = parameter_blocks(
+        model, list(selected), by_block=by_block, k=k, directions_per_block=directions_per_block
+    )
+    plan = plan_full(
+        model, batch, selected, blocks, seed, engine=engine, budget_s=budget_s, force=force,
+        batch_tokens=batch_tokens, chunk_size=chunk_size,
+    )  # fmt: skip
+    if on_plan is not None:
+        on_plan(plan)
+    if plan.engine == "vjp":
+        proj, block_sq = reverse_scores(
+            model, batch, selected, blocks, seed, plan.reverse_chunk, progress
+        )
+    else:
+        proj = forward_scores(
+            model, batch, selected, blocks, seed, batch_tokens=plan.forward_batch_tokens,
+            directions_batch=plan.directions_batch, progress=progress,
+        )  # fmt: skip
+        # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
+        block_sq = torch.stack(
+            [proj[..., b.offset : b.offset + b.k].square().sum(-1) for b in blocks], dim=-1
+        )
+    return TokenScores(
+        proj, block_sq.sum(-1), mode, proj.shape[-1], seed, engine=plan.engine,
+        sq_norm_exact=plan.engine == "vjp", blocks=tuple((b.name, b.offset, b.k) for b in blocks),
+        block_sq_norm=block_sq, plan=plan.as_dict(),
+    )  # fmt: skip
+
+
+def proxy_scores(w: Tensor, k: int, seed: int) -> Tensor:
+    """Synthetic score vectors for the forward-only `proxy` mode: `s_t = √w_t · ξ_t` with
+    independent `ξ_t ~ N(0, I_k / k)`, `[B, T] -> [B, T, k]`.
+
+    They encode exactly the proxy's assumption (theory.md §2, §4): per-token scores are
+    uncorrelated, with `E‖s_t‖² = w_t` and no signal (`E s_t = 0`). Under them the variance of
+    `ĝ = Σ c A s` is `E Σ_t c² A² w` in expectation: the token-level total power, measured by the
+    same paired-draw machinery as the exact modes, so the modes can be compared line by line.
+    """
+    xi = _gaussian(w.numel(), k, seed, _STREAM_PROXY).view(*w.shape, k)  # entries N(0, 1/k)
+    return w.clamp_min(0).sqrt().unsqueeze(-1) * xi
+
+
+def kronecker_split(k: int) -> tuple[int, int]:
+    """`(k₁, k₂)` with `k₁ · k₂ = k`: `k₂` the largest divisor of k not above `√k`, `k₁ ≥ k₂`.
+
+    The relative variance of a Kronecker sketch grows like `1/k₁ + 1/k₂`, smallest for a square
+    split (256 → 16 × 16, 128 → 16 × 8); a prime k degenerates to `k × 1`, so prefer `4ⁿ`.
+    The vocabulary side gets the larger factor.
+    """
+    k2 = next(d for d in range(math.isqrt(k), 0, -1) if k % d == 0)
+    return k // k2, k2
+
+
+def head_sketch_matrices(vocab: int, width: int, k: int, seed: int) -> tuple[Tensor, Tensor]:
+    """The Kronecker factors, transposed: `P₁ᵀ [vocab, k₁]` and `P₂ᵀ [width, k₂]`, fp32 CPU.
+
+    Entries `N(0, 1/k₁)` and `N(0, 1/k₂)`, so `E[P₁ᵀP₁] = I`, `E[P₂ᵀP₂] = I` and, the two being
+    independent, `E[(P₁ ⊗ P₂)ᵀ (P₁ ⊗ P₂)] = I`. `width` is d, or d + 1 for a biased head.
+    """
+    k1, k2 = kronecker_split(k)
+    return _gaussian(vocab, k1, seed, _STREAM_VOCAB), _gaussian(width, k2, seed, _STREAM_HIDDEN)
+
+
+def _gaussian(rows: int, cols: int, seed: int, *stream: int) -> Tensor:
+    """`[rows, cols]` fp32 with entries `N(0, 1/cols)` from the generator of `(seed, *stream)`."""
+    # SeedSequence mixes the key into well-spread state, so nearby seeds give unrelated streams.
+    state = np.random.SeedSequence([seed, *stream]).generate_state(1, np.uint64)[0]
+    generator = torch.Generator().manual_seed(int(state))
+    return torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
+
+
+def _grid(batch: ResponseBatch, k: int) -> tuple[Tensor, Tensor]:
+    """Zero `proj [B, T, k]` and `sq_norm [B, T]` to fill in."""
+    n_rows, width = batch.response_ids.shape
+    return torch.zeros(n_rows, width, k), torch.zeros(n_rows, width)
+
+
+def _logit_score(z: Tensor, targets: Tensor, tau: Tensor, softcap: float | None) -> Tensor:
+    """`u = ∂ log softmax(z/τ)_y / ∂a [N, V]`, with `a` the logits before any soft-cap.
+
+    z: `[N, V]` fp32 logits (after the soft-cap `z = c · tanh(a/c)`, if any); targets, tau: `[N]`.
+    """
+    pi = torch.softmax(z / tau[:, None], dim=-1)
+    y = targets[:, None]
+    # u_y = 1 − p_y, summed from the other entries: no cancellation as p_y → 1.
+    rest = pi.scatter(-1, y, 0.0).sum(-1, keepdim=True)
+    u = pi.neg_().scatter_(-1, y, rest)  # e_y − π
+    u.div_(tau[:, None])  # the raw-logit gradient carries 1/τ
+    if softcap is not None:
+        u.mul_(1 - (z / softcap).square())  # dz/da = 1 − tanh²(a/c) = 1 − (z/c)²
+    return u
+
+
+def _head_scores(
+    model: nn.Module,
+    batch: ResponseBatch,
+    k: int,
+    seed: int,
+    chunk_size: int,
+    batch_tokens: int,
+    progress: Callable[[int], None] | None,
+) -> tuple[Tensor, Tensor]:
+    """`proj [B, T, k]`, `sq_norm [B, T]` of the output-layer scores (module docstring).
+
+    Memory beyond the forward pass: `[chunk, V]` logits and scores, `P₁ᵀ` (`V · k₁ · 4` bytes) and
+    an fp32 copy of the output layer for half-precision models.
+    """
+    check_output_layer(model)
+    weight, bias, scale, softcap = output_layer(model)
+    device = weight.device
+    p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
+    p1, p2 = p1.to(device), p2.to(device)
+    proj, sq_norm = _grid(batch, k)
+    lengths = batch.length.tolist()
+    with torch.no_grad(), eval_mode(model):
+        weight32 = weight.float()  # fp32 logit maths for half-precision models (no-op if fp32)
+        packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
+        for group in pack_by_tokens(packed, batch_tokens):
+            responses = [batch.response_ids[i, : lengths[i]].tolist() for i in group]
+            ids, attention, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
+            hidden = final_hidden(model, ids.to(device), attention.to(device))  # [b, L, d]
+            n_tok = torch.tensor([lengths[i] for i in group])
+            rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(
+                as_tuple=True
+            )  # the N valid (row, t) pairs, 0-based t
+            pos = start[rows] + cols  # position of y_{t+1}; the logits at pos − 1 predict it
+            h_all = hidden[rows.to(device), (pos - 1).to(device)]  # [N, d]
+            y_all = ids[rows, pos].to(device)
+            tau_all = batch.temperature[group][rows].to(device)
+            out_rows = torch.tensor(group)[rows]
+            for lo in range(0, len(rows), chunk_size):
+                c = slice(lo, lo + chunk_size)
+                h = h_all[c].float() * scale  # the head reads s · h
+                z = head_logits(h, weight32, bias, softcap)  # [chunk, V]
+                u = _logit_score(z, y_all[c], tau_all[c], softcap)
+                if bias is not None:
+                    h = torch.cat([h, torch.ones_like(h[:, :1])], dim=1)  # h̃ = [h; 1]
+                sketch = (u @ p1)[:, :, None] * (h @ p2)[:, None, :]  # (P₁u) ⊗ (P₂h̃)
+                proj[out_rows[c], cols[c]] = sketch.flatten(1).cpu()
+                # ‖u h̃ᵀ‖²_F = ‖u‖² ‖h̃‖²
+                sq_norm[out_rows[c], cols[c]] = (u.square().sum(-1) * h.square().sum(-1)).cpu()
+            if progress is not None:
+                progress(int(n_tok.sum()))
+    return proj, sq_norm

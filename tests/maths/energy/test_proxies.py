@@ -1,0 +1,130 @@
+"""Variance proxies: hand-computed batches and agreement with verl's formulas on random ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otb_diag.maths.energy.proxies import variance_proxies
+
+F64 = torch.float64
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=F64)
+
+
+# Sequence 0: 2 tokens, A = [1, 3]   -> Abar = 2,  w = [0.5, 1.5] -> W = 2
+# Sequence 1: 3 tokens, A = -1       -> Abar = -1, w = [1, 1, 1]  -> W = 3
+# Sequence 2: nothing generated: left out of every mean and of N_batch (N = 2).
+MASK = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+ADV = t([[1, 3, 9], [-1, -1, -1], [5, 5, 5]])
+W = t([[0.5, 1.5, 7], [1, 1, 1], [4, 4, 4]])
+
+
+def test_on_policy_hand_batch():
+    metrics = variance_proxies(ADV, MASK, W, grad_norm=1.5)
+    expected = {
+        "proxy2_total_power": (2**2 * 2 + 1 * 3) / 2,  # 5.5
+        "expected_a_squared": (4 + 1) / 2,
+        "expected_w": (2 + 3) / 2,
+        "token_total_power": ((0.5 * 1 + 1.5 * 9) + 3 * 1) / 2,  # (14 + 3)/2
+        "proxy1_signal_strength": 1.5**2,
+        "proxy3_pure_noise": (5.5 - 2.25) / (2 - 1),
+    }
+    assert metrics == pytest.approx(expected, rel=1e-7)
+
+
+def test_negative_energy_is_clamped_in_proxy2_only():
+    w = W.clone()
+    w[1] = -1.0  # W_1 = -3
+    metrics = variance_proxies(ADV, MASK, w)
+    assert metrics["proxy2_total_power"] == pytest.approx((4 * 2 + 1 * 0) / 2)
+    assert metrics["expected_w"] == pytest.approx((2 - 3) / 2)
+
+
+def test_without_a_gradient_norm_proxy1_and_proxy3_are_left_out():
+    metrics = variance_proxies(ADV, MASK, W, prefix="variance_proxy/")
+    assert set(metrics) == {
+        "variance_proxy/proxy2_total_power",
+        "variance_proxy/expected_a_squared",
+        "variance_proxy/expected_w",
+        "variance_proxy/token_total_power",
+    }
+
+
+def test_pure_noise_is_floored_at_zero():
+    metrics = variance_proxies(ADV, MASK, W, grad_norm=10.0)
+    assert metrics["proxy3_pure_noise"] == 0.0
+
+
+def test_importance_weights_hand_batch():
+    # rhobar_0 = (1 + 3)/2 = 2, rhobar_1 = 0.5 (mean of rho, then squared)
+    rho = t([[1, 3, 5], [0.5, 0.5, 0.5], [2, 2, 2]])
+    metrics = variance_proxies(ADV, MASK, W, is_weights=rho)
+    expected = {
+        "proxy2_total_power": (2**2 * 2**2 * 2 + 0.5**2 * 1 * 3) / 2,  # (32 + 0.75)/2
+        "expected_a_squared": 2.5,
+        # verl's expected_w with IS is sum_t w rho^2: 0.5*1 + 1.5*9 = 14 and 3 * 0.25
+        "expected_w": (14 + 0.75) / 2,
+        "token_total_power": ((0.5 * 1 * 1 + 1.5 * 9 * 9) + 3 * 0.25 * 1) / 2,  # (122 + 0.75)/2
+    }
+    assert metrics == pytest.approx(expected, rel=1e-7)
+
+
+def test_nothing_generated_gives_zeros():
+    metrics = variance_proxies(ADV, torch.zeros_like(MASK), W, grad_norm=2.0)
+    assert metrics == {
+        "proxy2_total_power": 0.0,
+        "expected_a_squared": 0.0,
+        "expected_w": 0.0,
+        "token_total_power": 0.0,
+        "proxy1_signal_strength": 4.0,
+    }
+
+
+def verl_proxies(advantages, mask, w, rho, grad_norm):
+    """verl's `compute_variance_proxy_metrics` formulas, one sequence at a time."""
+    a_bar, w_sum, w_orig, rho_bar = [], [], [], []
+    for i in range(len(mask)):
+        n = float(mask[i].sum())
+        if n == 0:
+            continue
+        tokens = [s for s in range(mask.shape[1]) if mask[i, s] > 0]
+        a_bar.append(sum(float(advantages[i, s]) for s in tokens) / (n + 1e-8))
+        scale = [1.0 if rho is None else float(rho[i, s]) ** 2 for s in tokens]
+        w_sum.append(sum(float(w[i, s]) * c for s, c in zip(tokens, scale, strict=True)))
+        w_orig.append(
+            sum(float(w[i, s]) * c / max(c, 1e-10) for s, c in zip(tokens, scale, strict=True))
+        )
+        rho_bar.append(1.0 if rho is None else sum(float(rho[i, s]) for s in tokens) / (n + 1e-8))
+    count = len(a_bar)
+    proxy2 = (
+        sum(r**2 * a**2 * max(x, 0.0) for r, a, x in zip(rho_bar, a_bar, w_orig, strict=True))
+        / count
+    )
+    metrics = {
+        "proxy2_total_power": proxy2,
+        "expected_a_squared": sum(a**2 for a in a_bar) / count,
+        "expected_w": sum(w_sum) / count,
+        "proxy1_signal_strength": grad_norm**2,
+    }
+    if count > 1:
+        metrics["proxy3_pure_noise"] = max(0.0, (proxy2 - grad_norm**2) / (count - 1))
+    return metrics
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(1, 6), st.booleans())
+def test_matches_verls_formulas_on_random_batches(seed, rows, length, use_rho):
+    gen = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(rows, length, generator=gen, dtype=F64) < 0.6).double()
+    mask[0, 0] = 1.0
+    advantages = torch.randn(rows, length, generator=gen, dtype=F64)
+    w = torch.rand(rows, length, generator=gen, dtype=F64) * 2 - 0.2  # some slightly negative
+    rho = torch.rand(rows, length, generator=gen, dtype=F64) * 2 if use_rho else None
+    metrics = variance_proxies(advantages, mask, w, is_weights=rho, grad_norm=0.3)
+    expected = verl_proxies(advantages, mask, w, rho, 0.3)
+    assert {k: metrics[k] for k in expected} == pytest.approx(expected, rel=1e-9, abs=1e-12)

@@ -1,0 +1,393 @@
+"""Training-log readers, collapse detection and `otb-diag dynamics` (theory.md §5)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag.dynamics.collapse import DetectionRule, analyse_run, smoothed_score, tokens_to_target
+from otb_diag.errors import InputError
+from otb_diag.io.training_logs import COLUMNS, parse_label, read_training_log
+
+runner = CliRunner()
+
+
+def synthetic_run(
+    n: int = 200,
+    collapse_at: int | None = 150,
+    rise_at: int | None = 130,
+    step_every: int = 2,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """A tidy run: log-normal noise (sd 0.1) around a flat gradient norm and variance proxy; the
+    norm jumps 20x from point `collapse_at`, the proxy 3x from point `rise_at`."""
+    rng = np.random.default_rng(seed)
+    points = np.arange(n)
+    grad = np.exp(rng.normal(0.0, 0.1, n))
+    proxy = 0.5 * np.exp(rng.normal(0.0, 0.1, n))
+    if collapse_at is not None:
+        grad[points >= collapse_at] *= 20.0
+    if rise_at is not None:
+        proxy[points >= rise_at] *= 3.0
+    score = np.clip(0.01 * points, 0.0, 1.0)
+    return pd.DataFrame(
+        {
+            "step": points * step_every,
+            "grad_norm": grad,
+            "score": score,
+            "response_length": 100.0,
+            "variance_proxy": proxy,
+            "variance_proxy_kind": "proxy2",
+            "tokens_sampled": 1000.0 * (points + 1),
+            "baseline": "otb",
+            "group_size": 4.0,
+        }
+    )
+
+
+# ---------------------------------------------------------------- collapse detection
+
+
+def test_planted_surge_is_found_with_its_lead_time() -> None:
+    result = analyse_run(synthetic_run(), DetectionRule())
+    assert result.collapse_step == 300  # point 150, logged every 2 steps
+    assert result.warning_step == 260  # point 130
+    assert result.lead_steps == 40
+    assert result.collapse_z > 6
+
+
+def test_variance_rise_after_the_collapse_is_no_warning() -> None:
+    result = analyse_run(synthetic_run(rise_at=170), DetectionRule())
+    assert result.collapse_step == 300
+    assert result.warning_step is None and result.lead_steps is None
+
+
+def test_variance_rise_beyond_the_horizon_is_no_warning() -> None:
+    result = analyse_run(synthetic_run(rise_at=60), DetectionRule(lead_horizon=50))
+    assert result.collapse_step == 300
+    assert result.warning_step is None
+
+
+def test_no_lead_time_without_a_variance_proxy() -> None:
+    run = synthetic_run().assign(variance_proxy=np.nan, variance_proxy_kind="none")
+    result = analyse_run(run, DetectionRule())
+    assert (result.collapse_step, result.variance_proxy_kind) == (300, "none")
+    assert result.warning_step is None and result.lead_steps is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sigma=st.floats(0.005, 0.5),
+    level=st.floats(-5.0, 5.0),
+)
+def test_no_collapse_in_a_flat_noisy_log(seed: int, sigma: float, level: float) -> None:
+    """Log-normal noise of any size around any level, with isolated single-point spikes (10x,
+    never two in a row), raises no alarm at the default threshold."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    grad = np.exp(level + rng.normal(0.0, sigma, n))
+    spikes = 2 * rng.choice(n // 2, size=8, replace=False)  # even points: never adjacent
+    grad[spikes] *= 10.0
+    run = synthetic_run(n=n, collapse_at=None, rise_at=None).assign(grad_norm=grad)
+    result = analyse_run(run, DetectionRule())
+    assert result.collapse_step is None
+    assert result.lead_steps is None
+
+
+def test_tokens_to_target_hand_case() -> None:
+    score = np.array([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    tokens = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    smoothed = smoothed_score(score, 2)  # nan, .1, .3, .5, .7, .9
+    assert np.isnan(smoothed[0])
+    assert tokens_to_target(tokens, smoothed, 0.5) == 40.0
+    assert tokens_to_target(tokens, smoothed, 0.95) is None
+    assert tokens_to_target(tokens, smoothed_score(score, 1), 0.6) == 40.0
+    # A row without a score is skipped by the smoothing, not averaged as zero.
+    gap = smoothed_score(np.array([0.4, np.nan, 0.6, 0.6]), 2)
+    assert np.isnan(gap[1]) and gap[2] == pytest.approx(0.5)
+    assert tokens_to_target(tokens[:4], gap, 0.55) == 40.0
+
+
+def test_tokens_to_target_in_analyse_run() -> None:
+    result = analyse_run(synthetic_run(collapse_at=None), DetectionRule(smooth=1), target=0.5)
+    assert result.tokens_to_target == 51_000.0  # score 0.01 * point reaches 0.5 at point 50
+
+
+# ---------------------------------------------------------------- log readers
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_reads_our_metrics_jsonl(tmp_path: Path) -> None:
+    rows = [
+        {
+            "step": s,
+            "mean_reward": 0.1 * s,
+            "pass_rate": 0.1 * s,
+            "grad_norm": 1.0 + s,
+            "proxy1_signal_strength": 0.1,
+            "proxy2_total_power": 2.0 + s,
+            "proxy3_pure_noise": 0.5,
+            "mean_response_length": 12.0,
+            "tokens_sampled": 500 * s,
+            "wall_time": 1.0,
+            "baseline": "otb",
+            "group_size": 4,
+        }
+        for s in (1, 2, 3)
+    ]
+    log = read_training_log(write_jsonl(tmp_path / "metrics.jsonl", rows))
+    assert log.source == "otb-diag"
+    assert list(log.frame.columns) == list(COLUMNS)
+    assert log.frame["step"].tolist() == [1, 2, 3]
+    assert log.frame["score"].tolist() == pytest.approx([0.1, 0.2, 0.3])
+    assert log.frame["variance_proxy"].tolist() == [3.0, 4.0, 5.0]
+    assert set(log.frame["variance_proxy_kind"]) == {"proxy2"}
+    assert log.frame["tokens_sampled"].tolist() == [500, 1000, 1500]
+    assert set(log.frame["baseline"]) == {"otb"} and set(log.frame["group_size"]) == {4.0}
+
+
+def test_reads_verl_jsonl_file_logger_rows(tmp_path: Path) -> None:
+    """verl's file logger nests the metrics under `data`; tokens are per step, so summed; a
+    step logged twice (resumed run) keeps its last row."""
+    rows = [
+        {
+            "step": s,
+            "data": {
+                "training/global_step": s,
+                "actor/grad_norm": 0.5,
+                "critic/score/mean": score,
+                "response_length/mean": 200.0,
+                "variance_proxy/proxy2_total_power": 1.5,
+                "perf/total_num_tokens": 1000,
+            },
+        }
+        for s, score in ((1, 0.1), (2, 0.2), (2, 0.25), (3, 0.3))
+    ]
+    log = read_training_log(write_jsonl(tmp_path / "verl.jsonl", rows))
+    assert log.source == "verl"
+    assert log.frame["step"].tolist() == [1, 2, 3]
+    assert log.frame["score"].tolist() == [0.1, 0.25, 0.3]
+    assert log.frame["tokens_sampled"].tolist() == [1000.0, 3000.0, 4000.0]
+    assert log.frame["response_length"].tolist() == [200.0] * 3
+    assert log.frame["baseline"].isna().all()
+
+
+def test_reads_a_wandb_csv_with_run_prefixes(tmp_path: Path) -> None:
+    path = tmp_path / "export.csv"
+    path.write_text(
+        "Step,run-1 - actor/grad_norm,run-1 - actor/grad_norm__MIN,run-1 - actor/grad_norm__MAX,"
+        "run-1 - critic/score/mean,run-1 - variance_proxy/proxy3_pure_noise\n"
+        "2,0.4,0.3,0.5,0.2,0.01\n"
+        "1,0.3,0.2,0.4,0.1,0.02\n"
+        "3,0.5,0.4,0.6,,0.03\n"
+    )
+    log = read_training_log(path)
+    assert log.source == "verl"
+    assert log.frame["step"].tolist() == [1, 2, 3]
+    assert log.frame["grad_norm"].tolist() == [0.3, 0.4, 0.5]
+    assert log.frame["score"].iloc[:2].tolist() == [0.1, 0.2] and np.isnan(log.frame["score"][2])
+    assert set(log.frame["variance_proxy_kind"]) == {"proxy3"}
+    assert log.frame["tokens_sampled"].isna().all()
+
+
+def test_reads_a_trl_trainer_state(tmp_path: Path) -> None:
+    history = [
+        {
+            "step": s,
+            "loss": 0.01,
+            "grad_norm": 0.2 * s,
+            "rewards/accuracy/mean": 0.1 * s,
+            "rewards/accuracy/std": 0.3,
+            "rewards/format/mean": 0.5,
+            "completions/mean_length": 40.0,
+            "num_tokens": 800.0 * s,
+        }
+        for s in (10, 20)
+    ]
+    history += [{"step": 20, "eval_loss": 0.5}, {"step": 20, "train_runtime": 9.0}]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 20, "log_history": history}))
+    log = read_training_log(path)
+    assert log.source == "trl"
+    assert log.frame["step"].tolist() == [10, 20]
+    assert log.frame["score"].tolist() == pytest.approx([1.5, 2.5])  # accuracy + format means
+    assert log.frame["tokens_sampled"].tolist() == [8000.0, 16000.0]
+    assert log.frame["response_length"].tolist() == [40.0, 40.0]
+
+
+def test_unknown_keys_name_the_file_and_list_the_keys(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "other.jsonl", [{"epoch": 1, "lr": 0.1, "acc": 0.5}])
+    with pytest.raises(InputError) as err:
+        read_training_log(path)
+    assert "other.jsonl" in str(err.value)
+    assert "Keys found: acc, epoch, lr" in str(err.value)
+
+
+def test_missing_score_names_the_field_and_lists_the_keys(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "verl.jsonl", [{"step": 1, "actor/grad_norm": 1.0}])
+    with pytest.raises(InputError) as err:
+        read_training_log(path)
+    assert err.value.field == "critic/score/mean"
+    assert "Keys found: actor/grad_norm, step" in str(err.value)
+
+
+def test_a_bad_value_names_its_line_and_field(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "mean_reward": 0.1, "grad_norm": 1.0},
+        {"step": 2, "mean_reward": 0.2, "grad_norm": "big"},
+    ]
+    with pytest.raises(InputError) as err:
+        read_training_log(write_jsonl(tmp_path / "metrics.jsonl", rows))
+    assert (err.value.line, err.value.field) == (2, "grad_norm")
+
+
+def test_a_decreasing_token_total_is_refused(tmp_path: Path) -> None:
+    rows = [
+        {"step": s, "mean_reward": 0.1, "grad_norm": 1.0, "tokens_sampled": t}
+        for s, t in ((1, 100), (2, 50))
+    ]
+    with pytest.raises(InputError) as err:
+        read_training_log(write_jsonl(tmp_path / "metrics.jsonl", rows))
+    assert (err.value.line, err.value.field) == (2, "tokens_sampled")
+
+
+@pytest.mark.parametrize(
+    ("label", "expected"),
+    [
+        ("otb N=4", ("otb", 4)),
+        ("grpo-n8", ("grpo", 8)),
+        ("otb-loo", ("otb", None)),
+        ("my run 3", (None, None)),
+        ("rloo_n16_seed1", ("rloo", 16)),
+    ],
+)
+def test_parse_label(label: str, expected: tuple) -> None:
+    assert parse_label(label) == expected
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_writes_every_file(tmp_path: Path) -> None:
+    ours = synthetic_run().rename(
+        columns={
+            "score": "mean_reward",
+            "variance_proxy": "proxy2_total_power",
+            "response_length": "mean_response_length",
+        }
+    )
+    ours = ours.drop(columns=["variance_proxy_kind", "baseline", "group_size"])
+    ours_path = write_jsonl(tmp_path / "ours.jsonl", ours.to_dict("records"))
+    verl = synthetic_run(collapse_at=None, seed=1)
+    verl_path = tmp_path / "verl.csv"
+    verl.rename(
+        columns={
+            "step": "_step",
+            "grad_norm": "run-7 - actor/grad_norm",
+            "score": "critic/score/mean",
+        }
+    )[["_step", "run-7 - actor/grad_norm", "critic/score/mean"]].to_csv(verl_path, index=False)
+    out = tmp_path / "out"
+    args = ["dynamics", "--log", str(ours_path), "--log", str(verl_path)]
+    args += ["--label", "otb N=4", "--label", "grpo N=8", "--target", "0.505", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    figures = ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"]
+    for name in ["dynamics.csv", "collapse.json"] + [
+        f"{f}.{e}" for f in figures for e in ("png", "pdf")
+    ]:
+        assert (out / name).stat().st_size > 0, name
+    report = json.loads((out / "collapse.json").read_text())
+    assert report["rule"]["threshold"] == 6.0 and report["rule"]["window"] == 30
+    otb, grpo = report["runs"]
+    assert (otb["baseline"], otb["group_size"], otb["collapse_step"], otb["lead_steps"]) == (
+        "otb",
+        4,
+        300,
+        40,
+    )
+    # 5-point trailing mean of 0.01 * point at point p is 0.01 * (p - 2): >= 0.505 at p = 53.
+    assert otb["tokens_to_target"] == 54_000.0
+    assert grpo["collapse_step"] is None and grpo["tokens_to_target"] is None
+    table = pd.read_csv(out / "dynamics.csv")
+    assert set(table["run"]) == {"otb N=4", "grpo N=8"} and len(table) == 400
+    assert "otb N=4" in result.output and "rule:" in result.output
+
+
+def test_cli_label_count_must_match(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "m.jsonl", [{"step": 1, "mean_reward": 0.1, "grad_norm": 1.0}])
+    result = runner.invoke(app, ["dynamics", "--log", str(path), "--label", "a", "--label", "b"])
+    assert result.exit_code == 2
+    assert "--label" in result.output
+
+
+def test_runs_sharing_baseline_and_size_get_distinct_colours() -> None:
+    from otb_diag.plots.dynamics import _styles
+    from otb_diag.plots.style import baseline_color
+
+    def table(baselines: list[str], sizes: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "run": [f"r{i}" for i in range(len(baselines))],
+                "baseline": baselines,
+                "group_size": sizes,
+            }
+        )
+
+    sweep = _styles(table(["mean", "mean", "mean"], [4, 4, 4]))  # a learning-rate sweep
+    assert len({s["color"] for s in sweep.values()}) == 3
+    mixed = _styles(table(["mean", "mean", "otb"], [4, 16, 4]))
+    assert [s["color"] for s in mixed.values()] == [
+        baseline_color("mean"),
+        baseline_color("mean"),
+        baseline_color("otb"),
+    ]
+    assert mixed["r0"]["linestyle"] != mixed["r1"]["linestyle"]
+
+
+def test_fig1_draws_the_trailing_mean_over_the_faint_per_step_score() -> None:
+    from otb_diag.plots.dynamics import fig1_grad_norm_and_score
+
+    frame = synthetic_run(collapse_at=None, rise_at=None, seed=2)
+    frame["score"] = np.random.default_rng(0).uniform(0, 1, len(frame))  # noisy, as 8 samples are
+    result = analyse_run(frame, DetectionRule(smooth=5))
+    table = frame.assign(run="r", score_smoothed=result.score_smoothed)
+    fig = fig1_grad_norm_and_score(table, [{"run": "r", **result.summary()}])
+    curves = [ln for ln in fig.axes[1].get_lines() if len(ln.get_xdata()) == len(frame)]
+    (faint,) = [ln for ln in curves if ln.get_alpha() is not None]
+    (line,) = [ln for ln in curves if ln.get_alpha() is None]
+    np.testing.assert_array_equal(np.asarray(faint.get_ydata(), float), frame["score"])
+    expected = frame["score"].rolling(5, min_periods=5).mean().to_numpy()
+    np.testing.assert_allclose(np.asarray(line.get_ydata(), float), expected, rtol=1e-12)
+    assert "trailing mean" in fig.axes[1].get_title()
+
+
+def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None:
+    """A 3-step TRL run beside a long one: the long run gets its trailing mean, the short one
+    (no mean within 5 points) keeps its score as a full line, not only a faint one."""
+    from otb_diag.plots.dynamics import fig1_grad_norm_and_score
+
+    rule = DetectionRule(smooth=5)
+    frames, runs = [], []
+    for name, n in (("long", 40), ("short", 3)):
+        frame = synthetic_run(n=n, collapse_at=None, rise_at=None)
+        result = analyse_run(frame, rule)
+        frames.append(frame.assign(run=name, score_smoothed=result.score_smoothed))
+        runs.append({"run": name, **result.summary()})
+    fig = fig1_grad_norm_and_score(pd.concat(frames, ignore_index=True), runs)
+    full = [ln for ln in fig.axes[1].get_lines() if ln.get_alpha() is None]
+    short = [ln for ln in full if len(ln.get_xdata()) == 3]
+    assert len(short) == 1
+    np.testing.assert_array_equal(np.asarray(short[0].get_ydata(), float), frames[1]["score"])
+    assert any(len(ln.get_xdata()) == 40 for ln in full)  # the long run's trailing mean

@@ -1,0 +1,264 @@
+"""`otb-diag report`: the page parses, holds nothing external, opens with every verdict of the
+runs it was given (numbers read back from the runs' own files), says what is absent, and
+renders in a real headless Chromium."""
+
+import base64
+import html
+import json
+import math
+import re
+import shlex
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib import image
+from small_runs import invoke, run_variance
+from test_dynamics import synthetic_run
+
+from otb_diag.pipelines.regress.run_metrics import collect_metrics
+
+GOLDEN = Path(__file__).parent / "golden" / "energy_variance.json"
+
+
+class Page(HTMLParser):
+    """Tags, attributes and visible text of a page, by the standard library's parser."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text_parts: list[str] = []
+        self._skip = 0
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._skip += tag in ("style", "script")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("style", "script")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.text_parts.append(data)
+
+    @property
+    def text(self) -> str:
+        return " ".join(" ".join(self.text_parts).split())
+
+
+def dynamics_run(tmp: Path) -> Path:
+    """`otb-diag dynamics` on a log in our metrics.jsonl format with a planted collapse at step
+    300 and a variance rise at step 260 (test_dynamics.synthetic_run)."""
+    log = synthetic_run().rename(
+        columns={"score": "mean_reward", "variance_proxy": "proxy2_total_power"}
+    )
+    log = log.drop(columns=["variance_proxy_kind", "baseline", "group_size"])
+    path = tmp / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in log.to_dict("records")))
+    out = tmp / "dynamics"
+    code, output = invoke("dynamics", "--log", path, "--label", "otb N=4", "--out", out)
+    assert code == 0, output
+    return out
+
+
+@pytest.fixture(scope="module")
+def dynamics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return dynamics_run(tmp_path_factory.mktemp("dynamics"))
+
+
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path, dynamics_dir: Path) -> Path:
+    """energy + variance (proxy, full) of the shared reduced runs, a dynamics run, a 2-step
+    training run and a regress JUnit file, in one directory."""
+    root = tmp_path_factory.mktemp("all")
+    for name in ("energy", "variance"):
+        shutil.copytree(runs / name, root / name)
+    shutil.copytree(dynamics_dir, root / "dynamics")
+    code, output = invoke(
+        "train", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+        "--save-every", "0", "--out", root / "train", "--quiet",
+    )  # fmt: skip
+    assert code == 0, output
+    code, output = invoke(
+        "regress", "--golden", GOLDEN, "--current", runs, "--junit", root / "regress.xml"
+    )
+    assert code == 0, output
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(all_runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    code, output = invoke("report", all_runs, "--out", out, "--golden", GOLDEN)
+    assert code == 0, output
+    assert str(out.resolve()) in output
+    return out
+
+
+def test_page_is_self_contained(report: Path) -> None:
+    text = report.read_text(encoding="utf-8")
+    page = Page(text)
+    names = [tag for tag, _ in page.tags]
+    assert "script" not in names and "link" not in names and "iframe" not in names
+    images = [attrs for tag, attrs in page.tags if tag == "img"]
+    assert len(images) >= 10  # energy 3, variance 5, dynamics 3
+    for attrs in images:
+        src = attrs["src"] or ""
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for _, attrs in page.tags:
+        for key in ("src", "href", "srcset", "poster", "action", "data"):
+            value = attrs.get(key)
+            assert value is None or value.startswith("data:"), (key, value)
+    assert "@import" not in text and "url(" not in text
+
+
+def test_sections_come_in_order_and_verdicts_are_read_from_the_runs(
+    report: Path, all_runs: Path
+) -> None:
+    page = report.read_text(encoding="utf-8")
+    order = [page.index(f"<h2>{h}</h2>") for h in ("Verdicts", "Figures", "Tables", "Provenance")]
+    assert order == sorted(order)
+    verdicts = Page(page[: order[1]]).text
+
+    summary = json.loads((all_runs / "variance" / "summary.json").read_text())
+    metrics = collect_metrics(all_runs / "variance")
+    for mode in ("proxy", "full"):
+        row = next(h for h in summary["headline"] if h["mode"] == mode and h["group_size"] == 4)
+        lo, hi = metrics[f"{mode}/token-sum/otb/N4/ratio_to_mean"].interval()
+        assert (
+            f"({mode} mode, token-sum), OTB at N = 4 has {row['otb_ratio_to_mean']:.3f}× the "
+            f"gradient variance of the mean baseline (95 % interval {lo:.3f}–{hi:.3f})"
+        ) in verdicts
+        saving = f"token saving of at least {row['token_savings']:.0%}".replace("%", " %")
+        assert saving in verdicts if math.isinf(metrics[
+            f"{mode}/token-sum/otb/N4/equivalent_mean_group_size"
+        ].value) else f"{row['token_savings']:.0%}".replace("%", " %") in verdicts  # fmt: skip
+    for claim in summary["paper_claim"]:
+        assert f"is {claim['verdict']} in {claim['mode']} mode: {claim['text']}." in verdicts
+
+    fidelity = pd.read_csv(all_runs / "variance" / "fidelity.csv").iloc[0]
+    assert (
+        f"with Spearman {fidelity['token_spearman']:.3f} and Pearson "
+        f"{fidelity['token_pearson']:.3f} over {int(fidelity['tokens']):,} tokens"
+    ) in verdicts
+
+    assert "collapse at step 300" in verdicts and "a lead time of 40 steps" in verdicts
+    energy = json.loads((all_runs / "energy" / "summary.json").read_text())["energy"]
+    assert f"has mean {energy['sequence_energy_mean']:.3g}" in verdicts
+    assert "Training with the otb baseline at N = 2" in verdicts
+    golden = json.loads(GOLDEN.read_text())["metrics"]
+    assert f"Against the golden file {GOLDEN}: PASS: every metric agrees ({len(golden)} " in (
+        verdicts
+    )
+    assert f"regress report {all_runs / 'regress.xml'}: PASS" in verdicts
+    assert "Absent" not in verdicts
+
+
+def test_provenance_command_reproduces_the_energy_run(report: Path, all_runs: Path) -> None:
+    """The page's energy command, rerun into another directory, writes the same numbers."""
+    page = report.read_text(encoding="utf-8")
+    summary = json.loads((all_runs / "energy" / "summary.json").read_text())
+    assert summary["inputs"]["rollouts"]["sha256"] in page
+    commands = [html.unescape(c) for c in re.findall(r"<pre><code>(.*?)</code></pre>", page, re.S)]
+    words = shlex.split(next(c for c in commands if c.startswith("otb-diag energy ")))[1:]
+    out = all_runs.parent / "rerun"
+    words[words.index("--out") + 1] = str(out)
+    code, output = invoke(*words, "--quiet")
+    assert code == 0, output
+    a = pd.read_csv(all_runs / "energy" / "sequences.csv")
+    b = pd.read_csv(out / "sequences.csv")
+    pd.testing.assert_frame_equal(a, b)
+
+
+def report_text(tmp_path: Path, *dirs: Path) -> str:
+    out = tmp_path / "r.html"
+    code, output = invoke("report", *dirs, "--out", out)
+    assert code == 0, output
+    return Page(out.read_text(encoding="utf-8")).text
+
+
+def test_energy_only(runs: Path, tmp_path: Path) -> None:
+    text = report_text(tmp_path, runs / "energy")
+    assert "no variance-compare run: no OTB mean-equivalent N′" in text
+    assert "no dynamics run: no collapse" in text and "no regression status" in text
+    assert "OTB vs mean" not in text and "proxy fidelity (" not in text
+    assert "energy (energy)" in text
+
+
+def test_dynamics_only(dynamics_dir: Path, tmp_path: Path) -> None:
+    text = report_text(tmp_path, dynamics_dir)
+    assert "collapse at step 300" in text
+    assert "no energy run" in text and "no variance-compare run" in text
+
+
+def test_variance_without_full_mode(reduced_rollouts: Path, tmp_path: Path) -> None:
+    run_variance(
+        reduced_rollouts,
+        tmp_path / "v",
+        args=["--mode", "proxy", "--group-sizes", "2,4", "--draws", "40", "--sketch-dim", "32"],
+    )
+    text = report_text(tmp_path, tmp_path / "v")
+    assert "v: no full mode" in text and "no head or full mode, so no proxy fidelity" in text
+    assert "OTB vs mean, proxy (v)" in text and "OTB vs mean, full" not in text
+    assert "proxy fidelity (v)" not in text
+
+
+def test_nothing_recognisable_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text('{"command": "something-else"}')
+    (tmp_path / "notes.xml").write_text("<notes/>")
+    code, _ = invoke("report", tmp_path, "--out", tmp_path / "r.html")
+    assert code == 2 and not (tmp_path / "r.html").exists()
+    code, _ = invoke("report", tmp_path / "missing", "--out", tmp_path / "r.html")
+    assert code == 2
+
+
+def test_golden_without_energy_or_variance_run_is_exit_2(
+    dynamics_dir: Path, tmp_path: Path
+) -> None:
+    code, _ = invoke("report", dynamics_dir, "--golden", GOLDEN, "--out", tmp_path / "r")
+    assert code == 2 and not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = [
+    *("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"),
+    *("--disable-background-networking", "--disable-component-update", "--disable-sync"),
+]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)"
+)
+def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    def chromium(*args: str) -> subprocess.CompletedProcess:
+        profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+        return subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, report.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    dom = chromium("--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    text = Page(dom.stdout).text
+    assert "collapse at step 300" in text and "PASS: every metric agrees" in text
+    assert "The paper's claim (OTB at N = 4 as steady as the mean baseline at N = 32)" in text
+
+    shot = tmp_path / "shot.png"
+    result = chromium(f"--screenshot={shot}", "--window-size=1200,1600")
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    pixels = image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (1600, 1200)
+    non_white = (pixels < 0.9).any(-1).mean()
+    assert pixels.std() > 0.05 and non_white > 0.02, (pixels.std(), non_white)
+    assert np.unique(pixels.reshape(-1, 3), axis=0).shape[0] > 50  # text and figure colours

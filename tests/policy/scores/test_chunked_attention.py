@@ -1,0 +1,126 @@
+"""The query-chunked eager attention of the forward-mode pass computes what each model's own eager
+attention does, in its outputs and in its forward-mode tangents: left and right padding, GQA,
+Gemma-2's attention soft-cap and sliding windows, several chunk sizes; and it really skips the
+keys a causal mask excludes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from numerics import assert_close_to_norm
+from test_full_engines import falcon, gpt2, gpt_neox, llama, mistral
+from torch import nn
+from torch.func import functional_call, jvp, vmap
+from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+
+from otb_diag.policy.scores import chunked_attention
+from otb_diag.policy.scores.chunked_attention import NAME, chunked_attention_forward
+from otb_diag.policy.scores.forward_mode import attention_implementation, forward_mode_attention
+
+V = 13
+
+
+def gemma2_softcap_window() -> nn.Module:
+    """Two layers (sliding window of 3, then global), GQA 4:2, a tight attention soft-cap."""
+    torch.manual_seed(5)
+    config = Gemma2Config(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=4, sliding_window=3,
+        attn_logit_softcapping=0.7, query_pre_attn_scalar=9, tie_word_embeddings=False,
+    )  # fmt: skip
+    return Gemma2ForCausalLM(config).eval()
+
+
+def mistral_window() -> nn.Module:
+    torch.manual_seed(6)
+    config = MistralConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=3)  # fmt: skip
+    return MistralForCausalLM(config).eval()
+
+
+BUILDS = [gpt2, llama, mistral, gpt_neox, gemma2_softcap_window, mistral_window]
+
+
+def padded(side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ids [3, 9]`, `attention [3, 9]`: rows of 9, 5 and 2 tokens padded on `side`."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (3, 9), generator=gen)
+    attention = torch.zeros(3, 9, dtype=torch.long)
+    for row, n in enumerate((9, 5, 2)):
+        attention[row, slice(9 - n, None) if side == "left" else slice(n)] = 1
+    return ids, attention
+
+
+def hidden_and_tangents(model: nn.Module, ids, attention) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states `[B, L, d]` and their jvp along 2 seeded parameter tangents
+    `[2, B, L, d]` (vmapped, as the forward-mode engine runs)."""
+    params = dict(model.named_parameters())
+    gen = torch.Generator().manual_seed(1)
+    tangents = {n: torch.randn(2, *p.shape, generator=gen) for n, p in params.items()}
+
+    def hidden(p: dict) -> torch.Tensor:
+        out = functional_call(model.base_model, _base(p, model), (ids,), {
+            "attention_mask": attention, "use_cache": False})  # fmt: skip
+        return out[0]
+
+    with torch.no_grad():
+        primal = hidden(params)
+        tangent = vmap(lambda t: jvp(hidden, (params,), (t,))[1])(tangents)
+    return primal, tangent
+
+
+def _base(params: dict, model: nn.Module) -> dict:
+    """`params` renamed for `model.base_model` (its prefix dropped; the head left out)."""
+    prefix = model.base_model_prefix + "."
+    return {n[len(prefix) :]: p for n, p in params.items() if n.startswith(prefix)}
+
+
+@pytest.mark.parametrize("rows", [1, 4, None])
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("build", BUILDS)
+def test_chunked_attention_is_the_models_eager_attention(build, side: str, rows, monkeypatch):
+    model = build()
+    ids, attention = padded(side)
+    with attention_implementation(model, "eager"):
+        eager, eager_t = hidden_and_tangents(model, ids, attention)
+    if rows is not None:
+        heads = model.config.num_attention_heads
+        monkeypatch.setattr(chunked_attention, "SCORES_PER_CHUNK", rows * 3 * heads * 9)
+    with forward_mode_attention(model):
+        assert model.config._attn_implementation == NAME
+        chunked, chunked_t = hidden_and_tangents(model, ids, attention)
+    keep = attention.bool()  # padding positions' states are never read
+    msg = f"{build.__name__} {side} rows={rows}"
+    assert_close_to_norm(chunked[keep], eager[keep], rel=1e-5, msg=msg)
+    assert_close_to_norm(chunked_t[:, keep], eager_t[:, keep], rel=1e-5, msg=msg + " tangent")
+    assert model.config._attn_implementation != NAME  # restored
+
+
+def test_causal_chunks_skip_the_keys_after_their_last_row(monkeypatch) -> None:
+    """With a causal mask, query rows [lo, hi) read keys [0, hi) only: the scores formed add up
+    to the lower triangle by blocks, not L × L."""
+    seen = []
+    real = chunked_attention._kept_keys
+    monkeypatch.setattr(
+        chunked_attention, "_kept_keys", lambda m, n: seen.append(real(m, n)) or seen[-1]
+    )
+    q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)
+    causal = (
+        torch.full((8, 8), torch.finfo(torch.float32).min).triu(1)[None, None].expand(2, 1, 8, 8)
+    )
+    out, _ = chunked_attention_forward(nn.Module().eval(), q, k, k, causal, rows=3)
+    assert seen == [(0, 3), (0, 6), (0, 8)]
+    # the same as one unchunked block over all keys (repeat_kv for GQA, fp32 softmax)
+    kv = k.repeat_interleave(2, dim=1)
+    full = torch.softmax(q @ kv.transpose(-1, -2) * 3**-0.5 + causal, dim=-1) @ kv
+    assert_close_to_norm(out, full.transpose(1, 2), rel=1e-6)
+
+
+def test_models_without_the_attention_interface_run_eager() -> None:
+    """Falcon's attention does not go through the interface: the pass runs it eager (its SDPA
+    has no forward-AD formula) through the config it reads, and restores it."""
+    model = falcon()
+    with forward_mode_attention(model):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"

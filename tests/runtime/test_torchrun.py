@@ -1,0 +1,378 @@
+"""torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, also over a
+directory of step files with --steps and the advantage audit; variance-compare proxy/head/full;
+rollouts inspect prints the same), a rank's own bad input stops every rank with
+one paragraph, more ranks than groups is refused; plus `--device auto` in every --help, device
+errors, and the sharding and proxy-combining rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag.io.atomic import staged_output
+from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.maths.energy.proxies import combine_proxies, variance_proxies
+from otb_diag.runtime.torchrun import shard_by_tokens
+
+runner = CliRunner()
+BIN = Path(sys.executable).parent / "otb-diag"
+# Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.
+GROUPS, PER_GROUP = 3, 8  # 3 groups over 2 ranks: shares of unequal size
+VARIANCE = ["--mode", "proxy,head,full", "--group-sizes", "2,4", "--draws", "20"]
+VARIANCE += ["--bootstrap", "30", "--sketch-dim", "32"]
+
+
+def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
+    """The first `per_group` responses of the first `groups` groups of the embedded rollouts."""
+    kept: dict[str, list[dict]] = {}
+    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row["group"] not in kept and len(kept) == groups:
+            continue
+        members = kept.setdefault(row["group"], [])
+        if len(members) < per_group:
+            members.append(row)
+    rows = [r for members in kept.values() for r in members]
+    if edit:
+        edit(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def torchrun(
+    n: int, *args: str | Path, timeout: float = 240, script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`otb-diag ARGS` (or `python SCRIPT ARGS`) on `n` gloo ranks."""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    cmd += [str(script)] if script else ["--no-python", str(BIN)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
+    # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
+    # so a failure in CI says where that rank was.
+    env["PYTHONFAULTHANDLER"] = "1"
+    return subprocess.run(
+        cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def one_process(*args: str | Path) -> None:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+
+
+def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) -> None:
+    assert list(a.columns) == list(b.columns) and a.shape == b.shape
+    for col in a.columns:
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if a[col].dtype.kind in "fc":
+            finite = np.abs(x[np.isfinite(x)])
+            scale = finite.max() if finite.size else 1.0
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale, err_msg=col)
+        else:
+            assert (x == y).all(), col
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Output folders of each command, run once and shared by the assertions: `one`/`two` are
+    1 process and 2 gloo ranks; `mapped` is 1 process with `--device-map auto`."""
+
+    energy_one: Path
+    energy_two: Path
+    energy_mapped: Path
+    variance_one: Path
+    variance_two: Path
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    base = tmp_path_factory.mktemp("dist")
+    rollouts = reduced(base / "r.jsonl", GROUPS, PER_GROUP)
+    common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
+    out = Runs(*(base / name for name in ("e1", "e2", "em", "v1", "v2")))
+    one_process("energy", *common, "--out", out.energy_one)
+    one_process("energy", *common, "--device-map", "auto", "--out", out.energy_mapped)
+    one_process("variance-compare", *common, *VARIANCE, "--out", out.variance_one)
+    for command, extra, folder in (
+        ("energy", [], out.energy_two),
+        ("variance-compare", VARIANCE, out.variance_two),
+    ):
+        result = torchrun(2, command, *common, *extra, "--out", folder)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_energy_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.energy_one, runs.energy_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    tokens = pd.read_parquet(one / "tokens.parquet")
+    assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
+    for name in ("sequences.csv", "groups.csv"):
+        assert_frames_close(pd.read_csv(one / name), pd.read_csv(two / name))
+    p1, p2 = (json.loads((d / "proxies.json").read_text()) for d in (one, two))
+    for b in p1:
+        for k in p1[b]:
+            assert p2[b][k] == pytest.approx(p1[b][k], rel=1e-4), (b, k)
+
+
+def test_energy_summary_records_each_ranks_tokens(runs: Runs) -> None:
+    tokens = pd.read_parquet(runs.energy_one / "tokens.parquet")
+    summary = json.loads((runs.energy_two / "summary.json").read_text())["distributed"]
+    assert summary["world_size"] == 2 and sum(summary["rank_tokens"]) == len(tokens)
+    assert min(summary["rank_tokens"]) > 0
+    assert json.loads((runs.energy_one / "summary.json").read_text())["distributed"] == {
+        "world_size": 1,
+        "rank_tokens": [len(tokens)],
+    }
+
+
+def test_variance_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
+    one, two = runs.variance_one, runs.variance_two
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    variance = pd.read_csv(one / "variance.csv")
+    assert set(variance["mode"]) == {"proxy", "head", "full"}
+    assert set(variance["group_size"]) == {2, 4}
+    # The same seeded draws over the same pool: equal to float tolerance, mode by mode.
+    assert_frames_close(variance, pd.read_csv(two / "variance.csv"), rtol=1e-4)
+    # Rank correlations jump at near-ties of the true norms: a looser tolerance.
+    assert_frames_close(pd.read_csv(one / "fidelity.csv"), pd.read_csv(two / "fidelity.csv"), 1e-3)
+    assert json.loads((two / "summary.json").read_text())["distributed"]["world_size"] == 2
+
+
+def step_files(folder: Path) -> Path:
+    """verl-style dumps `1.jsonl`..`3.jsonl` (a step per file), each with groups `g0` and `g1`
+    (so the names are qualified by file, `2/g0`) of 4 responses from different groups of the
+    embedded rollouts, each carrying the trainer's advantage `R - mean_group(R)`."""
+    by_group: dict[str, list[dict]] = {}
+    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        by_group.setdefault(row["group"], []).append(row)
+    sources = iter(list(by_group.values()))
+    folder.mkdir()
+    for step in (1, 2, 3):
+        rows = []
+        for g in range(2):
+            members = next(sources)[:4]
+            mean = sum(r["reward"] for r in members) / len(members)
+            rows += [
+                {**r, "group": f"g{g}", "step": step, "trainer_advantage": r["reward"] - mean}
+                for r in members
+            ]
+        (folder / f"{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_energy_over_step_files_with_steps_and_audit_under_torchrun(tmp_path: Path) -> None:
+    """A directory of step files, `--steps 2-3` and the advantage audit against `otb` (whose
+    baseline needs each rank's w): 2 gloo ranks write what 1 process writes, and the audit
+    (its gaps, sizes and worst response) is the same."""
+    dumps = step_files(tmp_path / "dumps")
+    args = ["energy", "--ckpt", default_checkpoint(), "--rollouts", dumps, "--steps", "2-3"]
+    args += ["--trainer-baseline", "otb", "--quiet"]
+    one_process(*args, "--out", tmp_path / "one")
+    result = torchrun(2, *args, "--out", tmp_path / "two")
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    for name in ("sequences.csv", "groups.csv"):
+        assert_frames_close(pd.read_csv(one / name), pd.read_csv(two / name))
+    tokens = pd.read_parquet(one / "tokens.parquet")
+    assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
+    assert sorted(set(tokens["group"])) == ["2/g0", "2/g1", "3/g0", "3/g1"]  # step 1 left out
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    a1, a2 = s1["advantage_audit"], s2["advantage_audit"]
+    assert (a1["baseline"], a1["responses"], a1["tokens"]) == ("otb", 16, len(tokens))
+    assert not a1["agrees"]  # R - mean is not the energy-weighted otb baseline
+    close = ("max_abs_diff", "mean_abs_diff", "tolerance")  # from each rank's own w
+    for key in close:
+        assert a2[key] == pytest.approx(a1[key], rel=1e-4), key
+    same = [k for k in a1 if k not in close]  # the worst response's number included
+    assert [a2[k] for k in same] == [a1[k] for k in same] and set(a2) == set(a1)
+    assert s2["totals"] == s1["totals"] and s2["distributed"]["world_size"] == 2
+    assert len(s1["inputs"]["rollouts"]["files"]) == 3
+
+
+def test_device_map_auto_gives_the_same_energy(runs: Runs) -> None:
+    """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
+    assert_frames_close(
+        pd.read_parquet(runs.energy_one / "tokens.parquet"),
+        pd.read_parquet(runs.energy_mapped / "tokens.parquet"),
+    )
+
+
+def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -> None:
+    path = reduced(tmp_path / "r.jsonl", GROUPS, PER_GROUP)
+    one = runner.invoke(app, ["rollouts", "inspect", str(path), "--json"])
+    assert one.exit_code == 0, one.output
+    two = torchrun(2, "rollouts", "inspect", path, "--json")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout) == json.loads(one.stdout)
+    assert json.loads(two.stdout)["rows"] == GROUPS * PER_GROUP
+
+
+LEAVE_SESSION = """
+import json, os, sys
+from otb_diag.io.checkpoint import load_checkpoint
+from otb_diag.runtime.torchrun import session
+
+with session("cpu") as d:
+    load_checkpoint(sys.argv[1])
+tasks = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+with open(os.path.join(sys.argv[2], f"rank{d.rank}.json"), "w") as f:  # one file a rank: the
+    json.dump(tasks, f)  # ranks' prints could interleave on the shared stdout
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names from Linux /proc")
+def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
+    """After `session()` the process group is gone, gloo's threads with it, even when a model was
+    loaded inside (transformers then imports torch.distributed.fsdp, whose default argument
+    `dist.group.WORLD` would hold a group made before it): threads left for interpreter teardown
+    once aborted a rank in CI after its work was done."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_SESSION, encoding="utf-8")
+    result = torchrun(2, default_checkpoint(), tmp_path, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    threads = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert all(names and not any("gloo" in n for n in names) for names in threads.values()), threads
+
+
+def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
+    """An id outside the vocabulary in the last group: only the rank holding it finds it (the
+    vocabulary is checked per share); every rank stops, rank 0 prints the paragraph once."""
+
+    def plant(rows: list[dict]) -> None:
+        rows[-1]["response_ids"] = [10_000] * len(rows[-1]["response_ids"])
+
+    path = reduced(tmp_path / "bad.jsonl", 2, 2, plant)
+    out = tmp_path / "out"
+    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
+    assert result.returncode != 0
+    assert result.stderr.count("otb-diag: error:") == 1
+    assert "outside the checkpoint's vocabulary" in result.stderr
+    assert "]: Traceback" not in result.stderr  # none from a rank (torchrun prints its own)
+    assert not out.exists()
+
+
+def test_more_ranks_than_groups_is_refused(tmp_path: Path) -> None:
+    path = reduced(tmp_path / "one_group.jsonl", 1, 2)
+    out = tmp_path / "out"
+    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
+    assert result.returncode != 0
+    assert result.stderr.count("otb-diag: error:") == 1
+    assert "2 ranks but only 1 group(s)" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["energy", "variance-compare"])
+def test_device_auto_is_the_default_in_help(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    line = next(x for x in result.output.splitlines() if "--device " in x or "--device T" in x)
+    assert "auto" in line
+    assert "default: auto" in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--device", "cuda", "no CUDA device"),
+        ("--device", "tpu", "unknown device"),
+        ("--device-map", "cuda:3,cpu", "no CUDA device"),
+    ],
+)
+def test_missing_device_is_bad_input(option: str, value: str, words: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["energy", option, value, "--out", str(out), "--quiet"])
+    assert result.exit_code == 2
+    assert words in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_interrupted_run_leaves_nothing(tmp_path: Path, interrupt: type[BaseException]) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(interrupt), staged_output(out) as stage:
+        (stage / "tokens.parquet").write_text("half")
+        raise interrupt()
+    assert not out.exists()
+    out.mkdir()
+    (out / "old.txt").write_text("kept")
+    with pytest.raises(interrupt), staged_output(out) as stage:
+        (stage / "sequences.csv").write_text("half")
+        raise interrupt()
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from otb_diag.io.atomic import staged_output
+with staged_output(sys.argv[1]) as stage:
+    (stage / "tokens.parquet").write_text("half")
+    os.kill(os.getpid(), signal.SIGKILL)  # no clean-up runs
+"""
+
+
+def test_the_next_run_removes_a_killed_runs_staging(tmp_path: Path) -> None:
+    """SIGKILL leaves the hidden staging directory; the next run into `--out` removes it, but
+    not one of a live process, of another machine, or not of ours."""
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(out)], check=False)
+    assert killed.returncode == -9
+    (left,) = out.glob(".otb-diag-staging-*")
+    assert (left / "tokens.parquet").exists()
+    host = left.name.removeprefix(".otb-diag-staging-").split("-")[0]
+    kept = [
+        out / f".otb-diag-staging-{host}-{os.getpid()}-live",  # this process: alive
+        out / f".otb-diag-staging-{host}x-999999999-other",  # another machine's name
+        out / ".otb-diag-staging-olderformat",
+    ]
+    for folder in kept:
+        folder.mkdir()
+    with staged_output(out) as stage:
+        (stage / "tokens.parquet").write_text("whole")
+    assert not left.exists()
+    assert sorted(out.iterdir()) == sorted([*kept, out / "tokens.parquet"])
+    assert (out / "tokens.parquet").read_text() == "whole"
+
+
+def test_shards_are_balanced_and_cover_every_group() -> None:
+    sizes = [50, 10, 40, 30, 20, 5, 5]
+    shards = shard_by_tokens(sizes, 3)
+    assert sorted(i for s in shards for i in s) == list(range(len(sizes)))
+    assert all(s == sorted(s) for s in shards)
+    totals = [sum(sizes[i] for i in s) for s in shards]
+    assert max(totals) - min(totals) <= max(sizes)  # greedy largest-first bound
+    assert totals == [55, 55, 50]  # 50+5 | 40+10+5 | 30+20, by hand
+
+
+def test_combined_proxies_equal_the_whole_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(10, 6, generator=g)
+    w = torch.rand(10, 6, generator=g)
+    mask = (torch.rand(10, 6, generator=g) > 0.3).float()
+    mask[3] = 0  # a sequence with nothing generated carries no weight
+    whole = variance_proxies(adv, mask, w)
+    parts = [
+        (variance_proxies(adv[s], mask[s], w[s]), int((mask[s].sum(-1) > 0).sum()))
+        for s in (slice(0, 4), slice(4, 10))
+    ]
+    combined = combine_proxies(parts)
+    for k, v in whole.items():
+        assert combined[k] == pytest.approx(v, rel=1e-5)
