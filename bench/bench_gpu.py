@@ -100,7 +100,7 @@ def main() -> None:
         print("skipped: no CUDA")
         return
 
-    from otb_diag.maths.energy.tables import checkpoint_stats
+    from otb_diag.policy.forward_pass import checkpoint_stats
     from otb_diag.policy.scores.token_scores import token_scores
 
     model = qwen15b_shaped()

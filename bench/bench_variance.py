@@ -17,9 +17,9 @@ import torch
 
 from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.maths.energy.tables import checkpoint_stats
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.paired_draws import default_specs, empirical_variance
+from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import token_scores
 
 

@@ -28,8 +28,8 @@ from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollout
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts
 from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
-from otb_diag.maths.energy.tables import checkpoint_stats
 from otb_diag.maths.energy.tables import energy_tables as energy_tables  # re-exported
+from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
 from otb_diag.maths.estimators.baselines import BASELINES, compute_advantages
 from otb_diag.maths.estimators.baselines import (
     register_baseline as register_baseline,  # re-exported
@@ -37,7 +37,7 @@ from otb_diag.maths.estimators.baselines import (
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
-from otb_diag.policy.forward_pass import TokenStats, cumulative_energy
+from otb_diag.policy.forward_pass import checkpoint_stats
 
 
 def embedded_default(scenario: str = "default") -> tuple[Path, Path]:

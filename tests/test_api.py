@@ -42,8 +42,8 @@ def test_advantages_follow_the_registry(monkeypatch: pytest.MonkeyPatch) -> None
     """A baseline registered once is usable by name; `mean` gives R − mean_j R_j on a hand case."""
     import torch
 
+    from otb_diag.maths.energy.token_stats import TokenStats
     from otb_diag.maths.estimators import baselines
-    from otb_diag.policy.forward_pass import TokenStats
 
     # setitem records the name as absent, so teardown unregisters what the decorator adds.
     monkeypatch.setitem(baselines.BASELINES, "half-reward", None)

@@ -62,11 +62,12 @@ from otb_diag.lab.sample import sample_groups
 from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.energy.proxies import variance_proxies
-from otb_diag.maths.energy.tables import checkpoint_stats
+from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
 from otb_diag.maths.estimators.baselines import compute_advantages, get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.policy.forward_pass import TokenStats, cumulative_energy, pad_batch
+from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.surrogate_loss import surrogate_loss
 
 # Keys of every metrics.jsonl line, in order (the proxies come from `variance_proxies`).
 METRIC_KEYS = (
@@ -146,42 +147,6 @@ def advantages_for(batch: ResponseBatch, w: Tensor, baseline: str) -> Tensor:
     energy = cumulative_energy(w, batch.mask)  # W_t = Σ_{j≤t} mask_j w_j
     returns = returns_to_go(batch.token_rewards, batch.mask)  # G_t = Σ_{k≥t} r_k
     return compute_advantages(baseline, returns, batch.mask, batch.group, energy)
-
-
-def response_logprobs(model: PreTrainedModel, batch: ResponseBatch) -> Tensor:
-    """`[B, T]` tempered `log π_θ(y_t | x, y_<t) = log_softmax(z_t / τ)[y_t]`, differentiable,
-    0 on padding. One right-padded forward pass over `prompt ⧺ response` rows."""
-    responses = [
-        ids[:n] for ids, n in zip(batch.response_ids.tolist(), batch.length.tolist(), strict=True)
-    ]
-    input_ids, attention_mask, start = pad_batch(batch.prompt_ids, responses)  # [B, L], [B]
-    positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)  # right padding: 0 … L−1
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        use_cache=False,
-    ).logits  # [B, L, V]
-    # Response token t (0-based) sits at start + t and is predicted by the logits one before it;
-    # padding slots are clamped into range and zeroed below.
-    t = torch.arange(batch.response_ids.shape[1])
-    where = (start[:, None] + t[None] - 1).clamp(max=input_ids.shape[1] - 1)  # [B, T]
-    z = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
-    z = z / batch.temperature[:, None, None]  # z_t / τ
-    logp = torch.log_softmax(z, -1).gather(-1, batch.response_ids[..., None])[..., 0]
-    return torch.where(batch.valid, logp, 0.0)
-
-
-def surrogate_loss(
-    model: PreTrainedModel, batch: ResponseBatch, advantages: Tensor, aggregation: str
-) -> Tensor:
-    """`L(θ) = −Σ_{i,t} c_{i,t} · A_{i,t} · log π_θ(y_t)`, c = `aggregation_weights`.
-
-    A and c are constants of the sampled batch, so `∇L = −Σ c A ∇log π = −ĝ`: a descent step on
-    L is an ascent step along the policy-gradient estimate ĝ of theory.md §3, and ‖∇L‖ = ‖ĝ‖.
-    """
-    c = aggregation_weights(aggregation, batch.mask)  # [B, T], 0 off the mask
-    return -(c * advantages * response_logprobs(model, batch)).sum()
 
 
 def step_metrics(

@@ -13,12 +13,13 @@ from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
-from otb_diag.maths.energy.tables import checkpoint_stats
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.baselines import compute_advantages
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.pipelines.rl_training import METRIC_KEYS, surrogate_loss
-from otb_diag.policy.forward_pass import cumulative_energy
+from otb_diag.pipelines.rl_training import METRIC_KEYS
+from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.surrogate_loss import surrogate_loss
 
 runner = CliRunner()
 

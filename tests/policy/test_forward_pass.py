@@ -21,15 +21,13 @@ from transformers import (
 )
 
 from otb_diag.errors import InputError
+from otb_diag.maths.energy.token_stats import cumulative_energy, sequence_energy, stats_from_logits
 from otb_diag.policy.forward_pass import (
     check_output_layer,
-    cumulative_energy,
     pack_by_tokens,
     pad_batch,
     response_token_stats,
-    sequence_energy,
     stats_for_sequences,
-    stats_from_logits,
 )
 
 V = 50

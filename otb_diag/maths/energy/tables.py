@@ -16,82 +16,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from otb_diag.errors import InputError
 from otb_diag.maths.energy.heterogeneity import group_heterogeneity
 from otb_diag.maths.energy.proxies import proxies_by_baseline
+from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
 from otb_diag.maths.estimators.baselines import compute_advantages
-from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.policy.forward_pass import (
-    TokenStats,
-    cumulative_energy,
-    proxy_from_probs,
-    stats_for_sequences,
-)
 
 DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", "optseq", "otb")
-
-
-def checkpoint_stats(
-    model: torch.nn.Module,
-    batch: ResponseBatch,
-    *,
-    batch_tokens: int = 16384,
-    chunk_size: int = 256,
-    progress: Callable[[int], None] | None = None,
-) -> TokenStats:
-    """Per-token statistics of every response under the checkpoint, `[B, T]` fp32 on the CPU.
-
-    `progress(n)` is called with the number of response tokens of each finished model batch."""
-    per_row = stats_for_sequences(
-        model,
-        batch.prompt_ids,
-        [
-            ids[:n]
-            for ids, n in zip(batch.response_ids.tolist(), batch.length.tolist(), strict=True)
-        ],
-        batch.temperature.tolist(),
-        chunk_size=chunk_size,
-        batch_tokens=batch_tokens,
-        progress=progress,
-    )
-    width = batch.response_ids.shape[1]
-
-    def grid(name: str) -> Tensor:
-        return pad([getattr(s, name).tolist() for s in per_row], width)
-
-    return TokenStats(
-        logprob=grid("logprob"),
-        prob=grid("prob"),
-        sum_pi2=grid("sum_pi2"),
-        entropy=grid("entropy"),
-        w=grid("w"),
-        h_sq=grid("h_sq"),
-    )
-
-
-def logged_stats(batch: ResponseBatch, path: str = "rollouts") -> TokenStats:
-    """Model-free statistics from the rollouts' own `logprobs` and `sum_pi2` (tempered, as the
-    sampler saw them). Entropy needs the full distribution, so it is NaN; `h_sq` is None."""
-    missing = [f for f in ("logprobs", "sum_pi2") if getattr(batch, f) is None]
-    if missing:
-        raise InputError(
-            f"model-free mode needs per-token {' and '.join(missing)} on every row.",
-            path=path,
-            field=missing[0],
-            hint="Give a checkpoint with --ckpt, or log old_log_probs and sum_pi_squared "
-            "(verl: actor.calculate_sum_pi_squared) with the rollouts.",
-        )
-    prob = batch.logprobs.exp()
-    w = proxy_from_probs(prob, batch.sum_pi2, batch.temperature[:, None]) * batch.valid
-    return TokenStats(
-        logprob=batch.logprobs * batch.valid,
-        prob=prob * batch.valid,
-        sum_pi2=batch.sum_pi2 * batch.valid,
-        entropy=torch.full_like(prob, math.nan),
-        w=w,
-        h_sq=None,
-    )
 
 
 @dataclass(frozen=True)

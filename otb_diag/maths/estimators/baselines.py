@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.maths.energy.token_stats import cumulative_energy, proxy_from_probs
 from otb_diag.maths.groups import group_total, weighted_group_mean, zero_tail
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.policy.forward_pass import cumulative_energy, proxy_from_probs
 
 BaselineFn = Callable[..., Tensor]
 

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.baselines import compute_advantages, get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.policy.forward_pass import cumulative_energy
 
 AGREEMENT_REL = 1e-4
 ROUNDING_ULPS = 8

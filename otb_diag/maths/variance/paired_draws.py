@@ -55,6 +55,7 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.maths.aggregation import aggregation_weights
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.baselines import compute_advantages
 from otb_diag.maths.variance.intervals import (
     REFERENCE,
@@ -64,7 +65,6 @@ from otb_diag.maths.variance.intervals import (
     compare_to_mean,
     trace_variance,
 )
-from otb_diag.policy.forward_pass import cumulative_energy
 
 PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
 ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")

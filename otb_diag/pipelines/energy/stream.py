@@ -45,16 +45,12 @@ from otb_diag.io.rollouts.stream import (
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy.proxies import combine_proxies
-from otb_diag.maths.energy.tables import (
-    EnergyTables,
-    checkpoint_stats,
-    energy_tables,
-    logged_stats,
-    pick_group,
-)
+from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
+from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
+from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.runtime.devices import torch_threads
 from otb_diag.runtime.torchrun import Dist, require_groups, shard_by_tokens
 

@@ -17,9 +17,9 @@ from otb_diag.io.loading import checkpoint_batch
 from otb_diag.io.rollouts.readers import Rollouts, tokenize_rollouts
 from otb_diag.io.rollouts.rows import Response
 from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.maths.energy.tables import checkpoint_stats
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.fidelity import fidelity
+from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
 from otb_diag.runtime.torchrun import Dist
 

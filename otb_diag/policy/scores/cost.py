@@ -29,7 +29,6 @@ kernel's OOM killer).
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,6 +44,7 @@ from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.policy.scores.directions import Block, projection_columns
 from otb_diag.policy.scores.forward_mode import HEAD_CHUNK, forward_scores, switchable
 from otb_diag.policy.scores.reverse_mode import HOLD_BYTES, PENDING_BYTES, reverse_scores
+from otb_diag.runtime.memory import available_memory
 
 CALIBRATION_TOKENS = 256
 # Forward mode on the CPU packs at most this many padded tokens per batch. Its cost per direction
@@ -110,20 +110,6 @@ def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def available_memory(device: torch.device) -> float:
-    """Bytes free for the run: CUDA's free memory, or the host's `MemAvailable` (Linux)."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
 def _shape(model: nn.Module) -> tuple[int, int, int, int]:

@@ -12,14 +12,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.maths.energy.tables import (
-    DEFAULT_BASELINES,
-    checkpoint_stats,
-    energy_tables,
-    logged_stats,
-    pick_group,
-    tir_needed,
-)
+from otb_diag.maths.energy.tables import DEFAULT_BASELINES, energy_tables, pick_group, tir_needed
+from otb_diag.maths.energy.token_stats import logged_stats
+from otb_diag.policy.forward_pass import checkpoint_stats
 
 VOCAB = 40
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otb_diag.errors import InputError
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.baselines import (
     BASELINES,
     get_baseline,
@@ -17,7 +18,6 @@ from otb_diag.maths.estimators.baselines import (
     verl_otb_advantage,
 )
 from otb_diag.maths.returns import group_index, outcome_token_rewards, returns_to_go
-from otb_diag.policy.forward_pass import cumulative_energy
 
 F64 = torch.float64
 
