@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from numerics import assert_close_to_norm
-from test_scores import RESPONSES, V, make_batch, one_token_grads, tiny_gemma2
+from test_token_scores import RESPONSES, V, make_batch, one_token_grads, tiny_gemma2
 from torch import nn
 from transformers import (
     FalconConfig,
