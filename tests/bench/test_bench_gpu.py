@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -33,7 +33,7 @@ from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
 
 runner = CliRunner()
 
-GOLDEN = Path(__file__).parent / "golden" / "energy_variance.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "energy_variance.json"
 
 
 def copy_run(runs: Path, dest: Path, *names: str) -> None:

@@ -22,7 +22,7 @@ from test_dynamics import synthetic_run
 
 from otb_diag.pipelines.regress.run_metrics import collect_metrics
 
-GOLDEN = Path(__file__).parent / "golden" / "energy_variance.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "energy_variance.json"
 
 
 class Page(HTMLParser):
