@@ -27,9 +27,8 @@ def dynamics(
         typer.Option(
             "--label",
             metavar="NAME",
-            help="Run name, one per --log in order. A baseline (none, mean, grpo, rloo, "
-            "optseq, otb) and 'N=4' in it fill what the log does not record. Default: the "
-            "file name.",
+            help="Run name, one per --log in order. A registry baseline family (e.g. mean, "
+            "otb) and 'N=4' in it fill what the log does not record. Default: the file name.",
         ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-dynamics"),

@@ -38,13 +38,13 @@ def energy(
     rollouts: RolloutsOption = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-energy"),
     baselines: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--baselines",
-            help="Comma-separated baselines: none, mean, grpo, rloo, optseq, otb, optseq-loo, "
-            "otb-loo.",
+            help="Comma-separated registry baselines, e.g. none,mean,otb,otb-loo. Default: the "
+            "registry's defaults (an unknown name lists every registered one).",
         ),
-    ] = "none,mean,grpo,rloo,optseq,otb",
+    ] = None,
     temperature: TemperatureOption = None,
     model_free: Annotated[
         bool,
@@ -104,7 +104,11 @@ def energy(
     else:
         checkpoints = checkpoint_dirs(ckpt, scenario)
     settings = EnergySettings(
-        baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
+        **(
+            {"baselines": tuple(b.strip() for b in baselines.split(",") if b.strip())}
+            if baselines
+            else {}
+        ),
         temperature=temperature,
         batch_tokens=batch_tokens,
         chunk_size=chunk_size,

@@ -21,7 +21,7 @@ def train(
         str,
         typer.Option(
             "--baseline",
-            help="none, mean, grpo, rloo, optseq, otb, optseq-loo or otb-loo.",
+            help="Any registry baseline (e.g. mean, rloo, grpo, optseq, otb, otb-loo).",
         ),
     ] = "otb",
     group_size: Annotated[

@@ -83,8 +83,13 @@ def variance_compare(
     ] = "2,4,8,16,32,64",
     draws: Annotated[int, typer.Option("--draws", help="Groups drawn per prompt and N.")] = 200,
     baselines: Annotated[
-        str, typer.Option("--baselines", help="Baselines; must include none and mean.")
-    ] = "none,mean,grpo,rloo,optseq,otb",
+        str | None,
+        typer.Option(
+            "--baselines",
+            help="Comma-separated registry baselines; must include none and mean. Default: the "
+            "registry's defaults (an unknown name lists every registered one).",
+        ),
+    ] = None,
     aggregations: Annotated[
         str,
         typer.Option("--aggregations", help="token-sum, seq-mean-token-mean, token-mean."),
@@ -187,7 +192,7 @@ def variance_compare(
     rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     settings = VarianceSettings(
         modes=modes,
-        baselines=_csv(baselines),
+        **({"baselines": _csv(baselines)} if baselines else {}),
         aggregations=_csv(aggregations),
         group_sizes=sizes,
         draws=draws,

@@ -29,13 +29,13 @@ from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts
 from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
 from otb_diag.maths.energy.tables import energy_tables as energy_tables  # re-exported
-from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
-from otb_diag.maths.estimators.baselines import BASELINES, compute_advantages
-from otb_diag.maths.estimators.baselines import (
+from otb_diag.maths.energy.token_stats import TokenStats
+from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
+from otb_diag.maths.estimators.registry import baseline_names as _registry_names
+from otb_diag.maths.estimators.registry import (
     register_baseline as register_baseline,  # re-exported
 )
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.returns import returns_to_go
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.policy.forward_pass import checkpoint_stats
 
@@ -79,28 +79,28 @@ def token_statistics(
     )
 
 
-def baseline_names() -> list[str]:
-    """Names the baseline registry knows (`register_baseline` adds one)."""
-    return sorted(BASELINES)
+def baseline_names(*, defaults_only: bool = False) -> list[str]:
+    """Names the baseline registry knows, in registration order (`register_baseline` adds one);
+    `defaults_only`: those `energy` and `variance-compare` measure when not told otherwise."""
+    return list(_registry_names(defaults_only=defaults_only))
 
 
 def advantages(
-    batch: ResponseBatch, stats: TokenStats, baseline: str = "otb", **options: Any
+    batch: ResponseBatch,
+    stats: TokenStats,
+    baseline: str = "otb",
+    *,
+    handle_zero_tail: bool = True,
+    tir: bool | None = None,
+    eps: float | None = None,
 ) -> Tensor:
-    """`[B, T]` token advantages `(G_t − B_t) · mask_t` under a registry baseline, with the
-    returns `G_t = Σ_{k≥t} r_k` and the realized energy `W_t = Σ_{j≤t} mask_j·w_j` of `stats`.
-    `options` (e.g. `handle_zero_tail=False`, `eps`) go to the baseline; the rollouts' importance
-    weights, when present, weight the energy as w·ρ²."""
-    returns = returns_to_go(batch.token_rewards, batch.mask)
-    energy = cumulative_energy(stats.w, batch.mask)
-    return compute_advantages(
-        baseline,
-        returns,
-        batch.mask,
-        batch.group,
-        energy,
-        **{"is_weights": batch.is_weights, **options},
-    )
+    """`[B, T]` token advantages `(G_t − B_t) · mask_t` under a registry baseline, computed by
+    the estimator every command uses: returns `G_t = Σ_{k≥t} r_k`, realized energy
+    `W_t = Σ_{j≤t} mask_j·w_j` of `stats` (w·ρ² with the rollouts' importance weights), verl's
+    zero tail, and the TIR re-indexing when a response holds tool output (`tir=None`); `eps`
+    overrides the baseline's own ε."""
+    estimator = Estimator(handle_zero_tail, tir, eps)
+    return batch_advantages(batch, stats.w, [baseline], estimator).by_baseline[baseline]
 
 
 def variance_compare(

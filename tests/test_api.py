@@ -43,11 +43,11 @@ def test_advantages_follow_the_registry(monkeypatch: pytest.MonkeyPatch) -> None
     import torch
 
     from otb_diag.maths.energy.token_stats import TokenStats
-    from otb_diag.maths.estimators import baselines
+    from otb_diag.maths.estimators import registry
 
     # setitem records the name as absent, so teardown unregisters what the decorator adds.
-    monkeypatch.setitem(baselines.BASELINES, "half-reward", None)
-    del baselines.BASELINES["half-reward"]
+    monkeypatch.setitem(registry.BASELINES, "half-reward", None)
+    del registry.BASELINES["half-reward"]
 
     @otb_diag.register_baseline("half-reward")
     def half(returns, mask, group, energy):  # noqa: ARG001

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from otb_diag.errors import InputError
+from otb_diag.maths.estimators.registry import families
 
 COLUMNS = (
     "step",
@@ -320,8 +321,6 @@ def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:
     return _tidy(path, raw, _TRL, "row")
 
 
-# The baseline families of `baselines.BASELINES` (not imported from there: that pulls in torch).
-BASELINE_FAMILIES = ("none", "mean", "grpo", "rloo", "optseq", "otb")
 _LABEL_GROUP_SIZE = re.compile(r"(?:^|[^a-z0-9])n\s*=?\s*(\d+)(?![0-9])", re.IGNORECASE)
 
 
@@ -332,7 +331,8 @@ def parse_label(label: str) -> tuple[str | None, int | None]:
     family, variants included (`otb-loo` gives `otb`); the group size follows an `N`, with or
     without `=`. Either is None when the label does not name it."""
     words = re.split(r"[^a-z0-9]+", label.lower())
-    baseline = next((w for w in words if w in BASELINE_FAMILIES), None)
+    known = families()  # the registry's baseline families
+    baseline = next((w for w in words if w in known), None)
     match = _LABEL_GROUP_SIZE.search(label)
     return baseline, int(match[1]) if match else None
 

@@ -21,19 +21,30 @@ from otb_diag.errors import InputError
 AggregationFn = Callable[[Tensor], Tensor]
 
 AGGREGATIONS: dict[str, AggregationFn] = {}
+_DEFAULTS: list[str] = []  # the first name of each mode measured by default
 
 
-def register_aggregation(*names: str) -> Callable[[AggregationFn], AggregationFn]:
-    """Decorator adding `fn` to `AGGREGATIONS` under each of `names` (aliases share one fn)."""
+def register_aggregation(
+    *names: str, default: bool = False
+) -> Callable[[AggregationFn], AggregationFn]:
+    """Decorator adding `fn` to `AGGREGATIONS` under each of `names` (aliases share one fn);
+    `default` puts its first name among the modes `variance-compare` measures by default."""
 
     def decorator(fn: AggregationFn) -> AggregationFn:
         for name in names:
             if name in AGGREGATIONS:
                 raise ValueError(f"aggregation '{name}' is already registered")
             AGGREGATIONS[name] = fn
+        if default:
+            _DEFAULTS.append(names[0])
         return fn
 
     return decorator
+
+
+def default_aggregations() -> tuple[str, ...]:
+    """The modes measured by default, in registration order."""
+    return tuple(_DEFAULTS)
 
 
 def _num_sequences(mask: Tensor) -> Tensor:
@@ -41,20 +52,20 @@ def _num_sequences(mask: Tensor) -> Tensor:
     return (mask.sum(-1) > 0).sum().clamp_min(1)
 
 
-@register_aggregation("token-sum", "seq-mean-token-sum")
+@register_aggregation("token-sum", "seq-mean-token-sum", default=True)
 def seq_mean_token_sum(mask: Tensor) -> Tensor:
     """Sum over tokens, mean over sequences (the REINFORCE form of the theory): `c = 1/B`."""
     return mask / _num_sequences(mask)
 
 
-@register_aggregation("seq-mean-token-mean")
+@register_aggregation("seq-mean-token-mean", default=True)
 def seq_mean_token_mean(mask: Tensor) -> Tensor:
     """GRPO: mean over each sequence's tokens, then over sequences: `c = 1/(B |y_i|)`."""
     lengths = mask.sum(-1, keepdim=True)
     return mask / (lengths + 1e-8) / _num_sequences(mask)
 
 
-@register_aggregation("token-mean")
+@register_aggregation("token-mean", default=True)
 def token_mean(mask: Tensor) -> Tensor:
     """DAPO: mean over every generated token of the batch: `c = 1 / sum mask`."""
     return mask / mask.sum().clamp_min(1)

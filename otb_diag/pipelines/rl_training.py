@@ -62,10 +62,10 @@ from otb_diag.lab.sample import sample_groups
 from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.energy.proxies import variance_proxies
-from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
-from otb_diag.maths.estimators.baselines import compute_advantages, get_baseline
+from otb_diag.maths.energy.token_stats import TokenStats
+from otb_diag.maths.estimators.advantages import batch_advantages
+from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.returns import returns_to_go
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.surrogate_loss import surrogate_loss
 
@@ -138,15 +138,6 @@ def draw_prompts(rng: np.random.Generator, n: int, cells: tuple[tuple[str, int],
     """`n` prompts: (op, digit count) cells drawn uniformly with replacement, random digits."""
     picks = rng.integers(0, len(cells), size=n)
     return [make_problem(rng, *cells[k]).prompt for k in picks]
-
-
-def advantages_for(batch: ResponseBatch, w: Tensor, baseline: str) -> Tensor:
-    """`[B, T]` advantages `A_t = (G_t − B_t) · mask_t` of `baseline`, from `w: [B, T]`.
-
-    Each baseline gets its defaults (verl's: OTB with `handle_zero_tail`, ε = 1e-8)."""
-    energy = cumulative_energy(w, batch.mask)  # W_t = Σ_{j≤t} mask_j w_j
-    returns = returns_to_go(batch.token_rewards, batch.mask)  # G_t = Σ_{k≥t} r_k
-    return compute_advantages(baseline, returns, batch.mask, batch.group, energy)
 
 
 def step_metrics(
@@ -252,7 +243,9 @@ def train(
             batch = make_batch(read_rollouts(rows_path))
 
             stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
-            advantages = advantages_for(batch, stats.w, settings.baseline)
+            advantages = batch_advantages(batch, stats.w, [settings.baseline]).by_baseline[
+                settings.baseline
+            ]
             optimizer.zero_grad(set_to_none=True)
             loss = surrogate_loss(model, batch, advantages, settings.aggregation)
             loss.backward()  # .grad = −ĝ

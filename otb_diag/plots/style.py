@@ -11,6 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from otb_diag.io.atomic import write_with
+from otb_diag.maths.estimators.registry import families, family_of
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 OKABE_ITO = {
@@ -24,15 +25,12 @@ OKABE_ITO = {
     "purple": "#CC79A7",
 }
 
-# A baseline keeps its colour in every figure of the project.
-BASELINE_COLORS = {
-    "none": OKABE_ITO["black"],
-    "mean": OKABE_ITO["sky"],
-    "grpo": OKABE_ITO["blue"],
-    "rloo": OKABE_ITO["green"],
-    "optseq": OKABE_ITO["orange"],
-    "otb": OKABE_ITO["vermillion"],
-}
+# A baseline family keeps its colour in every figure: the registry's families, in registration
+# order (none, mean, grpo, rloo, optseq, otb, then any registered later), take these in turn.
+FAMILY_PALETTE = tuple(
+    OKABE_ITO[c]
+    for c in ("black", "sky", "blue", "green", "orange", "vermillion", "yellow", "purple")
+)
 PASS_COLOR, FAIL_COLOR = OKABE_ITO["green"], OKABE_ITO["vermillion"]
 
 COLUMN_WIDTH_IN = 3.4
@@ -58,8 +56,12 @@ STYLE = {
 
 
 def baseline_color(name: str) -> str:
-    """Colour of a baseline; variants such as `otb-loo` or `otb-true` share their family's."""
-    return BASELINE_COLORS.get(name, BASELINE_COLORS.get(name.split("-")[0], OKABE_ITO["purple"]))
+    """Colour of a baseline's registry family (`otb-loo` and `otb-true` share `otb`'s); a name
+    the registry does not know gets the last colour of the palette."""
+    family, known = family_of(name), families()
+    if family is None:
+        return FAMILY_PALETTE[-1]
+    return FAMILY_PALETTE[known.index(family) % len(FAMILY_PALETTE)]
 
 
 def new_figure(height_in: float = 2.5, width_in: float = COLUMN_WIDTH_IN) -> tuple[Figure, Axes]:

@@ -15,16 +15,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
+from otb_diag.maths.estimators.registry import variant_of
 from otb_diag.maths.variance.fidelity import correlations
 from otb_diag.plots.style import STYLE, baseline_color, new_figure
 
 LINESTYLES = {"loo": "--", "true": ":"}
 HATCHES = {"loo": "//", "true": ".."}
-
-
-def _variant(label: str) -> str:
-    """The suffix after a baseline's family ("otb-loo" -> "loo"; "otb" -> "")."""
-    return label.split("-", 1)[1] if "-" in label else ""
 
 
 def _plain_log_ticks(axis) -> None:
@@ -63,7 +59,7 @@ def fig_variance_vs_group_size(
                 curve["group_size"],
                 curve["variance"],
                 color=color,
-                linestyle=LINESTYLES.get(_variant(label), "-." if _variant(label) else "-"),
+                linestyle=LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-"),
                 marker="o",
                 markersize=2.5,
                 label=label,
@@ -117,7 +113,7 @@ def _grouped_bars(ax, rows: pd.DataFrame, by: str, groups: list, value: str) -> 
             values.reindex(groups).to_numpy(),
             width=width,
             color=baseline_color(label),
-            hatch=HATCHES.get(_variant(label), ""),
+            hatch=HATCHES.get(variant_of(label), ""),
             edgecolor="white",
             linewidth=0.3,
             label=label,

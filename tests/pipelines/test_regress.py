@@ -16,6 +16,7 @@ import os
 import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from small_runs import invoke, run_energy, run_variance
 from torch import Tensor
 from typer.testing import CliRunner
 
-from otb_diag.maths.estimators import baselines
+from otb_diag.maths.estimators import registry
 from otb_diag.pipelines.regress import recipe as regress
 from otb_diag.pipelines.regress.recipe import DEFAULT_TOLERANCE, Tolerance, compare
 from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
@@ -64,10 +65,10 @@ def test_reduced_default_matches_committed_golden(runs: Path) -> None:
         assert expected in names
 
 
-def flip_largest_advantage(fn: baselines.BaselineFn) -> baselines.BaselineFn:
+def flip_largest_advantage(fn: registry.BaselineFn) -> registry.BaselineFn:
     """`fn` with the sign of its largest |advantage| on a generated token flipped."""
 
-    @functools.wraps(fn)  # keeps the signature compute_advantages inspects
+    @functools.wraps(fn)  # keeps the signature the registry reads the options from
     def flipped(returns: Tensor, mask: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         adv = fn(returns, mask, *args, **kwargs).clone()
         flat = (adv.abs() * mask).argmax()
@@ -80,9 +81,8 @@ def flip_largest_advantage(fn: baselines.BaselineFn) -> baselines.BaselineFn:
 def test_a_flipped_advantage_fails(
     runs: Path, reduced_rollouts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(
-        baselines.BASELINES, "otb", flip_largest_advantage(baselines.BASELINES["otb"])
-    )
+    otb = registry.BASELINES["otb"]
+    monkeypatch.setitem(registry.BASELINES, "otb", replace(otb, fn=flip_largest_advantage(otb.fn)))
     run_energy(reduced_rollouts, tmp_path / "energy")
     copy_run(runs, tmp_path, "variance")
     monkeypatch.undo()

@@ -14,7 +14,7 @@ from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy
-from otb_diag.maths.estimators.baselines import compute_advantages
+from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.pipelines.rl_training import METRIC_KEYS
@@ -44,7 +44,7 @@ def otb_advantages(model: torch.nn.Module, batch: ResponseBatch) -> torch.Tensor
     w = checkpoint_stats(model, batch).w
     energy = cumulative_energy(w, batch.mask)
     returns = returns_to_go(batch.token_rewards, batch.mask)
-    return compute_advantages("otb", returns, batch.mask, batch.group, energy)
+    return get_baseline("otb")(returns, batch.mask, batch.group, energy)
 
 
 def loop_gradient(

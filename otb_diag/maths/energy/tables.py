@@ -1,9 +1,8 @@
 """Realized energy of a set of rollouts and what the baselines make of it (paper figures 3–5).
 
-Two sources of per-token statistics, both `[B, T]` over the response tokens of a `ResponseBatch`:
-- `checkpoint_stats`: a forward pass of the checkpoint (exact; gives entropy and ‖h_t‖²);
-- `logged_stats` (model-free): the `logprobs` and `sum_pi2` a trainer logged (verl can emit both).
-`energy_tables` turns either into the tidy tables `otb-diag energy` writes. No file I/O here."""
+Per-token statistics come from a forward pass (`policy/forward_pass.py:checkpoint_stats`) or from
+the rollouts' logged values (`token_stats.py:logged_stats`); `energy_tables` turns either into
+the tidy tables `otb-diag energy` writes. No file I/O here."""
 
 from __future__ import annotations
 
@@ -18,12 +17,10 @@ from torch import Tensor
 
 from otb_diag.maths.energy.heterogeneity import group_heterogeneity
 from otb_diag.maths.energy.proxies import proxies_by_baseline
-from otb_diag.maths.energy.token_stats import TokenStats, cumulative_energy
-from otb_diag.maths.estimators.baselines import compute_advantages
+from otb_diag.maths.energy.token_stats import TokenStats
+from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
+from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.returns import returns_to_go
-
-DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", "optseq", "otb")
 
 
 @dataclass(frozen=True)
@@ -37,31 +34,23 @@ class EnergyTables:
     proxies: dict[str, dict[str, float]]
 
 
-def tir_needed(batch: ResponseBatch) -> bool:
-    """Tool output inside a response (mask 0 before the end) calls for verl's TIR re-indexing."""
-    return bool(((batch.mask == 0) & batch.valid).any())
-
-
 def energy_tables(
     batch: ResponseBatch,
     stats: TokenStats,
-    baselines: Sequence[str] = DEFAULT_BASELINES,
+    baselines: Sequence[str] | None = None,
     *,
+    estimator: Estimator = Estimator(),
     token_text: Callable[[list[int]], list[str]] | None = None,
-    **baseline_options: object,
 ) -> EnergyTables:
     """Tables of energies, returns and advantages.
 
-    `baseline_options` (e.g. `handle_zero_tail`, `tir`, `eps`) go to every baseline that takes
-    them; the rollouts' importance weights, when present, go as `is_weights` (w·ρ²).
+    `baselines` default to the registry's defaults; every one is computed by the one estimator
+    (`batch_advantages`, with the rollouts' importance weights as w·ρ²) under `estimator`.
     `token_text(ids)` names the tokens (the tokenizer's `convert_ids_to_tokens`)."""
-    mask = batch.mask
-    energy = cumulative_energy(stats.w, mask)  # W_t = Σ_{j≤t} mask_j·w_j
-    returns = returns_to_go(batch.token_rewards, mask)  # G_t = Σ_{k≥t} r_k
-    options = {"is_weights": batch.is_weights, **baseline_options}
-    advantages = {
-        b: compute_advantages(b, returns, mask, batch.group, energy, **options) for b in baselines
-    }
+    names = baseline_names(defaults_only=True) if baselines is None else baselines
+    computed = batch_advantages(batch, stats.w, names, estimator)
+    mask, energy, returns = batch.mask, computed.energy, computed.returns
+    advantages = computed.by_baseline
     proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
 
     rows, cols = batch.valid.nonzero(as_tuple=True)

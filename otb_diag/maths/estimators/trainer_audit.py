@@ -19,7 +19,8 @@ of `R − mean` (ulps of `|R|`) is then divided by `std + ε ≈ ε`: with ε = 
 term allows for that (ε = 1 for baselines other than `grpo`, the only one dividing by a std).
 A different estimator, ε or grouping differs by orders of magnitude more.
 
-Which registry baseline a trainer runs:
+Which registry baseline a trainer runs is declared by the registry entry (`trainers`,
+`registry.trainer_baseline`):
 - TRL `GRPOTrainer` (defaults `scale_rewards="group"`, `multi_objective_aggregation=
   "sum_then_normalize"`): `(R − mean_group R) / (std_group R + 1e-4)`, unbiased std
   (`trl.trainer.utils.nanstd`, Bessel's correction), i.e. `grpo` with `eps = 1e-4`;
@@ -35,31 +36,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from otb_diag.maths.energy.token_stats import cumulative_energy
-from otb_diag.maths.estimators.baselines import compute_advantages, get_baseline
+from otb_diag.maths.estimators.advantages import Estimator, token_advantages
+from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 
 AGREEMENT_REL = 1e-4
 ROUNDING_ULPS = 8
-# The registry baseline (and its options) each trainer documents as its default.
-TRAINER_BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
-    "trl": ("grpo", {"eps": 1e-4}),
-}
 
 
 def advantage_audit(
-    batch: ResponseBatch, w: Tensor, baseline: str, **options: Any
+    batch: ResponseBatch, w: Tensor, baseline: str, estimator: Estimator = Estimator()
 ) -> dict[str, Any] | None:
     """Compare `batch.trainer_advantage` with `baseline`'s advantages (None when the rollouts
     carry no trainer advantages). `w` is the per-token proxy `[B, T]` (energy-weighted
-    baselines need it); `options` go to the baseline as in `compute_advantages`."""
-    part = audit_part(batch, w, baseline, **options)
+    baselines need it); the advantages come from the one estimator under `estimator`."""
+    part = audit_part(batch, w, baseline, estimator)
     return None if part is None else combine_audits([part])
 
 
 def audit_part(
-    batch: ResponseBatch, w: Tensor, baseline: str, **options: Any
+    batch: ResponseBatch, w: Tensor, baseline: str, estimator: Estimator = Estimator()
 ) -> dict[str, Any] | None:
     """The audit's sums and maxima over `batch` (whole groups: the baseline needs them), to be
     combined over the parts of a pool by `combine_audits`; `worst_response` is an index into
@@ -69,15 +66,16 @@ def audit_part(
     if trainer is None:
         return None
     mask = batch.mask
+    estimator = estimator.resolved(mask, batch.valid)
     returns = returns_to_go(batch.token_rewards, mask)  # G_t = Σ_{k≥t} r_k
-    energy = cumulative_energy(w, mask)  # W_t = Σ_{j≤t} mask_j·w_j
-    options = {"is_weights": batch.is_weights, **options}
-    registry = compute_advantages(baseline, returns, mask, batch.group, energy, **options)
+    registry = token_advantages(
+        baseline, returns, mask, batch.group, w, is_weights=batch.is_weights, estimator=estimator
+    )
     on = mask.bool()
     diff = (trainer - registry).abs()[on].double()  # |A^trainer − A^registry| on mask 1
     return {
         "baseline": baseline,
-        "options": {k: v for k, v in options.items() if not isinstance(v, Tensor | type(None))},
+        "options": estimator.keywords(),
         "responses": int(batch.group.numel()),
         "tokens": int(on.sum()),
         "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
@@ -117,5 +115,5 @@ def _std_eps(baseline: str, options: dict[str, Any]) -> float:
     """The ε added to the group std (`grpo`: the option, else its default), 1 otherwise."""
     if baseline != "grpo":
         return 1.0
-    default = inspect.signature(get_baseline(baseline)).parameters["eps"].default
+    default = inspect.signature(get_baseline(baseline).fn).parameters["eps"].default
     return float(options.get("eps", default))

@@ -54,9 +54,9 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.maths.aggregation import aggregation_weights
-from otb_diag.maths.energy.token_stats import cumulative_energy
-from otb_diag.maths.estimators.baselines import compute_advantages
+from otb_diag.maths.aggregation import aggregation_weights, default_aggregations
+from otb_diag.maths.estimators.advantages import Estimator, token_advantages
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.variance.intervals import (
     REFERENCE,
     bias_z,
@@ -67,9 +67,7 @@ from otb_diag.maths.variance.intervals import (
 )
 
 PROXY = "proxy"  # energy source: the logit-gradient proxy w_t
-ENERGY_BASELINES = ("optseq", "optseq-loo", "otb", "otb-loo")
-DEFAULT_BASELINES = ("none", "mean", "grpo", "rloo", *ENERGY_BASELINES)
-DEFAULT_AGGREGATIONS = ("token-sum", "seq-mean-token-mean", "token-mean")
+DEFAULT_AGGREGATIONS = default_aggregations()
 DEFAULT_GROUP_SIZES = (2, 4, 8, 16, 32, 64)  # capped at M/2 by `usable_group_sizes`
 UNBIASED_REFERENCE = "none"
 # variance.csv's documented columns, in order (extra columns follow them).
@@ -90,15 +88,17 @@ class BaselineSpec:
 
 
 def default_specs(
-    baselines: Sequence[str] = DEFAULT_BASELINES, extra_sources: Sequence[str] = ()
+    baselines: Sequence[str] | None = None, extra_sources: Sequence[str] = ()
 ) -> list[BaselineSpec]:
-    """`baselines` on the proxy energy (those that use one), plus `optseq-<src>` and
-    `otb-<src>` (for those of the two among `baselines`) for each extra energy source (e.g.
-    "true": the exact per-token squared gradient norms)."""
-    specs = [BaselineSpec(n, n, PROXY if n in ENERGY_BASELINES else None) for n in baselines]
+    """`baselines` (default: the registry's defaults) on the proxy energy when their registry
+    entry `needs_energy`, plus `<name>-<src>` for each extra energy source (e.g. "true": the
+    exact per-token squared gradient norms) of those whose entry has a `true_variant`."""
+    names = baseline_names(defaults_only=True) if baselines is None else baselines
+    entries = [get_baseline(n) for n in names]
+    specs = [BaselineSpec(b.name, b.name, PROXY if b.needs_energy else None) for b in entries]
     for source in extra_sources:
         specs += [
-            BaselineSpec(f"{n}-{source}", n, source) for n in ("optseq", "otb") if n in baselines
+            BaselineSpec(f"{b.name}-{source}", b.name, source) for b in entries if b.true_variant
         ]
     return specs
 
@@ -171,13 +171,17 @@ def draw_estimates(
     specs: Sequence[BaselineSpec],
     aggregations: Sequence[str],
     *,
-    baseline_options: Mapping[str, Any] | None = None,
+    is_weights: Tensor | None = None,
+    estimator: Estimator = Estimator(tir=False),
     max_elements: int = 2**24,
 ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     """`g_r` of every draw for every (aggregation, baseline label), all on the same draws.
 
     returns, mask: `[B, T]` pool tensors; scores: `[B, T, k]`; energies: source -> per-token
-    `w: [B, T]`; rows: `[R, P, N]` from `draw_groups`; centres: `[P, k]` from `pool_score_means`.
+    `w: [B, T]`; rows: `[R, P, N]` from `draw_groups`; centres: `[P, k]` from `pool_score_means`;
+    is_weights: `[B, T]` ρ of the pool or None. Each draw's advantages come from the one
+    estimator (`token_advantages`) on the drawn rows alone, under `estimator` (decided for the
+    pool: `Estimator.resolved`), exactly as `energy` computes them on a whole batch.
     Returns (aggregation, label) -> (`g: [R, k]`, `g_centred: [R, k]`), where `g_centred` uses
     the scores `s_t - centres[p]` on prompt p's generated tokens. By linearity
     `g_centred_r = g_r - sum_p a_rp centres[p]` with `a_rp = sum_{i in p, t} c_it A_it`.
@@ -188,8 +192,8 @@ def draw_estimates(
     b, t, k = scores.shape
     returns, mask, centres = returns.double(), mask.double(), centres.double()
     flat_scores = scores.double().reshape(b * t, k)
-    cumulative = {src: cumulative_energy(w.double(), mask) for src, w in energies.items()}
-    options = dict(baseline_options or {})
+    energies = {src: w.double() for src, w in energies.items()}
+    is_weights = None if is_weights is None else is_weights.double()
     chunk = max(1, max_elements // max(b * t, 1))
     raw = {(agg, spec.label): np.empty((draws, k)) for agg in aggregations for spec in specs}
     centred = {key: np.empty((draws, k)) for key in raw}
@@ -206,8 +210,11 @@ def draw_estimates(
             for agg in aggregations
         }
         for spec in specs:
-            energy = cumulative[spec.energy][sub] if spec.energy else None
-            adv = compute_advantages(spec.name, returns[sub], sub_mask, group, energy, **options)
+            w = energies[spec.energy][sub] if spec.energy else None
+            rho = None if is_weights is None else is_weights[sub]
+            adv = token_advantages(
+                spec.name, returns[sub], sub_mask, group, w, is_weights=rho, estimator=estimator
+            )
             for agg, weight in weights.items():
                 # Scatter c*A back onto the pool (a row appears at most once per draw), then
                 # g_r = sum_{b,t} coef[r, b, t] s[b, t] is one matmul, never a [C, P*N, T, k].
@@ -245,6 +252,9 @@ def _check(specs: Sequence[BaselineSpec], energies: Mapping[str, Tensor], draws:
     for needed in (REFERENCE, UNBIASED_REFERENCE):
         if needed not in labels:
             raise InputError(f"the baselines must include '{needed}'", field="baselines")
+    unfed = [s.label for s in specs if s.energy is None and get_baseline(s.name).needs_energy]
+    if unfed:
+        raise InputError(f"baselines {unfed} need an energy source", field="baselines")
     missing = sorted({s.energy for s in specs if s.energy and s.energy not in energies})
     if missing:
         raise InputError(f"no energy source {missing}; given {sorted(energies)}", field="energy")
@@ -284,13 +294,15 @@ def paired_estimates(
     bootstrap: int = 1000,
     seed: int = 0,
     mode: str = PROXY,
-    baseline_options: Mapping[str, Any] | None = None,
+    is_weights: Tensor | None = None,
+    estimator: Estimator = Estimator(),
     max_elements: int = 2**24,
 ) -> PairedDraws:
     """The paired draws and estimates `g_r` of every baseline and N (arguments as
     `empirical_variance`), from which `variance_table` reads any subset of coordinates."""
     specs = list(specs or default_specs(extra_sources=[s for s in energies if s != PROXY]))
     _check(specs, energies, draws)
+    estimator = estimator.resolved(mask, None)
     pools = pool_rows(group)
     pool_sizes = [len(p) for p in pools]
     sizes = usable_group_sizes(group_sizes, min(pool_sizes))
@@ -302,7 +314,7 @@ def paired_estimates(
         per_size[n] = (
             draw_estimates(
                 returns, mask, scores, energies, rows, centres, specs, aggregations,
-                baseline_options=baseline_options, max_elements=max_elements,
+                is_weights=is_weights, estimator=estimator, max_elements=max_elements,
             ),
             bootstrap_counts(draws, bootstrap, np.random.default_rng([seed, n, 1])),
             int((np.ptp(sequence_return[rows], axis=-1) == 0).sum()),
@@ -370,7 +382,7 @@ def empirical_variance(
     energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`).
     options (keyword only): specs (default `default_specs` of the extra energy sources),
     aggregations, group_sizes, draws (200), bootstrap (1000), seed (0), mode (only recorded),
-    baseline_options, max_elements (see `paired_estimates`). N runs over `group_sizes` capped
+    is_weights, estimator, max_elements (see `paired_estimates`). N runs over `group_sizes` capped
     at M/2 (M the smallest pool); the draws of one N come from `default_rng([seed, N])` and their
     bootstrap resamples from `default_rng([seed, N, 1])`, so N's numbers do not depend on the
     other sizes asked for.

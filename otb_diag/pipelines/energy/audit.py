@@ -1,7 +1,7 @@
-"""The advantage audit of `otb-diag energy` (`maths/audit.py`), chunk by chunk: which registry
-baseline the trainer documents, each rank's audit of its share of a chunk's groups, and their
-combination over the whole pool (max and mean |Δ|, the response of the largest one numbered in
-the order of sequences.csv)."""
+"""The advantage audit of `otb-diag energy` (`maths/estimators/trainer_audit.py`), chunk by
+chunk: which registry baseline the trainer documents, each rank's audit of its share of a
+chunk's groups, and their combination over the whole pool (max and mean |Δ|, the response of
+the largest one numbered in the order of sequences.csv)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pandas as pd
 from torch import Tensor
 
 from otb_diag.io.rollouts.readers import Rollouts
-from otb_diag.maths.estimators.trainer_audit import TRAINER_BASELINES, audit_part, combine_audits
+from otb_diag.maths.estimators.advantages import Estimator
+from otb_diag.maths.estimators.registry import resolve_name, trainer_baseline
+from otb_diag.maths.estimators.trainer_audit import audit_part, combine_audits
 from otb_diag.maths.response_batch import ResponseBatch
 
 SKIPPED = (
@@ -28,21 +30,22 @@ def trainer_of(fmt: str) -> str:
 def audit_share(
     batch: ResponseBatch, w: Tensor, rollouts: Rollouts, settings: Any, tir: bool
 ) -> dict[str, Any] | None:
-    """One rank's audit part of one chunk's share (`maths.audit.audit_part`) against the
+    """One rank's audit part of one chunk's share (`trainer_audit.audit_part`) against the
     trainer's registry baseline (TRL's default for TRL completion logs, else
     `--trainer-baseline`), its worst response named by `(group, sample)`; `{"skipped": ...}`
     when no baseline is known; None without trainer advantages."""
     if batch.trainer_advantage is None:
         return None
     trainer = trainer_of(rollouts.format)
+    documented = trainer_baseline(trainer)
     if settings.trainer_baseline is not None:
-        baseline, options = settings.trainer_baseline, {}
-    elif trainer in TRAINER_BASELINES:
-        baseline, options = TRAINER_BASELINES[trainer]
+        baseline, options = resolve_name(settings.trainer_baseline), {}
+    elif documented is not None:
+        baseline, options = documented
     else:
         return {"skipped": SKIPPED}
-    options = {"handle_zero_tail": settings.handle_zero_tail, "tir": tir, **options}
-    part = audit_part(batch, w, baseline, **options)
+    estimator = Estimator(settings.handle_zero_tail, tir, options=options)
+    part = audit_part(batch, w, baseline, estimator)
     if part is not None and part["worst_response"] is not None:
         worst = rollouts.responses[part["worst_response"]]
         part["worst_response"] = (worst.group, worst.sample)

@@ -5,7 +5,7 @@ or Ctrl-C never leaves a half-written output directory."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.loading import LoadOptions, rollouts_record
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.maths.energy.tables import DEFAULT_BASELINES
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import session
@@ -24,7 +24,7 @@ from otb_diag.runtime.torchrun import session
 class EnergySettings:
     """Every knob of `otb-diag energy` (the CLI's options, with the same defaults)."""
 
-    baselines: tuple[str, ...] = DEFAULT_BASELINES
+    baselines: tuple[str, ...] = field(default_factory=lambda: baseline_names(defaults_only=True))
     temperature: float | None = None  # overrides the rollouts' own τ when set
     batch_tokens: int = 16384
     chunk_size: int = 256
@@ -53,6 +53,8 @@ def run_energy(
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""
+    for name in settings.baselines:
+        get_baseline(name)  # an unknown name stops here, listing the known ones
     if checkpoints:
         settings.load.check()
     backend_device = resolve_device(settings.load.device).type if checkpoints else "cpu"

@@ -47,6 +47,7 @@ from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy.proxies import combine_proxies
 from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
+from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
@@ -239,9 +240,8 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
         batch,
         stats,
         settings.baselines,
+        estimator=Estimator(settings.handle_zero_tail, tir),
         token_text=token_text,
-        handle_zero_tail=settings.handle_zero_tail,
-        tir=tir,
     )
     generated = int((tables.sequences["generated"] > 0).sum())
     audit = audit_share(batch, stats.w, rollouts, settings, tir)

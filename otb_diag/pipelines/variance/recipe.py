@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,12 @@ from otb_diag.io.loading import (
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
+from otb_diag.maths.estimators.advantages import Estimator
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error
 from otb_diag.maths.variance.paired_draws import (
     DEFAULT_AGGREGATIONS,
-    DEFAULT_BASELINES,
     DEFAULT_GROUP_SIZES,
     default_specs,
     paired_estimates,
@@ -51,7 +52,7 @@ class VarianceSettings:
     """Every knob of `otb-diag variance-compare` (the CLI's options, same defaults)."""
 
     modes: tuple[str, ...] = ("proxy", "head")
-    baselines: tuple[str, ...] = DEFAULT_BASELINES
+    baselines: tuple[str, ...] = field(default_factory=lambda: baseline_names(defaults_only=True))
     aggregations: tuple[str, ...] = DEFAULT_AGGREGATIONS
     group_sizes: tuple[int, ...] = DEFAULT_GROUP_SIZES
     draws: int = 200
@@ -65,6 +66,7 @@ class VarianceSettings:
     batch_tokens: int = 16384
     chunk_size: int = 256
     handle_zero_tail: bool = True
+    tir: bool | None = None  # None: on when any response holds tool output (mask 0)
     load: LoadOptions = LoadOptions()
     engine: str = "auto"  # full mode: auto, jvp (forward mode) or vjp (reverse mode)
     params: str | None = None  # full mode: regular expression selecting parameters by name
@@ -89,6 +91,8 @@ def run_variance(
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
     the whole pool with the same seeds as one process, writes, and returns the summary; the other
     ranks return None."""
+    for name in settings.baselines:
+        get_baseline(name)  # an unknown name stops here, listing the known ones
     settings.load.check()
     with session(resolve_device(settings.load.device).type) as d:
         if not d.is_main:
@@ -150,6 +154,10 @@ def _run(
         records.append(checkpoint_record(ckpt))
         batch = found.batch
         returns = returns_to_go(batch.token_rewards, batch.mask)
+        # The same estimator as `energy`: TIR decided on the pool, importance weights as w·ρ².
+        estimator = Estimator(settings.handle_zero_tail, settings.tir).resolved(
+            batch.mask, batch.valid
+        )
         for mode in settings.modes:
             t0 = time.perf_counter()
             energies = {"proxy": found.w}
@@ -185,7 +193,8 @@ def _run(
                 bootstrap=settings.bootstrap,
                 seed=settings.seed,
                 mode=mode,
-                baseline_options={"handle_zero_tail": settings.handle_zero_tail},
+                is_weights=batch.is_weights,
+                estimator=estimator,
             )
             tables.append(variance_table(paired).assign(step=step))
             metadata[f"{mode}@{step}"] = paired.metadata

@@ -12,9 +12,13 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.maths.energy.tables import DEFAULT_BASELINES, energy_tables, pick_group, tir_needed
+from otb_diag.maths.energy.tables import energy_tables, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
+from otb_diag.maths.estimators.advantages import has_tool_output
+from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.policy.forward_pass import checkpoint_stats
+
+DEFAULT_BASELINES = baseline_names(defaults_only=True)
 
 VOCAB = 40
 
@@ -115,11 +119,12 @@ def test_model_free_without_sum_pi2_names_the_field(tmp_path: Path) -> None:
 def test_tool_masks_switch_on_tir(tmp_path: Path) -> None:
     rows = make_rows()
     batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
-    assert not tir_needed(batch)
+    assert not has_tool_output(batch.mask, batch.valid)
     rows[0]["mask"] = [1] + [0] * (len(rows[0]["response_ids"]) - 1)
     rows[0]["response_ids"] = rows[0]["response_ids"] + [3]
     rows[0]["mask"] = rows[0]["mask"] + [1]
-    assert tir_needed(make_batch(read_rollouts(write(tmp_path / "t.jsonl", rows))))
+    tir = make_batch(read_rollouts(write(tmp_path / "t.jsonl", rows)))
+    assert has_tool_output(tir.mask, tir.valid)
 
 
 def test_importance_weights_reach_otb(model, tmp_path: Path) -> None:

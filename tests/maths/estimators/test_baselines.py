@@ -11,12 +11,8 @@ from hypothesis import strategies as st
 
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import cumulative_energy
-from otb_diag.maths.estimators.baselines import (
-    BASELINES,
-    get_baseline,
-    register_baseline,
-    verl_otb_advantage,
-)
+from otb_diag.maths.estimators.otb import verl_otb_advantage
+from otb_diag.maths.estimators.registry import BASELINES, get_baseline, register_baseline
 from otb_diag.maths.returns import group_index, outcome_token_rewards, returns_to_go
 
 F64 = torch.float64

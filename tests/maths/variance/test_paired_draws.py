@@ -11,7 +11,7 @@ import torch
 from matplotlib.figure import Figure
 
 from otb_diag.errors import InputError
-from otb_diag.maths.estimators.baselines import BASELINES, register_baseline
+from otb_diag.maths.estimators.registry import BASELINES, register_baseline
 from otb_diag.maths.returns import outcome_token_rewards, returns_to_go
 from otb_diag.maths.variance.fidelity import fidelity
 from otb_diag.maths.variance.intervals import (
@@ -23,6 +23,7 @@ from otb_diag.maths.variance.intervals import (
 from otb_diag.maths.variance.paired_draws import (
     COLUMNS,
     BaselineSpec,
+    default_specs,
     draw_estimates,
     draw_groups,
     empirical_variance,
@@ -42,10 +43,14 @@ NONE_MEAN = [BaselineSpec("none", "none"), BaselineSpec("mean", "mean")]
 BIASED = "test-variance-half-own-reward"
 if BIASED not in BASELINES:  # the registry is global; a re-import must not register twice
 
-    @register_baseline(BIASED)
+    @register_baseline(BIASED, default=False)
     def half_own_reward(returns, mask, group, energy):
         """Deliberately biased: `B_i = R_i / 2` uses response i's own reward."""
         return (returns - returns[:, :1] / 2) * mask
+
+
+# Every built-in baseline, the leave-one-out variants too (not in the defaults), and the -true rows.
+ALL_SPECS = default_specs([n for n in BASELINES if n != BIASED], ["true"])
 
 
 def make_pool(prompts, size, length, dim, seed, *, reward=None, ragged=True):
@@ -67,7 +72,7 @@ def make_pool(prompts, size, length, dim, seed, *, reward=None, ragged=True):
 @pytest.fixture(scope="module")
 def small_run():
     pool = make_pool(3, 8, 4, 3, seed=1)
-    return pool, empirical_variance(*pool, draws=30, bootstrap=200, seed=7)
+    return pool, empirical_variance(*pool, specs=ALL_SPECS, draws=30, bootstrap=200, seed=7)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,10 +190,10 @@ def test_every_baseline_sees_the_same_draws():
 
 def test_same_seed_same_numbers_different_seed_different_draws(small_run):
     pool, (table, meta) = small_run
-    again, meta_again = empirical_variance(*pool, draws=30, bootstrap=200, seed=7)
+    again, meta_again = empirical_variance(*pool, specs=ALL_SPECS, draws=30, bootstrap=200, seed=7)
     pd.testing.assert_frame_equal(table, again)
     assert meta == meta_again
-    other, _ = empirical_variance(*pool, draws=30, bootstrap=200, seed=8)
+    other, _ = empirical_variance(*pool, specs=ALL_SPECS, draws=30, bootstrap=200, seed=8)
     assert not np.allclose(table.variance, other.variance)
     pools = pool_rows(pool[2])
     first = draw_groups(pools, 2, 30, np.random.default_rng([7, 2]))
