@@ -1,4 +1,4 @@
-"""Returns, group baselines and the Optimal Token Baseline (theory.md section 3).
+"""Returns, group baselines and the Optimal Token Baseline (docs/theory.md §3).
 
 Every baseline is one function registered under its name with `@register_baseline`:
 
