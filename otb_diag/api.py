@@ -70,7 +70,7 @@ def token_statistics(
     batch_tokens: int = 16384,
     chunk_size: int = 256,
 ) -> TokenStats:
-    """Per-token statistics under the checkpoint, each `[B, T]` fp32 (theory.md §2): `logprob`
+    """Per-token statistics under the checkpoint, each `[B, T]` fp32 (docs/theory.md §2): `logprob`
     log p_t, `prob`, `sum_pi2` Σ_v π_t(v)², `entropy`, the logit-gradient proxy
     `w = (1 − 2p_t + sum_pi2)/τ²` and `h_sq = ‖h_t‖²`; 0 on padding. The `[B, T, V]` logits never
     exist: at most `chunk_size` positions' logits at once."""
@@ -126,7 +126,7 @@ def variance_compare(
 def detect_collapse(
     log: str | Path | pd.DataFrame, rule: DetectionRule | None = None, target: float | None = None
 ) -> RunDynamics:
-    """Apply the collapse rule (theory.md §5) to one run: a training log's path (our
+    """Apply the collapse rule (docs/theory.md §5) to one run: a training log's path (our
     metrics.jsonl, verl JSONL/CSV, a TRL trainer_state.json) or its tidy table
     (`read_training_log(path).frame`). Returns the collapse step, the variance warning step,
     the lead time, and tokens to `target` score."""

@@ -1,5 +1,5 @@
 """Training collapse, the variance signal's lead time and tokens to a target score
-(theory.md §5).
+(docs/theory.md §5).
 
 Collapse shows as a sudden, lasting surge of the gradient norm, preceded by growing gradient
 variance, after which the score craters. Everything here works on one run's tidy table

@@ -1,6 +1,6 @@
 """Choosing a learning rate from a sweep: the lowest rate at which a run becomes unstable.
 
-A run is *unstable* when either sign of collapse appears (theory.md §5):
+A run is *unstable* when either sign of collapse appears (docs/theory.md §5):
 
 - a gradient-norm surge: the collapse rule of `maths/collapse.py` fires (the paper's signature);
 - a reward collapse: the mean score of its last `window` steps falls below `drop` times that of

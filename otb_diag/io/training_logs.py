@@ -1,4 +1,4 @@
-"""Training logs of RL runs read into one tidy table per run (theory.md §5).
+"""Training logs of RL runs read into one tidy table per run (docs/theory.md §5).
 
 Three sources are recognised from the file's name and keys:
 

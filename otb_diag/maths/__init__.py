@@ -1,5 +1,5 @@
-"""Pure maths over tensors: the formulas of theory.md, one idea per module, no file ever read or
-written. Per-token statistics from logits (`token_stats`), returns (`returns`), per-group
+"""Pure maths over tensors: the formulas of docs/theory.md, one idea per module, no file ever
+read or written. Per-token statistics from logits (`token_stats`), returns (`returns`), per-group
 segment sums (`groups`), the baseline registry (`baselines`) and aggregation modes
 (`aggregation`), verl's variance proxies (`proxies`), per-token score vectors (`scores`; for
 `full` mode the seeded `directions`, the engines `scores_forward` (jvp) and `scores_reverse`

@@ -1,4 +1,4 @@
-"""How per-token terms are averaged into one estimate (theory.md section 3, "Aggregation Z").
+"""How per-token terms are averaged into one estimate (docs/theory.md §3, "Aggregation Z").
 
 Each mode is one function `mask: [B, T] -> c: [B, T]` registered under verl's `agg_loss` names,
 so that for any per-token matrix `x` the aggregate is `sum_{i,t} c_{i,t} x_{i,t}` and the

@@ -1,5 +1,5 @@
 """Statistics over the members of each group, as segment sums over the group index (`index_add_`,
-`scatter_reduce`), so no Python loop runs per group (theory.md section 3).
+`scatter_reduce`), so no Python loop runs per group (docs/theory.md §3).
 
 `group: [B]` long holds each row's group index in `0..K-1`; every function returns one value per
 row (its group's statistic), ready to subtract.

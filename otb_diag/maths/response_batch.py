@@ -1,7 +1,7 @@
 """The `[B, T]` layout of a batch of responses, shared by every computation over tokens.
 
 Row i of every `[B, T]` tensor is response i (file order); column t is its response token t + 1
-(1-based, theory.md §1), T is the longest response, and positions t ≥ T_i are padding (`valid`
+(1-based, docs/theory.md §1), T is the longest response, and positions t ≥ T_i are padding (`valid`
 is False there, `mask` is 0, ids are 0). `io.batch.make_batch` builds one from rollouts."""
 
 from __future__ import annotations

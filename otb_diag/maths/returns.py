@@ -1,5 +1,5 @@
 """What the baselines are subtracted from: per-token rewards, reward-to-go and group indices
-(theory.md section 3). `[B, T]` tensors, row i a response, column t its response token t + 1."""
+(docs/theory.md §3). `[B, T]` tensors, row i a response, column t its response token t + 1."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def returns_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
     """`G_t = sum_{k>=t} mask_k r_k` for `token_rewards, mask: [B, T]` -> `[B, T]`.
 
     Rewards on mask-0 (tool or padding) tokens are dropped, as verl's OTB does, since those
-    tokens carry no score (theory.md section 1).
+    tokens carry no score (docs/theory.md §1).
     """
     return (token_rewards * mask).flip(-1).cumsum(-1).flip(-1)
 

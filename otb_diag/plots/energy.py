@@ -122,7 +122,7 @@ def fig4_cumulative_energy(
 
 
 def envelope(p: np.ndarray, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds of w at τ = 1 for a token of probability p (theory.md §2):
+    """Bounds of w at τ = 1 for a token of probability p (docs/theory.md §2):
     lower (1−p)² + (1−p)²/(V−1) (other mass spread uniformly; V unknown → V → ∞),
     upper 2(1−p)² (all other mass on one token)."""
     q = (1.0 - p) ** 2

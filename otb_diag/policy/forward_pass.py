@@ -1,4 +1,4 @@
-"""Per-token statistics of the tempered policy from a forward pass (theory.md, sections 1 and 2).
+"""Per-token statistics of the tempered policy from a forward pass (docs/theory.md §1–2).
 
 With `π_t = softmax(z_t / τ)` and `p_t = π_t(y_t)`, every response token gets
 `logprob = log p_t`, `prob = p_t`, `sum_pi2 = Σ_v π_t(v)²`, `entropy = −Σ_v π_t(v) log π_t(v)`,

@@ -1,4 +1,4 @@
-"""The policy-gradient surrogate loss whose gradient is the estimate ĝ (theory.md §3), and the
+"""The policy-gradient surrogate loss whose gradient is the estimate ĝ (docs/theory.md §3), and the
 differentiable log-probabilities of sampled responses it needs."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def surrogate_loss(
     """`L(θ) = −Σ_{i,t} c_{i,t} · A_{i,t} · log π_θ(y_t)`, c = `aggregation_weights`.
 
     A and c are constants of the sampled batch, so `∇L = −Σ c A ∇log π = −ĝ`: a descent step on
-    L is an ascent step along the policy-gradient estimate ĝ of theory.md §3, and ‖∇L‖ = ‖ĝ‖.
+    L is an ascent step along the policy-gradient estimate ĝ of docs/theory.md §3, and ‖∇L‖ = ‖ĝ‖.
     """
     c = aggregation_weights(aggregation, batch.mask)  # [B, T], 0 off the mask
     return -(c * advantages * response_logprobs(model, batch)).sum()

@@ -1,4 +1,4 @@
-"""Physical consistency of the probabilities a rollout row logs (theory.md §2).
+"""Physical consistency of the probabilities a rollout row logs (docs/theory.md §2).
 
 For the sampling distribution `π_t` and the sampled token's probability `p_t = exp(logprob_t)`:
 

@@ -20,19 +20,50 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS, check_probabilities
-from otb_diag.io.rollouts.records import file_kind, first_keys, records
+from otb_diag.io.rollouts.records import Record, first_keys, jsonl_records, parquet_records
 from otb_diag.io.rollouts.rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response
 from otb_diag.io.rollouts.trl_completions import TRL_KEYS, is_trl_record, trl_record
 
 if TYPE_CHECKING:
     import pandas as pd
 
+
+class RolloutReader(NamedTuple):
+    """How one kind of rollout file is read."""
+
+    kind: str  # "jsonl" or "parquet": `Rollouts.format`, and whether messages say line or row
+    records: Callable[[Path, Callable[[int], bool] | None], Iterator[Record]]
+
+
+_JSONL = RolloutReader("jsonl", jsonl_records)
+_PARQUET = RolloutReader("parquet", parquet_records)
+
+# File suffix (lower case) -> its reader: the one list of readable rollout files. `sources.py`
+# picks the files of a directory or a glob by these suffixes; a new format is one entry here.
+READERS: dict[str, RolloutReader] = {".jsonl": _JSONL, ".json": _JSONL, ".parquet": _PARQUET}
+
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
+
+
+def file_kind(path: Path) -> str:
+    """The reader's kind ("jsonl" or "parquet") for a readable rollout file, else `InputError`."""
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise InputError(
+            f"unknown rollout file type '{path.suffix}'",
+            path=path,
+            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
+        )
+    if not path.exists():
+        raise InputError("file does not exist", path=path)
+    if not path.is_file():
+        raise InputError("not a file", path=path)
+    return reader.kind
 
 
 @dataclass
@@ -81,7 +112,8 @@ class Rollouts:
     ) -> InputError:
         """An `InputError` for the row of response `r`, in whichever file it came from."""
         path = Path(r.source_path) if r.source_path else self.path
-        word = "row" if path.suffix.lower() == ".parquet" else "line"
+        reader = READERS.get(path.suffix.lower())
+        word = "row" if reader is not None and reader.kind == "parquet" else "line"
         return InputError(message, path=path, field=field, hint=hint, **{word: r.source_row})
 
 
@@ -150,7 +182,7 @@ def iter_responses(
 
     def rows() -> Iterator[tuple[int, Response]]:
         step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)
-        for index, source_row, record in records(path, kind, keep):
+        for index, source_row, record in READERS[path.suffix.lower()].records(path, keep):
 
             def fail(name: str, message: str, hint: str | None, at: int = source_row) -> InputError:
                 return rollouts.error(at, message, field=name, hint=hint)

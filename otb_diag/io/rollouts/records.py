@@ -1,8 +1,9 @@
 """The raw records of a rollout file, read a batch at a time so that memory is set by the batch and
 never by the file: JSON Lines one line at a time, Parquet through pyarrow record batches.
 
-`records(path, kind, keep)` yields `(index, source_row, record)` in file order: `index` counts
-rows from 0, `source_row` is what error messages name (JSONL line, 1-based; Parquet row, 0-based).
+`jsonl_records(path, keep)` and `parquet_records(path, keep)` yield `(index, source_row, record)` in
+file order: `index` counts rows from 0, `source_row` is what error messages name (JSONL line,
+1-based; Parquet row, 0-based). Which suffix is read by which is `readers.py:READERS`.
 Rows that `keep(index)` rejects are skipped before they are decoded: a rank that measures a share
 of the groups, or a pass that wants one chunk, pays little for the rest of the file."""
 
@@ -16,33 +17,10 @@ from typing import Any
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.rows import describe
 
-SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-
 # Parquet rows decoded at once: the batch that bounds memory (responses, not tokens).
 PARQUET_BATCH_ROWS = 1024
 
 Record = tuple[int, int, dict[str, Any]]
-
-
-def file_kind(path: Path) -> str:
-    """ "jsonl" or "parquet" for a readable rollout file, else `InputError`."""
-    kind = SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise InputError(
-            f"unknown rollout file type '{path.suffix}'",
-            path=path,
-            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
-        )
-    if not path.exists():
-        raise InputError("file does not exist", path=path)
-    if not path.is_file():
-        raise InputError("not a file", path=path)
-    return kind
-
-
-def records(path: Path, kind: str, keep: Callable[[int], bool] | None = None) -> Iterator[Record]:
-    """Every row's `(index, source_row, record)` in file order (rows `keep` rejects skipped)."""
-    return _jsonl(path, keep) if kind == "jsonl" else _parquet(path, keep)
 
 
 def first_keys(path: Path, kind: str) -> set[str] | None:
@@ -51,11 +29,11 @@ def first_keys(path: Path, kind: str) -> set[str] | None:
         parquet = parquet_file(path)
         # The Arrow schema's names are the top-level columns (the Parquet schema's are leaves).
         return set(parquet.schema_arrow.names) if parquet.metadata.num_rows else None
-    first = next(_jsonl(path, None), None)
+    first = next(jsonl_records(path, None), None)
     return None if first is None else set(first[2])
 
 
-def _jsonl(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
+def jsonl_records(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
     """Lines split on "\\n" only (splitlines() would also break inside a string at U+2028)."""
     index = 0
     offset = 0
@@ -91,7 +69,7 @@ def _jsonl(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
             yield index - 1, number, record
 
 
-def _parquet(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
+def parquet_records(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
     """Record batches of `PARQUET_BATCH_ROWS`; nulls become None, so they read as absent."""
     import pyarrow as pa
 

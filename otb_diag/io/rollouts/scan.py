@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
-from otb_diag.io.rollouts.readers import Rollouts, iter_responses, trainer_of
-from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS, file_kind, first_keys, parquet_file
+from otb_diag.io.rollouts.readers import Rollouts, file_kind, iter_responses, trainer_of
+from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS, first_keys, parquet_file
 from otb_diag.io.rollouts.rows import KEYS
 from otb_diag.io.rollouts.sources import StepRange
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from otb_diag.errors import InputError
-from otb_diag.io.rollouts.readers import Rollouts, read_rollouts
+from otb_diag.io.rollouts.readers import READERS, Rollouts, read_rollouts
 
-ROLLOUT_SUFFIXES = (".jsonl", ".json", ".parquet")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _NUMBER = re.compile(r"(\d+)")
 # Where TRL writes its completion logs under `output_dir` (GRPOConfig.log_completions).
@@ -89,7 +88,7 @@ def expand_rollouts(spec: str | Path) -> list[Path]:
         return sorted(files, key=_step_order)
     if not path.exists() and _GLOB_CHARS.search(str(spec)):
         matches = [Path(m) for m in glob.glob(str(spec)) if Path(m).is_file()]
-        files = [m for m in matches if m.suffix.lower() in ROLLOUT_SUFFIXES]
+        files = [m for m in matches if m.suffix.lower() in READERS]
         if not files:
             raise InputError(
                 f"the pattern matches no rollout file (*.jsonl, *.parquet; {len(matches)} "
@@ -101,7 +100,7 @@ def expand_rollouts(spec: str | Path) -> list[Path]:
 
 
 def _rollout_files(directory: Path) -> list[Path]:
-    return [p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in ROLLOUT_SUFFIXES]
+    return [p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in READERS]
 
 
 def read_rollout_set(

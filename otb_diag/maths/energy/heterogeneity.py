@@ -1,6 +1,6 @@
 """How differently the responses of one group accumulate energy (paper figures 3 and 4).
 
-Inputs are per-response cumulative energy paths `W` (theory.md §2: `W_t = Σ_{j≤t} mask_j·w_j`),
+Inputs are per-response cumulative energy paths `W` (docs/theory.md §2: `W_t = Σ_{j≤t} mask_j·w_j`),
 one 1-D array per group member, each as long as its response. A finished response keeps its
 total: for t beyond its length its W is frozen at `W_T`, which is how it enters later rankings."""
 

@@ -1,4 +1,4 @@
-"""Forward-only gradient-variance proxies (theory.md section 4), as verl logs them.
+"""Forward-only gradient-variance proxies (docs/theory.md §4), as verl logs them.
 
 Reproduces `compute_variance_proxy_metrics` in `verl/trainer/ppo/metric_utils.py`, version with
 `valid_seq_mask`: sequences with no generated token are left out of every mean and of `N_batch`.

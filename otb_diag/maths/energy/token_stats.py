@@ -1,5 +1,5 @@
 """Per-token statistics of the tempered policy, as formulas over logits or logged values
-(theory.md §1–2).
+(docs/theory.md §1–2).
 
 With `π_t = softmax(z_t / τ)` and `p_t = π_t(y_t)`, every response token gets
 `logprob = log p_t`, `prob = p_t`, `sum_pi2 = Σ_v π_t(v)²`, `entropy = −Σ_v π_t(v) log π_t(v)` and
@@ -106,7 +106,7 @@ def cumulative_energy(w: Tensor, mask: Tensor, is_weights: Tensor | None = None)
 
     w: `[B, T]`; mask: `[B, T]` (bool or 0/1, 0 for tool output and padding). Returns `[B, T]`.
     is_weights: `[B, T]` truncated importance weights ρ: off-policy, `w_j ρ_j²` replaces `w_j`
-    (theory.md §3; verl weights each token before accumulating).
+    (docs/theory.md §3; verl weights each token before accumulating).
     """
     if is_weights is not None:
         w = w * is_weights**2

@@ -3,7 +3,7 @@
 The trainer's advantages `A^trainer` (`[B, T]`, one number per response broadcast over its
 tokens, as TRL logs them, or one per token) are compared with the registry baseline of that
 trainer recomputed from the same rewards and groups, `A^registry = (G_t − B_t)·mask_t`
-(theory.md §3), on the generated tokens (mask 1):
+(docs/theory.md §3), on the generated tokens (mask 1):
 
     max_abs_diff  = max_{i,t: mask=1} |A^trainer_{i,t} − A^registry_{i,t}|
     mean_abs_diff = mean_{i,t: mask=1} |A^trainer_{i,t} − A^registry_{i,t}|

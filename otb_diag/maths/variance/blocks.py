@@ -1,4 +1,4 @@
-"""Variances read off subsets of the projected coordinates (theory.md §4): per parameter block,
+"""Variances read off subsets of the projected coordinates (docs/theory.md §4): per parameter block,
 and per sub-sketch to measure the projection's own error.
 
 Blocks: with a block-diagonal projection `u_t = ⊕_b P_b s_{t,b}` the coordinates of block b

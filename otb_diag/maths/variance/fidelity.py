@@ -1,5 +1,5 @@
 """Proxy fidelity: how well the logit-gradient proxy `w_t` tracks the true per-token squared
-gradient norm `‖∇_θ log p_t‖²` (theory.md §2: an assumption to measure, not a theorem)."""
+gradient norm `‖∇_θ log p_t‖²` (docs/theory.md §2: an assumption to measure, not a theorem)."""
 
 from __future__ import annotations
 

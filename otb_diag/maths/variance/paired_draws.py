@@ -1,4 +1,4 @@
-"""Empirical variance of the policy-gradient estimator under each baseline (theory.md section 4).
+"""Empirical variance of the policy-gradient estimator under each baseline (docs/theory.md §4).
 
 From a pool of M responses per prompt, draw R groups of N responses per prompt without
 replacement, and for every draw r build the estimate
@@ -38,7 +38,7 @@ Definitions (one row of the table per aggregation, baseline and N):
   signal under group baselines (mean and rloo give them exactly zero advantage).
 
 The `grpo` baseline rescales advantages by the group std, so its variance (and bias against
-`none`) is on another scale; compare it with care (theory.md section 3).
+`none`) is on another scale; compare it with care (docs/theory.md §3).
 All arithmetic is float64 on the device of the inputs; results are deterministic given `seed`.
 """
 
@@ -343,7 +343,7 @@ def variance_table(
     """The table of `empirical_variance` over the score `coordinates` only (default all).
 
     The trace is additive over coordinates: for a partition into blocks (block-diagonal
-    projection, theory.md §4) the blocks' variances sum to the total, draw by draw.
+    projection, docs/theory.md §4) the blocks' variances sum to the total, draw by draw.
     """
     records = []
     for agg in paired.aggregations:

@@ -1,4 +1,4 @@
-"""Query-chunked eager attention for the forward-mode pass (theory.md §4).
+"""Query-chunked eager attention for the forward-mode pass (docs/theory.md §4).
 
 `scaled_dot_product_attention` has no forward-AD formula, and the eager implementation forms the
 scores `[B, heads, L, L]` at once: under `vmap(jvp)` each of them also carries a tangent per

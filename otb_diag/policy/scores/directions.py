@@ -1,4 +1,5 @@
-"""Random directions in parameter space for the `full`-mode projection (theory.md §4), never stored.
+"""Random directions in parameter space for the `full`-mode projection (docs/theory.md §4), never
+stored.
 
 The projection of a per-token score `s_t ∈ R^D` is `u_t = P s_t` with `P`'s rows the directions
 `v_1 … v_k`. Both score engines use the same `v_j`: the forward engine feeds `v_j` to a
@@ -7,7 +8,7 @@ per-token gradients by the columns `[v_1 … v_k]` restricted to one parameter a
 holds a `k × D` matrix: the piece of `v_j` on a parameter tensor is regenerated on demand from
 the key `(seed, j, crc32(name))` (zlib's CRC-32, stable across processes, unlike `hash`).
 
-Blocks (theory.md §4, "per parameter block"): the selected parameters are split into blocks
+Blocks (docs/theory.md §4, "per parameter block"): the selected parameters are split into blocks
 (`parameter_blocks`) and block b gets its own `k_b` directions `v_{b,j}`, zero outside the block,
 entries `N(0, 1/k_b)` inside. The projection is block-diagonal, `u_t = ⊕_b P_b s_{t,b}`, so
 `E‖u_t‖² = Σ_b ‖s_{t,b}‖² = ‖s_t‖²` and every block's variance, and their sum, are unbiased.

@@ -1,5 +1,5 @@
 """The forward-mode `full` engine: projected per-token scores by Jacobian-vector products
-(theory.md §4).
+(docs/theory.md §4).
 
 For a direction `v` in parameter space, one `jvp` of the per-token log-probs of a padded batch
 of responses gives `u_t(v) = ⟨v, ∇θ log p_t⟩` for every token t of the batch at once. With the

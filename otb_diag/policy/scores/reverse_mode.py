@@ -1,4 +1,5 @@
-"""The reverse-mode `full` engine: exact per-token gradients by `vjp`, then projected (theory §4).
+"""The reverse-mode `full` engine: exact per-token gradients by `vjp`, then projected
+(docs/theory.md §4).
 
 For one response at a time and, within it, one chunk of tokens at a time, a forward pass over the
 prefix the chunk needs and its backward passes vectorised over the chunk's tokens give the

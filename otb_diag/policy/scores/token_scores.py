@@ -1,4 +1,5 @@
-"""Per-token score vectors `s_t = ∇_θ log π(y_t | x, y_<t)` projected to k dimensions (theory §4).
+"""Per-token score vectors `s_t = ∇_θ log π(y_t | x, y_<t)` projected to k dimensions
+(docs/theory.md §4).
 
 The empirical policy-gradient variance needs, for every response token, a k-dimensional random
 projection `S s_t` of its score vector and `‖s_t‖²`. A projection `S` with `E[Sᵀ S] = I`
@@ -173,7 +174,7 @@ def proxy_scores(w: Tensor, k: int, seed: int) -> Tensor:
     """Synthetic score vectors for the forward-only `proxy` mode: `s_t = √w_t · ξ_t` with
     independent `ξ_t ~ N(0, I_k / k)`, `[B, T] -> [B, T, k]`.
 
-    They encode exactly the proxy's assumption (theory.md §2, §4): per-token scores are
+    They encode exactly the proxy's assumption (docs/theory.md §2, §4): per-token scores are
     uncorrelated, with `E‖s_t‖² = w_t` and no signal (`E s_t = 0`). Under them the variance of
     `ĝ = Σ c A s` is `E Σ_t c² A² w` in expectation: the token-level total power, measured by the
     same paired-draw machinery as the exact modes, so the modes can be compared line by line.
