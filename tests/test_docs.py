@@ -16,14 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 250
 
-# Modules of the baseline registry, being built on another branch (issue 19): references to them
-# are skipped until they are merged. Remove an entry once its file exists.
-PENDING = {
-    "otb_diag/maths/estimators/registry.py",
-    "otb_diag/maths/estimators/advantages.py",
-    "otb_diag/maths/estimators/otb.py",
-}
-
 # `path.py:name` or `path.py:Class.method`, the path relative to the repository root.
 REFERENCE = re.compile(r"\b((?:[\w.-]+/)*[\w-]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)")
 # "theory.md §3", "theory.md section 3", "theory §3", "theory.md §1–2",
@@ -68,8 +60,6 @@ def test_docs_name_references() -> None:
 @pytest.mark.parametrize(("doc", "path", "name"), references())
 def test_reference_exists(doc: str, path: str, name: str) -> None:
     file = ROOT / path
-    if path in PENDING and not file.is_file():
-        pytest.skip(f"{path} is pending (the baseline registry, issue 19)")
     assert file.is_file(), f"{doc} names {path}:{name}, but {path} does not exist"
     defined = top_level_names(file)
     top, _, method = name.partition(".")
