@@ -5,9 +5,11 @@ load a checkpoint, per-token statistics, advantages under any registry baseline,
 tables, variance-compare and the collapse rule. Names resolve on first use, so `import otb_diag`
 (and the CLI's `--help`) does not import torch or transformers.
 
-Layers (ARCHITECTURE.md): `maths` (pure tensor maths) ← `io` (files, checkpoints) ← `plots` ←
-`pipelines` (one per command) ← `cli` (the Typer app, installed as `otb_diag.cli`); `lab`
-builds the embedded toy default."""
+Layers (ARCHITECTURE.md), each importing only those before it: `errors` ← `maths` (pure tensor
+maths) and `dynamics` (rules over training-log tables) ← `runtime` (devices, torchrun, memory) ←
+`policy` (running the model) ← `io` (files, checkpoints) ← `plots` ← `lab` (the embedded toy
+labs) ← `pipelines` (one per command) ← `api`, `cli` (the Typer app, installed as
+`otb_diag.cli`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A run is *unstable* when either sign of collapse appears (docs/theory.md §5):
 
-- a gradient-norm surge: the collapse rule of `maths/collapse.py` fires (the paper's signature);
+- a gradient-norm surge: the collapse rule of `collapse.py` fires (the paper's signature);
 - a reward collapse: the mean score of its last `window` steps falls below `drop` times that of
   its first `window` steps (how a small policy collapses when every group fails at once: the
   gradient norm then falls to 0 instead of surging, and no surge rule can see it).

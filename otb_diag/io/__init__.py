@@ -1,5 +1,4 @@
-"""Input and output at the edges: rollout files (`rollouts`, one raw row in `rollout_rows`),
-Hugging Face checkpoints (`checkpoint`), training logs of verl, TRL and our trainer
-(`training_logs`), rollouts into `[B, T]` tensors (`batch`), what the commands load (`inputs`),
-atomic writes (`atomic`), hashes and versions for provenance (`provenance`) and the embedded
-default's paths (`defaults`). May use `maths` for tensor layouts; never the pipelines."""
+"""Input and output at the edges: rollout files (`rollouts/`), Hugging Face checkpoints
+(`checkpoint`), what a command loads to measure (`loading`), training logs of verl, TRL and our
+trainer (`training_logs`), the embedded scenarios' paths (`scenarios`), `tokens.parquet` written
+by chunks (`token_file`), atomic writes (`atomic`) and provenance hashes (`provenance`)."""

@@ -135,7 +135,7 @@ about two times in three, and fail past about 14 digits (lab.json), so the group
 fall with the length. One thread: the build is deterministic for a fixed count, and a second
 thread buys little for a model this small (and costs much when the cores are shared)."""
 
-# Keyed by the names `io/defaults.py` knows (where each is shipped); zip fails on a mismatch.
+# Keyed by the names `io/scenarios.py` knows (where each is shipped); zip fails on a mismatch.
 SCENARIOS = dict(zip(SCENARIO_NAMES, (LabConfig(), LONG), strict=True))
 
 

@@ -1,5 +1,5 @@
-"""One module per command, read top to bottom like a recipe: load (`io`), compute (`maths`), draw
-(`plots`), write. `inspect` (rollouts inspect), `energy`, `variance` (variance-compare),
-`dynamics`, `train` (toy online RL), `figures` (the whole figure set), `regress` with
-`run_metrics` (golden-file regression). No formula lives here; the CLI calls these functions
-and nothing below them."""
+"""One recipe per command, read top to bottom: load (`io`), compute (`maths`, `policy`), draw
+(`plots`), write atomically, return a summary. A command with several modules has a folder
+whose `recipe` is the entry point: `inspect/`, `energy/`, `variance/`, `report/`, `regress/`,
+`figures/`; `dynamics` and `rl_training` (online RL on the toy task) are one module each. No
+formula lives here; the CLI calls these functions and nothing below them."""

@@ -1,4 +1,4 @@
-"""Figures of the empirical-variance study (maths/variance.py), in the shared style of
+"""Figures of the empirical-variance study (maths/variance/paired_draws.py), in the shared style of
 `plots.style`.
 
 Each function takes the tidy tables of `variance.empirical_variance` (or a per-token table) and

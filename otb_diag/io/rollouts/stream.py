@@ -1,10 +1,10 @@
 """Rollouts larger than memory: one pass indexes the groups, later passes hand the responses over
 a chunk of groups at a time.
 
-The rollouts are a set of files (`rollout_sources.expand_rollouts`: a file, a directory or a
+The rollouts are a set of files (`sources.expand_rollouts`: a file, a directory or a
 glob), read in step order. The index pass validates every row (the errors of `read_rollouts`,
 in file order; or, for a caller that validates while reading, only reads a few columns of a
-plain Parquet set: `rollout_scan.py`), applies `--steps`, and keeps a few numbers per row: its
+plain Parquet set: `scan.py`), applies `--steps`, and keeps a few numbers per row: its
 file, its group, its sample number and its token count. Groups need not be contiguous in a
 file; a group id used in more than one file is qualified by its file's name (`12/g0`), as
 `read_rollout_set` does.
@@ -82,7 +82,7 @@ def index_rollouts(
 
     `validate=False` is for a caller that decodes every row later (`stream_chunks` validates
     each row it reads): without `steps`, a plain Parquet set is then indexed from four of its
-    columns (`rollout_scan.scan_columns`), and the clamped round-off is left to that pass
+    columns (`scan.scan_columns`), and the clamped round-off is left to that pass
     (`clamped` is None)."""
     files = expand_rollouts(spec)
     scan = None if validate or steps is not None else scan_columns(files)

@@ -1,5 +1,5 @@
 """`otb-diag energy` end to end: load, measure, tabulate, plot, write. The maths lives in
-`maths/energy.py` and below, the chunked measuring loop in `energy_stream.py`; every output is
+`maths/energy/tables.py` and below, the chunked measuring loop in `stream.py`; every output is
 staged and moved into `--out` only once all of them are written, so a bad input, a failed rank
 or Ctrl-C never leaves a half-written output directory."""
 
@@ -49,7 +49,7 @@ def run_energy(
     tokens.parquet, sequences.csv, groups.csv, proxies.json, the figures and summary.json into
     `out`, and return the summary.
 
-    The rollouts stream through in chunks of groups (`io/rollout_stream.py`), so memory is set
+    The rollouts stream through in chunks of groups (`io/rollouts/stream.py`), so memory is set
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""

@@ -1,7 +1,7 @@
 """The measuring loop of `otb-diag energy`, a chunk of groups at a time, on one process or on
 every rank of a torchrun job.
 
-For each checkpoint (or once, model-free) and each chunk of groups (`io/rollout_stream.py`):
+For each checkpoint (or once, model-free) and each chunk of groups (`io/rollouts/stream.py`):
 every rank measures its share of the chunk's groups (`shard_by_tokens`), rank 0 gathers the
 shares, puts them in group order and appends the chunk's tokens to `tokens.parquet` as one row
 group (through a temporary file, renamed at the end); per-sequence and per-group tables and the
@@ -80,7 +80,7 @@ class StepResult:
     round_trip_issues: int
     fig5_tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
     untemplated_prompts: int = 0  # text prompts tokenized without the chat template
-    audit: dict[str, Any] | None = None  # the advantage audit (`energy_audit.py`)
+    audit: dict[str, Any] | None = None  # the advantage audit (`audit.py`)
     clamped: dict[str, int] = field(default_factory=dict)  # logged values clamped, its rows
 
 
@@ -95,7 +95,7 @@ class Measured:
     timings: dict[str, float]
     outputs: list[str]
     rank_tokens: list[int]
-    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`consistency.py`)
+    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`io/rollouts/probability_checks.py`)
 
 
 @dataclass

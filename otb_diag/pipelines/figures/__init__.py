@@ -1,1 +1,2 @@
-"""pipelines/figures: see ARCHITECTURE.md."""
+"""`otb-diag figures`: the whole figure set of a scenario (`recipe`) and the worker processes
+that run its trainings (`training_pool`)."""

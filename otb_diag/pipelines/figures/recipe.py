@@ -8,7 +8,7 @@ to `out/` (PNG and PDF).
 
 - `default`: trainings `mean` at N = 4 and N = 16, `otb` and `optseq` at N = 4, same seed.
 - `long`: variance-compare at N = 2…64; a learning-rate sweep of `mean` at N = 4, whose lowest
-  unstable rate (`maths/lr_sweep.py`) then trains `otb` and `optseq` at N = 4 too, and dynamics
+  unstable rate (`dynamics/lr_sweep.py`) then trains `otb` and `optseq` at N = 4 too, and dynamics
   on the three runs at that rate (and, as `lr_sweep_*`, on the sweep).
 """
 

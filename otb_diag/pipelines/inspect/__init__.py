@@ -1,1 +1,2 @@
-"""pipelines/inspect: see ARCHITECTURE.md."""
+"""`otb-diag rollouts inspect`: the recipe (`recipe`) and the per-row facts it summarises
+(`facts`)."""

@@ -3,7 +3,7 @@
 `inspect_rollouts` streams the rollout files (one row at a time: memory is set by a row, not the
 files),
 tokenizes text-only rows and checks ids against a checkpoint's vocabulary when asked, and
-summarizes the per-row facts of `inspect_facts.RowFacts`; `summarize` does the same for
+summarizes the per-row facts of `facts.RowFacts`; `summarize` does the same for
 `Rollouts` already in memory. `format_summary` renders the summary for the terminal (pure).
 """
 

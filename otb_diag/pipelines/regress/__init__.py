@@ -1,1 +1,2 @@
-"""pipelines/regress: see ARCHITECTURE.md."""
+"""`otb-diag regress`: the comparison with a golden file (`recipe`) and the flat metrics of a
+run directory (`run_metrics`)."""

@@ -2,11 +2,11 @@
 `variance-compare`, `dynamics`, `train` and `regress` (its `--junit` file, or a comparison with
 a golden file made here with `regress`'s own code).
 
-Order: the verdicts (one sentence each, with its number and interval; `report_verdicts`), what
+Order: the verdicts (one sentence each, with its number and interval; `verdicts`), what
 is absent, the figures with captions, the tables with units and definitions
-(`report_sections`), then provenance: record files and inputs with their SHA-256, settings,
+(`sections`), then provenance: record files and inputs with their SHA-256, settings,
 seeds, library versions and the command that redraws each run's figures
-(`report_provenance`). Every piece is inline (`io/html.py`); the file is written atomically."""
+(`provenance`). Every piece is inline (`html.py`); the file is written atomically."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ run measured one, its 95 % interval. Read from the files the commands wrote; not
 re-measured here.
 
 - variance-compare: OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
-  with the intervals `otb-diag regress` uses (`run_metrics.variance_metrics`: the bootstrap
+  with the intervals `otb-diag regress` uses (`regress/run_metrics.variance_metrics`: the bootstrap
   interval of the variance widened for the seeded projection, propagated through the
   mean-baseline curve), and the paper-claim verdict of summary.json;
 - proxy fidelity (fidelity.csv, per block when it has a `block` column);

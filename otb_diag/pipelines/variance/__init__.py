@@ -1,1 +1,2 @@
-"""pipelines/variance: see ARCHITECTURE.md."""
+"""`otb-diag variance-compare`: the recipe (`recipe`) and each rank's measuring of statistics,
+scores and fidelity (`measure`)."""

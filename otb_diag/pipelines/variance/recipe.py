@@ -1,7 +1,7 @@
 """`otb-diag variance-compare` end to end: per checkpoint, measure the per-token statistics and
 score vectors, run the paired-draw variance comparison in each mode, and write the tables and
-figures. The maths lives in `maths/variance.py`, `maths/scores.py` (and the `full` engines it
-dispatches to), `maths/coordinate_variance.py` and `maths/fidelity.py`."""
+figures. The maths lives in `maths/variance/` (paired draws, intervals, blocks, fidelity) and the
+scores in `policy/scores/token_scores.py` (and the `full` engines it dispatches to)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Cost model of the two `full`-mode engines: time from a short calibration, memory from the
 model's shape, and the choice between them (`--engine auto`).
 
-Forward mode (`scores_forward.py`): `Σ_b ⌈k_b / d⌉` vmapped jvp calls per packed batch (d the
+Forward mode (`forward_mode.py`): `Σ_b ⌈k_b / d⌉` vmapped jvp calls per packed batch (d the
 directions per call), each costing about 3 forward passes per direction, independent of T:
 
     forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)
 
 with `s_f` the seconds per direction and token measured on a calibration batch of about
-`CALIBRATION_TOKENS` tokens. Reverse mode (`scores_reverse.py`): per response token a backward
+`CALIBRATION_TOKENS` tokens. Reverse mode (`reverse_mode.py`): per response token a backward
 pass over its chunk's prefix L and a projection, `n · (6 L + 2 K)` flops:
 
     reverse_s ≈ s_b · Σ_t L_t  +  s_p · n · K · tokens  +  columns

@@ -9,7 +9,7 @@ are exactly the forward engine's `⟨v_{b,j}, s_t⟩`. It also gives the exact p
 `‖s_{t,b}‖²`.
 
 Cost per token: about `n · (6 L + 2 k)` flops (n selected parameters, L the prefix length,
-k the directions), so it wins on short responses and loses on long ones (`full_cost.py`).
+k the directions), so it wins on short responses and loses on long ones (`cost.py`).
 """
 
 from __future__ import annotations

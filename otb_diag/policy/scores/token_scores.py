@@ -17,9 +17,9 @@ Two modes, both under the tempered policy `π_t = softmax(z_t / τ)`:
   `‖s_t‖² = ‖u_t‖² ‖h̃_t‖²`.
 - `full`: the gradient of every selected parameter (all by default), projected on the seeded
   directions of `directions.py` (Gaussian JL, block-diagonal when split into blocks), by one of
-  two engines that give the same projections: `vjp` (`scores_reverse.py`: per-token gradients,
-  exact `‖s_t‖²`) or `jvp` (`scores_forward.py`: one forward-mode pass per direction for all
-  tokens at once; `‖s_t‖²` estimated by `‖u_t‖²`, unbiased). `full_cost.py` estimates both,
+  two engines that give the same projections: `vjp` (`reverse_mode.py`: per-token gradients,
+  exact `‖s_t‖²`) or `jvp` (`forward_mode.py`: one forward-mode pass per direction for all
+  tokens at once; `‖s_t‖²` estimated by `‖u_t‖²`, unbiased). `cost.py` estimates both,
   picks one (`engine="auto"`) and refuses what exceeds the budget or the memory.
 
 The head and proxy matrices are drawn on the CPU from generators seeded by `(seed, stream)`, so
@@ -115,7 +115,7 @@ def token_scores(
     (default 32, lowered to fit memory: each chunk's backward passes run over the prefix it
     needs, so small chunks skip most of the causal triangle's unused half).
     batch_tokens: padded `prompt ⧺ response` tokens per forward pass (`head`, `jvp`; the `jvp`
-    engine takes at most `full_cost.CPU_FORWARD_BATCH_TOKENS` on the CPU).
+    engine takes at most `cost.CPU_FORWARD_BATCH_TOKENS` on the CPU).
     force: run `full` mode even when its estimate exceeds `budget_s` (seconds; None: no limit).
     progress: called with the number of response tokens of each finished batch or response.
     engine, params, by_block, directions_per_block: `full` only: the engine (`auto` by the cost

@@ -1,4 +1,4 @@
-"""Reading, validating and tokenizing rollout files (otb_diag/io/rollouts.py)."""
+"""Reading, validating and tokenizing rollout files (otb_diag/io/rollouts/readers.py)."""
 
 from __future__ import annotations
 
@@ -406,7 +406,7 @@ def rollout_row(draw: st.DrawFn) -> dict[str, Any]:
         n = draw(st.integers(1, 5))
         row["prompt_ids"] = draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=4))
         row["response_ids"] = draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n))
-        # Physically possible values (consistency.py): log p ≤ 0, p² ≤ Σπ² ≤ 1, ρ ≥ 0.
+        # Physically possible values (probability_checks.py): log p ≤ 0, p² ≤ Σπ² ≤ 1, ρ ≥ 0.
         logprobs = draw(st.lists(st.floats(-30.0, 0.0), min_size=n, max_size=n))
         share = draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))
         values = {
