@@ -1,6 +1,6 @@
 """`otb-diag dynamics` end to end: read each training log, detect collapse and the variance
-warning (`dynamics/collapse.py`), write the tidy table, collapse.json and figures 1–2 and score against
-tokens (`plots/dynamics.py`)."""
+warning (`dynamics/collapse.py`), write the tidy table, collapse.json and figures 1–2 and score
+against tokens (`plots/dynamics.py`)."""
 
 from __future__ import annotations
 

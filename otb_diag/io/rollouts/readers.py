@@ -6,8 +6,8 @@ per-token `token_rewards`; optional per-token fields (`mask`, `logprobs`, `sum_p
 `is_weights`) and `step`, `temperature`, `trainer_advantage`. Extra keys are ignored. verl
 rollout dumps (`input`, `output`, `score`, `step`) and TRL completion logs (`step`, `prompt`,
 `completion`, reward columns, `advantage`; `trl_completions.py`) are recognised from their keys.
-Logged probabilities are checked for physical consistency (`probability_checks.py`). Several files (a
-directory, a glob) are read by `sources.read_rollout_set`.
+Logged probabilities are checked for physical consistency (`probability_checks.py`). Several
+files (a directory, a glob) are read by `sources.read_rollout_set`.
 
 Everything that can be checked without a tokenizer is checked by `read_rollouts`; every problem is
 an `InputError` naming the file, the line (JSONL, 1-based) or row (Parquet, 0-based) and the field.

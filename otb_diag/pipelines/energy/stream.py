@@ -95,7 +95,7 @@ class Measured:
     timings: dict[str, float]
     outputs: list[str]
     rank_tokens: list[int]
-    clamped: dict[str, int]  # logged values clamped onto a consistency rule (`io/rollouts/probability_checks.py`)
+    clamped: dict[str, int]  # values clamped onto a rule of `io/rollouts/probability_checks.py`
 
 
 @dataclass
