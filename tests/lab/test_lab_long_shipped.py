@@ -63,7 +63,7 @@ def test_train_runs_on_the_long_scenario(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
         [
-            "train", "--scenario", "long", "--steps", "1", "--group-size", "2",
+            "train", "--scenario", "long", "--updates", "1", "--group-size", "2",
             "--prompts-per-step", "2", "--save-every", "0", "--out", str(tmp_path), "--quiet",
         ],
     )  # fmt: skip
