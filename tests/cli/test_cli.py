@@ -63,3 +63,31 @@ def test_inspect_bad_input_exits_2_naming_file_line_field(tmp_path: Path) -> Non
     assert str(path) in result.stderr
     assert "line 2" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+ROWS = [
+    {"uid": "p", "prompt_ids": [1], "response_ids": [2, 3], "reward": 1.0},
+    {"uid": "p", "prompt_ids": [1], "response_ids": [2], "reward": 0.0},
+]
+
+
+def test_inspect_takes_rollouts_positionally_or_as_the_option(tmp_path: Path) -> None:
+    path = str(write(tmp_path / "r.jsonl", ROWS))
+    positional = runner.invoke(app, ["rollouts", "inspect", path, "--json"])
+    option = runner.invoke(app, ["rollouts", "inspect", "--rollouts", path, "--json"])
+    both = runner.invoke(app, ["rollouts", "inspect", path, "--rollouts", path, "--json"])
+    assert positional.exit_code == option.exit_code == both.exit_code == 0, option.output
+    assert json.loads(positional.stdout) == json.loads(option.stdout) == json.loads(both.stdout)
+    assert json.loads(option.stdout)["rows"] == 2
+
+
+def test_inspect_refuses_two_different_rollouts_and_two_ckpt(tmp_path: Path) -> None:
+    a = str(write(tmp_path / "a.jsonl", ROWS))
+    b = str(write(tmp_path / "b.jsonl", ROWS))
+    result = runner.invoke(app, ["rollouts", "inspect", a, "--rollouts", b])
+    assert result.exit_code == 2
+    assert "rollouts given twice" in result.stderr and b in result.stderr
+    result = runner.invoke(app, ["rollouts", "inspect", a, "--ckpt", "x", "--ckpt", "y"])
+    assert result.exit_code == 2
+    assert "2 --ckpt given" in result.stderr and "one tokenizer" in result.stderr
+    assert "Traceback" not in result.stderr
