@@ -38,7 +38,7 @@ def inspect(
         Path | None,
         typer.Argument(
             metavar="PATH",
-            help="The same as --rollouts (either form; not both).",
+            help="Rollouts, as --rollouts (an alias: give either form).",
         ),
     ] = None,
     rollouts: RolloutsOption = None,

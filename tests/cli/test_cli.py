@@ -29,6 +29,7 @@ def write(path: Path, rows: list[dict]) -> Path:
         ["dynamics"],
         ["figures"],
         ["regress"],
+        ["report"],
     ],
 )
 def test_help_teaches_with_an_example(args: list[str]) -> None:
