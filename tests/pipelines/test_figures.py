@@ -4,8 +4,12 @@ checked on its tables in tests/plots/test_figures_from_tables.py)."""
 import json
 from pathlib import Path
 
+import pytest
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
+
+# slow: runs whole figure sets (energy, variance-compare, trainings)
+pytestmark = pytest.mark.slow
 
 EXPECTED = [
     "fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "fig3_sequence_energy",

@@ -238,6 +238,7 @@ CHROMIUM_FLAGS = [
 @pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)"
 )
+@pytest.mark.slow  # runs Chromium
 def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     def chromium(*args: str) -> subprocess.CompletedProcess:
         profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"

@@ -106,6 +106,7 @@ def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
         assert f"{claim['mode']}: {claim['verdict']}: {claim['text']}." in result.stdout
 
 
+@pytest.mark.slow  # three variance-compare runs
 def test_same_seed_same_numbers(inputs, tmp_path: Path) -> None:
     a = run(inputs, tmp_path / "a", "--mode", "head", "--group-sizes", "2,4", "--seed", "7")
     b = run(inputs, tmp_path / "b", "--mode", "head", "--group-sizes", "2,4", "--seed", "7")
