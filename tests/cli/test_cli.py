@@ -92,3 +92,33 @@ def test_inspect_refuses_two_different_rollouts_and_two_ckpt(tmp_path: Path) -> 
     assert result.exit_code == 2
     assert "2 --ckpt given" in result.stderr and "one tokenizer" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# Options whose help says what this command does with them (same meaning, other wording).
+WORDED_PER_COMMAND = {"--baselines", "--golden", "--out", "--seed", "--temperature"}
+
+
+def test_an_option_name_is_declared_one_way_in_every_command() -> None:
+    """--ckpt, --rollouts, --steps, --json, --device, --scenario ... come from cli/common.py:
+    the same help, the same repeatability and type wherever they appear."""
+    import typer.main
+
+    declared: dict[str, set[tuple]] = {}
+
+    def walk(command, path: str) -> None:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                walk(sub, f"{path} {name}")
+            return
+        for param in command.params:
+            if type(param).__name__.endswith("Option"):
+                for opt in param.opts:
+                    declared.setdefault(opt, set()).add(
+                        (param.help, param.multiple, str(param.display_type))
+                    )
+
+    walk(typer.main.get_command(app), "otb-diag")
+    assert {"--ckpt", "--rollouts", "--steps", "--json", "--scenario"} <= set(declared)
+    differing = {opt for opt, ways in declared.items() if len(ways) > 1}
+    assert differing <= WORDED_PER_COMMAND, differing - WORDED_PER_COMMAND
+    assert all(multiple for _, multiple, _ in declared["--ckpt"])
