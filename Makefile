@@ -1,4 +1,5 @@
-# The two commands of the README:  `make demo`  and  `make test`.
+# The two commands of the README:  `make demo`  and  `make test` (`make test-fast`: without the
+# tests marked slow, under 2 minutes on 2 cores).
 # Both create .venv, install the pinned CPU torch wheel first (a bare `torch` requirement would pull
 # a multi-GB CUDA build), then the project with its dev extras.
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +27,10 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup
 	$(BIN)/python bench/bench_stats.py

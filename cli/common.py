@@ -120,9 +120,9 @@ CkptOption = Annotated[
     typer.Option(
         "--ckpt",
         metavar="DIR",
-        help="Checkpoint directory (HF causal LM), repeatable; or a run directory holding "
-        "checkpoint-* (HF Trainer/TRL) or global_step_* (verl) checkpoints. "
-        "Default: the embedded final checkpoint.",
+        help="Checkpoint directory (HF causal LM), repeatable where a command measures several; "
+        "or a run directory holding checkpoint-* (HF Trainer/TRL) or global_step_* (verl) "
+        "checkpoints. Default: the embedded final checkpoint.",
     ),
 ]
 RolloutsOption = Annotated[
@@ -200,15 +200,22 @@ AllowPickleOption = Annotated[
 RemoteCodeOption = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow model code shipped with the ckpt.")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+JsonOption = Annotated[
+    bool,
+    typer.Option("--json", help="Print the summary as JSON on stdout instead of the text."),
+]
+OutOption = Annotated[
+    Path, typer.Option("--out", metavar="DIR", help="Output directory (created).")
+]
+OutFileOption = Annotated[Path, typer.Option("--out", metavar="FILE", help="File to write.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
 ScenarioOption = Annotated[
     str,
     typer.Option(
         "--scenario",
-        help="Embedded data used for an omitted --ckpt / --rollouts: default (copy, reverse, "
-        "sort digits; responses of 2-41 tokens) or long (running sums with a written "
-        "scratchpad; responses of 20-350 tokens, 16 prompts x 128).",
+        help="Embedded scenario, which also supplies an omitted --ckpt / --rollouts: default "
+        "(copy, reverse, sort digits; responses of 2-41 tokens) or long (running sums with a "
+        "written scratchpad; responses of 20-350 tokens, 16 prompts x 128).",
     ),
 ]
 
@@ -221,3 +228,25 @@ def checkpoint_dirs(ckpt: list[Path] | None, scenario: str = "default") -> list[
 
     dirs = ckpt or [or_default(None, lambda: default_checkpoint(scenario), "--ckpt")]
     return [c for d in dirs for c in find_checkpoints(d)]
+
+
+def one_checkpoint(ckpt: list[Path] | None, why: str) -> Path | None:
+    """The single --ckpt a command that uses one checkpoint was given (None when omitted); more
+    than one is an `InputError` that says why only one is meaningful."""
+    if ckpt and len(ckpt) > 1:
+        names = ", ".join(str(c) for c in ckpt)
+        raise InputError(
+            f"{len(ckpt)} --ckpt given ({names}), but {why}: give one --ckpt", field="--ckpt"
+        )
+    return ckpt[0] if ckpt else None
+
+
+def one_rollouts(positional: Path | None, option: Path | None) -> Path | None:
+    """The rollouts named either positionally or by --rollouts (an alias); both, naming
+    different paths, is an `InputError`."""
+    if positional is not None and option is not None and positional != option:
+        raise InputError(
+            f"rollouts given twice, as {positional} and as --rollouts {option}: give one",
+            field="--rollouts",
+        )
+    return option if option is not None else positional

@@ -6,9 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from otb_diag.cli.common import JsonOption, friendly_errors, print_json
-
-from otb_diag.errors import InputError
+from otb_diag.cli.common import JsonOption, OutOption, friendly_errors, print_json
 
 
 @friendly_errors
@@ -31,7 +29,7 @@ def dynamics(
             "otb) and 'N=4' in it fill what the log does not record. Default: the file name.",
         ),
     ] = None,
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-dynamics"),
+    out: OutOption = Path("otb-dynamics"),
     target: Annotated[
         float | None,
         typer.Option("--target", help="Score whose first crossing gives tokens-to-target."),
@@ -80,11 +78,6 @@ def dynamics(
     from otb_diag.dynamics.collapse import DetectionRule
     from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
 
-    if label and len(label) != len(log):
-        raise InputError(
-            f"{len(label)} --label for {len(log)} --log: give one label per log, or none",
-            field="--label",
-        )
     rule = DetectionRule(
         window=window,
         min_points=min(10, window),  # the z-score needs this much history

@@ -16,6 +16,7 @@ from otb_diag.cli.common import (
     DeviceOption,
     DtypeOption,
     JsonOption,
+    OutOption,
     QuietOption,
     RemoteCodeOption,
     RewardColumnOption,
@@ -36,7 +37,7 @@ from otb_diag.cli.common import (
 def energy(
     ckpt: CkptOption = None,
     rollouts: RolloutsOption = None,
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-energy"),
+    out: OutOption = Path("otb-energy"),
     baselines: Annotated[
         str | None,
         typer.Option(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from otb_diag.cli.common import (
     JsonOption,
+    OutOption,
     QuietOption,
     ScenarioOption,
     friendly_errors,
@@ -17,7 +18,7 @@ from otb_diag.cli.common import (
 
 @friendly_errors
 def figures(
-    out: Annotated[Path, typer.Option("--out", help="Where the figures go.")] = Path("figures"),
+    out: OutOption = Path("figures"),
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer steps and draws (a CI smoke run).")
     ] = False,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from otb_diag.cli.common import friendly_errors
+from otb_diag.cli.common import JsonOption, OutFileOption, friendly_errors, print_json
 
 
 @friendly_errors
@@ -19,7 +19,7 @@ def report(
             "regress --junit file's directory), or directories holding several.",
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path("report.html"),
+    out: OutFileOption = Path("report.html"),
     golden: Annotated[
         Path | None,
         typer.Option(
@@ -29,13 +29,15 @@ def report(
             "energy/variance-compare runs (names relative to each RUN_DIR).",
         ),
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Write one HTML page that opens offline: the verdicts first (OTB's mean-equivalent
     group size and token saving per mode, the paper-claim verdict, proxy fidelity, collapse
     and lead time per run, the regression status), then the figures with captions, the
     tables with units and definitions, and provenance (inputs and hashes, settings, seeds,
     library versions, the command that redraws each figure). Missing pieces are named on the
-    page.
+    page. --out is the HTML file; --json prints the runs found and the verdicts instead of the
+    path written.
 
     Example:
 
@@ -47,5 +49,8 @@ def report(
     """
     from otb_diag.pipelines.report.recipe import write_report
 
-    path = write_report(run_dirs, out, golden)
-    typer.echo(f"wrote {path.resolve()}")
+    summary = write_report(run_dirs, out, golden)
+    if as_json:
+        print_json(summary)
+    else:
+        typer.echo(f"wrote {summary['out']}")

@@ -8,11 +8,17 @@ from typing import Annotated, Any
 import typer
 from otb_diag.cli.common import (
     ChatTemplateOption,
+    CkptOption,
+    JsonOption,
+    RemoteCodeOption,
     RewardColumnOption,
+    RolloutsOption,
     ScenarioOption,
     StepsOption,
     friendly_errors,
     note,
+    one_checkpoint,
+    one_rollouts,
     or_default,
     print_json,
 )
@@ -32,23 +38,13 @@ def inspect(
         Path | None,
         typer.Argument(
             metavar="PATH",
-            help="Rollouts: a file (JSONL, Parquet, verl dump, TRL completion log), a directory "
-            "(verl's rollout_data_dir, a TRL output_dir) or a quoted glob. Default: the "
-            "embedded ones.",
+            help="Rollouts, as --rollouts (an alias: give either form).",
         ),
     ] = None,
-    ckpt: Annotated[
-        Path | None,
-        typer.Option(
-            "--ckpt",
-            help="Checkpoint whose tokenizer tokenizes text-only rows and whose vocabulary bounds "
-            "the token ids. Default: the embedded checkpoint, when one is needed.",
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="Allow a tokenizer that needs remote code.")
-    ] = False,
+    rollouts: RolloutsOption = None,
+    ckpt: CkptOption = None,
+    as_json: JsonOption = False,
+    trust_remote_code: RemoteCodeOption = False,
     steps: StepsOption = None,
     reward_column: RewardColumnOption = None,
     chat_template: ChatTemplateOption = False,
@@ -57,24 +53,30 @@ def inspect(
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
     and the share of masked (tool-output) tokens. Every row is validated; bad input stops with the
-    file, line and field.
+    file, line and field. --ckpt (one; its tokenizer tokenizes text-only rows and its vocabulary
+    bounds the token ids) defaults to the embedded checkpoint when one is needed.
 
     Example: otb-diag rollouts inspect rollouts.jsonl --ckpt ./checkpoint-200 --json
+
+    (the same: otb-diag rollouts inspect --rollouts rollouts.jsonl --ckpt ./checkpoint-200 --json)
     """
     from otb_diag.io.scenarios import default_checkpoint, default_rollouts
     from otb_diag.pipelines.inspect.recipe import format_summary, inspect_rollouts
 
+    given_ckpt = one_checkpoint(ckpt, "inspect reads one tokenizer")
+    given_rollouts = one_rollouts(file, rollouts)
+
     def tokenizer() -> tuple[Any, int]:
         from otb_diag.io.checkpoint import load_tokenizer
 
-        ckpt_dir = or_default(ckpt, lambda: default_checkpoint(scenario), "checkpoint")
+        ckpt_dir = or_default(given_ckpt, lambda: default_checkpoint(scenario), "checkpoint")
         return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
 
-    path = or_default(file, lambda: default_rollouts(scenario), "rollouts file")
+    path = or_default(given_rollouts, lambda: default_rollouts(scenario), "rollouts file")
     result = inspect_rollouts(
         path,
         tokenizer,
-        always_tokenizer=ckpt is not None or file is None,
+        always_tokenizer=given_ckpt is not None or given_rollouts is None,
         steps=steps,
         reward_columns=reward_column,
         chat_template=chat_template,

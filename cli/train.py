@@ -6,17 +6,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from otb_diag.cli.common import QuietOption, ScenarioOption, friendly_errors, or_default
+from otb_diag.cli.common import (
+    CkptOption,
+    JsonOption,
+    OutOption,
+    QuietOption,
+    ScenarioOption,
+    friendly_errors,
+    one_checkpoint,
+    or_default,
+    print_json,
+)
 
 
 @friendly_errors
 def train(
-    ckpt: Annotated[
-        Path | None,
-        typer.Option(
-            "--ckpt", help="Lab checkpoint to start from. Default: the embedded final checkpoint."
-        ),
-    ] = None,
+    ckpt: CkptOption = None,
     baseline: Annotated[
         str,
         typer.Option(
@@ -41,7 +46,14 @@ def train(
     lr: Annotated[
         float, typer.Option("--lr", help="AdamW learning rate (no weight decay).")
     ] = 1e-4,
-    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 20,
+    updates: Annotated[
+        int,
+        typer.Option(
+            "--updates",
+            min=1,
+            help="Optimizer updates to take, one per training step.",
+        ),
+    ] = 20,
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
@@ -64,7 +76,8 @@ def train(
     max_grad_norm: Annotated[
         float, typer.Option("--max-grad-norm", help="Clip the gradient norm to this (0: off).")
     ] = 1.0,
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-train"),
+    out: OutOption = Path("otb-train"),
+    as_json: JsonOption = False,
     quiet: QuietOption = False,
     scenario: ScenarioOption = "default",
 ) -> None:
@@ -81,7 +94,9 @@ def train(
     rollouts/step-<s>.jsonl (sampled by the weights of step s−1, ready for `otb-diag energy`),
     checkpoint-<s>/ (every --save-every steps and the last) and train.json.
 
-    Example: otb-diag train --baseline otb --group-size 4 --steps 20 --out run/
+    --ckpt is the one lab checkpoint training starts from.
+
+    Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
     from otb_diag.io.scenarios import default_checkpoint
     from otb_diag.pipelines.rl_training import format_summary, scenario_settings
@@ -93,7 +108,7 @@ def train(
         aggregation=aggregation,
         group_size=group_size,
         prompts_per_step=prompts_per_step,
-        steps=steps,
+        steps=updates,
         lr=lr,
         max_grad_norm=max_grad_norm,
         temperature=temperature,
@@ -101,6 +116,10 @@ def train(
         save_every=save_every,
         seed=seed,
     )
-    start = or_default(ckpt, lambda: default_checkpoint(scenario), "--ckpt")
+    given = one_checkpoint(ckpt, "training starts from one checkpoint")
+    start = or_default(given, lambda: default_checkpoint(scenario), "--ckpt")
     summary = run_training(start, out, settings, progress=not quiet)
-    typer.echo(format_summary(summary))
+    if as_json:
+        print_json(summary)
+    else:
+        typer.echo(format_summary(summary))

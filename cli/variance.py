@@ -16,6 +16,7 @@ from otb_diag.cli.common import (
     DeviceOption,
     DtypeOption,
     JsonOption,
+    OutOption,
     QuietOption,
     RemoteCodeOption,
     RewardColumnOption,
@@ -40,7 +41,7 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _seconds(text: str) -> float:
-    """`90`, `90s`, `30m`, `2h` -> seconds."""
+    """`90`, `90s`, `30m`, `2h` -> seconds (whether positive, `VarianceSettings.check` says)."""
     from otb_diag.errors import InputError
 
     value, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
@@ -50,8 +51,6 @@ def _seconds(text: str) -> float:
         raise InputError(
             f"budget must look like 90s, 30m or 2h, got '{text}'", field="budget"
         ) from None
-    if not seconds > 0:
-        raise InputError(f"budget must be positive, got '{text}'", field="budget")
     return seconds
 
 
@@ -62,7 +61,7 @@ def variance_compare(
     steps: StepsOption = None,
     reward_column: RewardColumnOption = None,
     chat_template: ChatTemplateOption = False,
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("otb-variance"),
+    out: OutOption = Path("otb-variance"),
     mode: Annotated[
         str,
         typer.Option(
@@ -172,17 +171,8 @@ def variance_compare(
     from otb_diag.errors import InputError
     from otb_diag.io.loading import LoadOptions
     from otb_diag.io.scenarios import default_rollouts
-    from otb_diag.pipelines.variance.recipe import (
-        MODES,
-        VarianceSettings,
-        format_summary,
-        run_variance,
-    )
+    from otb_diag.pipelines.variance.recipe import VarianceSettings, format_summary, run_variance
 
-    modes = _csv(mode)
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise InputError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}", field="mode")
     try:
         sizes = tuple(int(n) for n in _csv(group_sizes))
     except ValueError:
@@ -191,7 +181,7 @@ def variance_compare(
         ) from None
     rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     settings = VarianceSettings(
-        modes=modes,
+        modes=_csv(mode),
         **({"baselines": _csv(baselines)} if baselines else {}),
         aggregations=_csv(aggregations),
         group_sizes=sizes,
@@ -215,8 +205,7 @@ def variance_compare(
         directions_per_block=directions_per_block,
         budget_s=_seconds(budget),
     )
-    if engine not in ("auto", "jvp", "vjp"):
-        raise InputError(f"unknown engine '{engine}'; choose auto, jvp or vjp", field="engine")
+    settings.check()  # before the default checkpoint is looked up
     summary = run_variance(
         checkpoint_dirs(ckpt, scenario),
         rollouts_path,

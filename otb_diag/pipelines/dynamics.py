@@ -53,6 +53,11 @@ def run_dynamics(
 ) -> dict[str, Any]:
     """Read every log, analyse it, write the table, collapse.json and the figures; returns
     collapse.json's content."""
+    if len(names) != len(logs):
+        raise InputError(
+            f"{len(names)} --label for {len(logs)} --log: give one label per log, or none",
+            field="--label",
+        )
     if len(set(names)) != len(names):
         raise InputError("two runs share a --label; labels must differ", field="--label")
     tables, runs = [], []

@@ -29,6 +29,7 @@ def write(path: Path, rows: list[dict]) -> Path:
         ["dynamics"],
         ["figures"],
         ["regress"],
+        ["report"],
     ],
 )
 def test_help_teaches_with_an_example(args: list[str]) -> None:
@@ -63,3 +64,61 @@ def test_inspect_bad_input_exits_2_naming_file_line_field(tmp_path: Path) -> Non
     assert str(path) in result.stderr
     assert "line 2" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+ROWS = [
+    {"uid": "p", "prompt_ids": [1], "response_ids": [2, 3], "reward": 1.0},
+    {"uid": "p", "prompt_ids": [1], "response_ids": [2], "reward": 0.0},
+]
+
+
+def test_inspect_takes_rollouts_positionally_or_as_the_option(tmp_path: Path) -> None:
+    path = str(write(tmp_path / "r.jsonl", ROWS))
+    positional = runner.invoke(app, ["rollouts", "inspect", path, "--json"])
+    option = runner.invoke(app, ["rollouts", "inspect", "--rollouts", path, "--json"])
+    both = runner.invoke(app, ["rollouts", "inspect", path, "--rollouts", path, "--json"])
+    assert positional.exit_code == option.exit_code == both.exit_code == 0, option.output
+    assert json.loads(positional.stdout) == json.loads(option.stdout) == json.loads(both.stdout)
+    assert json.loads(option.stdout)["rows"] == 2
+
+
+def test_inspect_refuses_two_different_rollouts_and_two_ckpt(tmp_path: Path) -> None:
+    a = str(write(tmp_path / "a.jsonl", ROWS))
+    b = str(write(tmp_path / "b.jsonl", ROWS))
+    result = runner.invoke(app, ["rollouts", "inspect", a, "--rollouts", b])
+    assert result.exit_code == 2
+    assert "rollouts given twice" in result.stderr and b in result.stderr
+    result = runner.invoke(app, ["rollouts", "inspect", a, "--ckpt", "x", "--ckpt", "y"])
+    assert result.exit_code == 2
+    assert "2 --ckpt given" in result.stderr and "one tokenizer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# Options whose help says what this command does with them (same meaning, other wording).
+WORDED_PER_COMMAND = {"--baselines", "--golden", "--out", "--seed", "--temperature"}
+
+
+def test_an_option_name_is_declared_one_way_in_every_command() -> None:
+    """--ckpt, --rollouts, --steps, --json, --device, --scenario ... come from cli/common.py:
+    the same help, the same repeatability and type wherever they appear."""
+    import typer.main
+
+    declared: dict[str, set[tuple]] = {}
+
+    def walk(command, path: str) -> None:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                walk(sub, f"{path} {name}")
+            return
+        for param in command.params:
+            if type(param).__name__.endswith("Option"):
+                for opt in param.opts:
+                    declared.setdefault(opt, set()).add(
+                        (param.help, param.multiple, str(param.display_type))
+                    )
+
+    walk(typer.main.get_command(app), "otb-diag")
+    assert {"--ckpt", "--rollouts", "--steps", "--json", "--scenario"} <= set(declared)
+    differing = {opt for opt, ways in declared.items() if len(ways) > 1}
+    assert differing <= WORDED_PER_COMMAND, differing - WORDED_PER_COMMAND
+    assert all(multiple for _, multiple, _ in declared["--ckpt"])

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# slow: builds a wheel and pip-installs it into fresh environments
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

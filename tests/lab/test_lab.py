@@ -129,6 +129,7 @@ def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, d
     return a, b, summary
 
 
+@pytest.mark.slow  # builds two labs
 def test_build_is_deterministic(tiny_builds: tuple[Path, Path, dict]) -> None:
     a, b, summary = tiny_builds
     for name in ("rollouts.jsonl", "rollouts_tir.jsonl"):
@@ -146,6 +147,7 @@ def test_build_is_deterministic(tiny_builds: tuple[Path, Path, dict]) -> None:
     assert any(not torch.equal(w2[k], w6[k]) for k in w2)
 
 
+@pytest.mark.slow  # builds two labs
 def test_build_layout_and_rows(tiny_builds: tuple[Path, Path, dict]) -> None:
     a, _, summary = tiny_builds
     lab = json.loads((a / "lab.json").read_text())

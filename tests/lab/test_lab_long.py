@@ -175,6 +175,7 @@ TINY_LONG = LabConfig(
 )
 
 
+@pytest.mark.slow  # builds a lab
 def test_reduced_long_build(tmp_path: Path) -> None:
     summary = build_lab(tmp_path, seed=1, config=TINY_LONG, progress=False)
     assert not (tmp_path / "rollouts_tir.jsonl").exists()

@@ -58,12 +58,13 @@ def test_every_command_takes_the_scenario(command: str) -> None:
     assert "--scenario" in result.output
 
 
+@pytest.mark.slow  # a training
 def test_train_runs_on_the_long_scenario(tmp_path: Path) -> None:
     """`train --scenario long` starts from the long checkpoint and samples its prompts."""
     result = CliRunner().invoke(
         app,
         [
-            "train", "--scenario", "long", "--steps", "1", "--group-size", "2",
+            "train", "--scenario", "long", "--updates", "1", "--group-size", "2",
             "--prompts-per-step", "2", "--save-every", "0", "--out", str(tmp_path), "--quiet",
         ],
     )  # fmt: skip
@@ -79,6 +80,7 @@ def test_train_runs_on_the_long_scenario(tmp_path: Path) -> None:
     assert settings["max_new_tokens"] == LONG.max_new_tokens
 
 
+@pytest.mark.slow  # variance-compare on pools of 128
 def test_variance_compare_long_gives_a_measured_verdict(tmp_path: Path) -> None:
     """With pools of 128 the default group sizes reach N = 64 ≥ 32, so the paper-claim
     verdict is measured (reproduced or not), never `undecided`."""

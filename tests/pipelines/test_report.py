@@ -81,7 +81,7 @@ def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path, dynamics_dir:
         shutil.copytree(runs / name, root / name)
     shutil.copytree(dynamics_dir, root / "dynamics")
     code, output = invoke(
-        "train", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+        "train", "--updates", "2", "--prompts-per-step", "2", "--group-size", "2",
         "--save-every", "0", "--out", root / "train", "--quiet",
     )  # fmt: skip
     assert code == 0, output
@@ -238,6 +238,7 @@ CHROMIUM_FLAGS = [
 @pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)"
 )
+@pytest.mark.slow  # runs Chromium
 def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     def chromium(*args: str) -> subprocess.CompletedProcess:
         profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"

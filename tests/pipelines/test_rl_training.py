@@ -23,7 +23,7 @@ from otb_diag.policy.surrogate_loss import surrogate_loss
 
 runner = CliRunner()
 
-SMALL = ["--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--quiet"]
+SMALL = ["--updates", "2", "--prompts-per-step", "4", "--group-size", "4", "--quiet"]
 
 
 def run(out: Path, *args: str) -> list[dict]:
@@ -75,7 +75,7 @@ def test_gradient_is_that_of_the_documented_surrogate(
     tmp_path: Path, aggregation: str, temperature: float
 ) -> None:
     metrics = run(
-        tmp_path, "--steps", "1", "--aggregation", aggregation, "--temperature", str(temperature)
+        tmp_path, "--updates", "1", "--aggregation", aggregation, "--temperature", str(temperature)
     )
     model = load_checkpoint(default_checkpoint(), dtype="float32").model  # the sampling policy
     batch = make_batch(read_rollouts(tmp_path / "rollouts" / "step-1.jsonl"))
@@ -149,3 +149,28 @@ def test_unknown_baseline_is_a_clear_error(tmp_path: Path) -> None:
 def test_help_teaches_with_an_example() -> None:
     result = runner.invoke(app, ["train", "--help"])
     assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_json_prints_the_summary_written_to_train_json(tmp_path: Path) -> None:
+    args = ["train", "--updates", "1", "--prompts-per-step", "1", "--group-size", "2"]
+    result = runner.invoke(app, [*args, "--quiet", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed == json.loads((tmp_path / "train.json").read_text())
+    assert printed["totals"]["steps"] == 1
+
+
+def test_updates_is_the_step_count_and_steps_is_not_a_train_option(tmp_path: Path) -> None:
+    """`--steps A-B` filters rollout rows everywhere else; train counts --updates."""
+    result = runner.invoke(app, ["train", "--steps", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--steps" in result.output
+    assert "--updates" in runner.invoke(app, ["train", "--help"]).output
+
+
+def test_two_ckpt_is_a_clear_error(tmp_path: Path) -> None:
+    ckpt = str(default_checkpoint())
+    result = runner.invoke(app, ["train", "--ckpt", ckpt, "--ckpt", ckpt, "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "training starts from one checkpoint" in result.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()

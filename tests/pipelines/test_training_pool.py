@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
 from otb_diag.pipelines.rl_training import scenario_settings
+
+# slow: trainings in worker processes
+pytestmark = pytest.mark.slow
 
 
 def _metrics(path: Path) -> list[dict]:

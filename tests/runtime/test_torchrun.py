@@ -26,6 +26,9 @@ from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.maths.energy.proxies import combine_proxies, variance_proxies
 from otb_diag.runtime.torchrun import shard_by_tokens
 
+# slow: launches torchrun (2 gloo processes per test)
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 BIN = Path(sys.executable).parent / "otb-diag"
 # Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.

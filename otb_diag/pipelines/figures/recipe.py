@@ -141,7 +141,7 @@ def run_figures(
 
     t0 = time.perf_counter()
     train_flags = (
-        f"otb-diag train{scenario_flag} --steps {plan.train_steps} "
+        f"otb-diag train{scenario_flag} --updates {plan.train_steps} "
         f"--prompts-per-step {plan.prompts_per_step} --seed {seed}"
     )
 

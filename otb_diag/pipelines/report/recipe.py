@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_text
@@ -113,6 +114,11 @@ def golden_regression(golden: Path, runs: list[Run]) -> Regression:
 
 def build_report(dirs: Sequence[Path], golden: Path | None = None) -> str:
     """The whole HTML page for the runs under `dirs`."""
+    return _page(dirs, golden)[0]
+
+
+def _page(dirs: Sequence[Path], golden: Path | None) -> tuple[str, dict[str, Any]]:
+    """The HTML page and the summary of what it says (runs, verdicts, what is absent)."""
     runs, regressions = find_inputs(dirs)
     if golden is not None:
         regressions.insert(0, golden_regression(golden, runs))
@@ -134,12 +140,22 @@ def build_report(dirs: Sequence[Path], golden: Path | None = None) -> str:
         ]
     body += _figures(runs) + _tables(runs, regressions) + _provenance(runs, dirs, golden)
     subtitle = f"{len(runs)} run(s) from " + ", ".join(str(d) for d in dirs)
-    return html.page("otb-diag report", subtitle, "\n".join(body))
+    summary = {
+        "runs": [
+            {"command": r.command, "label": r.label, "directory": str(r.directory)} for r in runs
+        ],
+        "verdicts": [{"topic": v.topic, "sentence": v.sentence} for v in found],
+        "absent": absent,
+    }
+    return html.page("otb-diag report", subtitle, "\n".join(body)), summary
 
 
-def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) -> Path:
-    write_text(out, build_report(dirs, golden))
-    return out
+def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) -> dict[str, Any]:
+    """Write the page to `out`; returns its summary: `out` (resolved), `runs` (command, label,
+    directory), `verdicts` (topic, sentence) and `absent` (what no run measured)."""
+    page, summary = _page(dirs, golden)
+    write_text(out, page)
+    return {"out": str(out.resolve()), **summary}
 
 
 def _verdicts(

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json, write_with
 from otb_diag.io.loading import (
     LoadOptions,
@@ -45,6 +46,7 @@ from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, require_groups, session, shard_by_tokens
 
 MODES = ("proxy", "head", "full")
+ENGINES = ("auto", "jvp", "vjp")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,21 @@ class VarianceSettings:
     directions_per_block: int | None = None  # default ⌈sketch_dim / blocks⌉
     budget_s: float | None = DEFAULT_BUDGET_S  # full mode refuses longer runs unless force
 
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a mode, engine or
+        budget the run could not honour (the CLI and the API get the same error)."""
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise InputError(
+                f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}", field="mode"
+            )
+        if self.engine not in ENGINES:
+            raise InputError(
+                f"unknown engine '{self.engine}'; choose {', '.join(ENGINES)}", field="engine"
+            )
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise InputError(f"budget must be positive, got {self.budget_s} s", field="budget")
+
 
 def run_variance(
     checkpoints: list[Path],
@@ -91,6 +108,7 @@ def run_variance(
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
     the whole pool with the same seeds as one process, writes, and returns the summary; the other
     ranks return None."""
+    settings.check()
     for name in settings.baselines:
         get_baseline(name)  # an unknown name stops here, listing the known ones
     settings.load.check()

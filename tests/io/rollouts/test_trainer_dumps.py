@@ -241,6 +241,7 @@ def test_advantages_of_another_estimator_are_reported(tmp_path: Path) -> None:
     assert "DIFFER" in printed
 
 
+@pytest.mark.slow  # energy runs over verl dumps
 def test_verl_rows_with_advantages_need_the_trainer_baseline(tmp_path: Path) -> None:
     rows = [
         {"group": "g", "prompt_ids": [5, 6], "response_ids": [7, 8], "reward": r, "step": 1}

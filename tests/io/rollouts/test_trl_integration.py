@@ -15,6 +15,9 @@ from typer.testing import CliRunner
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.lab.task import answer, parse_prompt
 
+# slow: runs TRL's GRPOTrainer
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 PROMPTS = ["C:684=", "R:372=", "S:951=", "C:20=", "R:58=", "S:310=", "C:7=", "R:41="]
 STEPS, GENERATIONS, PER_STEP = 3, 4, 8  # 2 prompts x 4 completions per step

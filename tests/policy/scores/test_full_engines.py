@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from numerics import assert_close_to_norm
-from test_token_scores import RESPONSES, V, make_batch, one_token_grads, tiny_gemma2
+from test_token_scores import V, make_batch, one_token_grads, tiny_gemma2
 from torch import nn
 from transformers import (
     FalconConfig,
@@ -28,19 +27,8 @@ from transformers import (
 )
 
 from otb_diag.errors import InputError
-from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.variance.blocks import (
-    block_tables,
-    projection_error,
-    subsketch_coordinates,
-)
-from otb_diag.maths.variance.paired_draws import paired_estimates, variance_table
-from otb_diag.policy.scores import cost as full_cost
-from otb_diag.policy.scores import forward_mode as scores_forward_module
-from otb_diag.policy.scores import token_scores as scores_module
 from otb_diag.policy.scores.chunked_attention import NAME
 from otb_diag.policy.scores.directions import (
-    Block,
     block_of,
     parameter_blocks,
     projection_columns,
@@ -232,173 +220,3 @@ def test_jvp_norms_are_the_unbiased_jl_estimate() -> None:
     )
     ratio = runs.mean(0)[batch.valid] / vjp.sq_norm[batch.valid]
     assert ratio.mean().item() == pytest.approx(1.0, abs=4 * math.sqrt(2 / 8 / 60))
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-block variance and the projection error
-# ---------------------------------------------------------------------------------------------
-
-
-def paired_of(scores, batch):
-    returns = returns_to_go(batch.token_rewards, batch.mask)
-    return paired_estimates(
-        returns, batch.mask, batch.group, scores.proj, {"proxy": scores.sq_norm},
-        aggregations=("token-sum",), group_sizes=(2,), draws=30, bootstrap=50, seed=0,
-        mode="full",
-    )  # fmt: skip
-
-
-def pooled_batch():
-    """Two prompts with pools of 4 responses (rewards mixed), from the tiny prompts/responses."""
-    from otb_diag.maths.response_batch import ResponseBatch, pad
-
-    prompts = [[1, 2], [3]] * 4
-    responses = [[4, 5, 6], [7, 8], [9, 10, 11, 12], [5], [6, 7], [8, 9, 10], [11], [12, 4]]
-    n, length = len(responses), torch.tensor([len(r) for r in responses])
-    width = int(length.max())
-    valid = torch.arange(width)[None] < length[:, None]
-    reward = torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 0])
-    rewards = torch.zeros(n, width)
-    rewards[torch.arange(n), length - 1] = reward
-    return ResponseBatch(
-        group_names=["a", "b"], group=torch.tensor([0, 1] * 4), sample=torch.arange(n),
-        length=length, prompt_ids=prompts, response_ids=pad(responses, width, 0, torch.long),
-        valid=valid, mask=valid.float(), token_rewards=rewards, reward=reward,
-        temperature=torch.ones(n), step=[None] * n, is_weights=None, logprobs=None, sum_pi2=None,
-    )  # fmt: skip
-
-
-def test_block_variances_sum_to_the_total() -> None:
-    """tr Cov(ĝ) = Σ_b tr Cov(ĝ_b) (theory.md §4), on the same draws."""
-    model, batch = gpt2(), pooled_batch()
-    scores = token_scores(model, batch, "full", 12, seed=0, engine="vjp", by_block=True)
-    paired = paired_of(scores, batch)
-    total = variance_table(paired).set_index(["baseline", "group_size"])["variance"]
-    blocks = block_tables(paired, scores.blocks)
-    assert list(blocks["block"].unique()) == [
-        "embeddings",
-        "layer.0",
-        "layer.1",
-        "final_norm",
-        "head",
-    ]
-    summed = blocks.groupby(["baseline", "group_size"])["variance"].sum()
-    np.testing.assert_allclose(summed.loc[total.index], total, rtol=1e-10)
-    assert (blocks.loc[blocks["baseline"] == "mean", "ratio_to_mean"] == 1).all()
-
-
-def test_projection_error_from_subsketches() -> None:
-    blocks = [("a", 0, 8), ("b", 8, 8)]
-    subsets = subsketch_coordinates(blocks, 4)
-    assert sorted(np.concatenate(subsets).tolist()) == list(range(16))
-    assert [s.tolist() for s in subsets][:2] == [[0, 4, 8, 12], [1, 5, 9, 13]]
-    model, batch = gpt2(), pooled_batch()
-    scores = token_scores(model, batch, "full", 64, seed=0, engine="vjp")
-    err = projection_error(paired_of(scores, batch), scores.blocks)
-    assert err["k"] == 64 and err["subsketches"] == 8
-    assert err["theory_worst_case"] == pytest.approx(math.sqrt(2 / 64))
-    # a projection error, bounded by its rank-one worst case (with room for the estimate's own
-    # noise from 8 sub-sketches) and not zero
-    assert 0 < err["variance_relative_error"] < 2 * err["theory_worst_case"]
-    assert projection_error(paired_of(scores, batch), [("all", 0, 3)]) == {}
-
-
-# ---------------------------------------------------------------------------------------------
-# The cost model
-# ---------------------------------------------------------------------------------------------
-
-
-def plan(model, batch, **kwargs):
-    params = select_parameters(model, None)
-    blocks = [Block("all", tuple(params), 8, 0)]
-    return full_cost.plan_full(model, batch, params, blocks, 0, **kwargs)
-
-
-def test_cost_model_refuses_over_budget_unless_forced() -> None:
-    model, batch = gpt2(), make_batch()
-    with pytest.raises(InputError, match="exceeds the budget") as info:
-        plan(model, batch, engine="jvp", budget_s=1e-9)
-    assert "--force" in info.value.hint
-    forced = plan(model, batch, engine="jvp", budget_s=1e-9, force=True)
-    assert forced.engine == "jvp" and 0 < forced.forward_s < math.inf
-    ok = plan(model, batch, budget_s=3600)
-    assert ok.engine in ("jvp", "vjp") and ok.estimate_s <= 3600
-    assert "estimated forward mode (jvp)" in ok.describe()
-    tokens = sum(len(r) for r in RESPONSES)
-    assert ok.tokens == tokens and ok.directions == 8 and ok.n_params > 0
-
-
-def test_forward_mode_packs_small_batches_on_the_cpu_and_runs_as_planned() -> None:
-    model, batch = gpt2(), make_batch()
-    cap = full_cost.CPU_FORWARD_BATCH_TOKENS
-    assert plan(model, batch, engine="jvp", batch_tokens=16384).forward_batch_tokens == cap
-    assert plan(model, batch, engine="jvp", batch_tokens=12).forward_batch_tokens == 12
-    seen: list[int] = []
-    real = scores_forward_module.forward_scores
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["batch_tokens"])
-        return real(*args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(scores_module, "forward_scores", spy)
-        token_scores(model, batch, "full", 8, seed=0, engine="jvp", batch_tokens=16384)
-    assert seen == [cap]
-
-
-def test_cost_model_refuses_what_does_not_fit_in_memory() -> None:
-    model, batch = gpt2(), make_batch()
-    with pytest.raises(InputError, match="does not fit in memory"):
-        plan(model, batch, engine="vjp", available_bytes=1e5)
-    # forward mode needs far less than reverse mode: with a little memory it still runs
-    small = plan(model, batch, available_bytes=4e6)
-    assert small.engine == "jvp" and small.reverse_s == math.inf
-
-
-@pytest.mark.parametrize(
-    ("forward", "reverse", "engine"), [(1.0, 3.0, "jvp"), (1.0, 1.5, "vjp"), (math.inf, 5, "vjp")]
-)
-def test_auto_prefers_exact_norms_unless_forward_is_much_faster(forward, reverse, engine) -> None:
-    assert full_cost.choose_engine(forward, reverse) == engine
-
-
-def test_chosen_engine_follows_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    model, batch = gpt2(), make_batch()
-    monkeypatch.setattr(full_cost, "choose_engine", lambda f, r: "jvp")
-    assert token_scores(model, batch, "full", 8, seed=0).engine == "jvp"
-
-
-def test_auto_choice_counts_work_and_ignores_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`auto` must not flip with the machine's load (nor between torchrun ranks): the same
-    engine whatever the calibration timings say; the counts are the documented flops."""
-    model, batch = gpt2(), make_batch()
-    chosen = {plan(model, batch, budget_s=None).engine}
-    for tick in (1e-9, 1e3):  # every timed interval looks tiny, then huge
-        clock = iter(range(10**6))
-        monkeypatch.setattr(full_cost.time, "perf_counter", lambda c=clock, t=tick: next(c) * t)
-        chosen.add(plan(model, batch, budget_s=None).engine)
-    assert len(chosen) == 1
-    # Hand count: N = 10 parameters, n = 4 selected, K = 2, rows (P, T) = (1, 3), chunk 2.
-    tiny = nn.Linear(2, 5, bias=False)  # 10 parameters
-    forward, reverse = full_cost.work_counts(tiny, 4, 2, 8, [(1, 3)], 2)
-    assert forward == 3.0 * 2 * 10 * 2 * 8
-    # Σ_t L_t = 2 tokens · (1 + 2) + 1 token · (1 + 3) = 10
-    assert reverse == 3.0 * 2 * 10 * 10 + 2 * 4 * 2 * 3
-    assert full_cost.choose_engine(forward, reverse) == "vjp"  # 2 · 960 > 648
-
-
-def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) -> None:
-    """With the query-chunked attention the estimate holds `max(SCORES_PER_CHUNK, rows · h · L)`
-    scores, not the eager `rows · h · L²` (full_cost docstring); models that cannot switch keep
-    the eager count."""
-    model, batch = gpt2(), make_batch()  # 3 rows, longest prompt ⧺ response L = 8, h = 2
-    monkeypatch.setattr(full_cost, "SCORES_PER_CHUNK", 1)
-    kwargs = {"engine": "jvp", "budget_s": None, "available_bytes": 1e12}
-    chunked = plan(model, batch, **kwargs)
-    monkeypatch.setattr(full_cost, "switchable", lambda m: False)
-    eager = plan(model, batch, **kwargs)
-    nd = chunked.directions_batch
-    assert eager.directions_batch == nd
-    eager_scores, chunk_scores = 3 * 2 * 8 * 8, 3 * 2 * 8
-    expected = (1 + nd) * 4 * 2 * (eager_scores - chunk_scores)
-    assert eager.forward_peak_bytes - chunked.forward_peak_bytes == expected

@@ -1,0 +1,53 @@
+"""`VarianceSettings.check`: the API refuses what the CLI refuses, with the same error, before
+anything is read or written."""
+
+from pathlib import Path
+
+import pytest
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag import api
+from otb_diag.errors import InputError
+from otb_diag.pipelines.variance.recipe import VarianceSettings
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"modes": ("proxy", "nope")},
+            r"unknown mode\(s\) \['nope'\]; choose from proxy, head, full",
+        ),
+        ({"modes": ()}, r"unknown mode\(s\) \[\]"),
+        ({"engine": "fwd"}, "unknown engine 'fwd'; choose auto, jvp, vjp"),
+        ({"budget_s": 0.0}, "budget must be positive"),
+    ],
+)
+def test_api_refuses_bad_settings_before_reading(
+    tmp_path: Path, settings: dict, message: str
+) -> None:
+    missing = tmp_path / "no-such-rollouts.jsonl"  # never read: the check comes first
+    with pytest.raises(InputError, match=message):
+        api.variance_compare(tmp_path / "no-such-ckpt", missing, tmp_path / "out", **settings)
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_settings_pass() -> None:
+    VarianceSettings().check()
+    VarianceSettings(modes=("full",), engine="vjp", budget_s=None).check()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "nope"], "unknown mode(s) ['nope']"),
+        (["--engine", "fwd"], "unknown engine 'fwd'"),
+        (["--budget", "0s"], "budget must be positive"),
+    ],
+)
+def test_cli_gives_the_library_error(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["variance-compare", *args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,233 @@
+"""Every figure draws the numbers of the tables its command wrote: the plots/ functions are run
+on the tables of a real energy and variance-compare run (the session fixture `runs`) and of a
+dynamics table, and their axes, series and labels are compared with those tables (the pipeline
+tests only check that the files are saved)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
+
+from otb_diag.plots import dynamics as plots_dynamics
+from otb_diag.plots import energy as plots_energy
+from otb_diag.plots import variance as plots_variance
+from otb_diag.plots.style import FAIL_COLOR, PASS_COLOR, baseline_color, save_figure
+
+
+def legend_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def bar_heights(ax) -> np.ndarray:
+    return np.array([p.get_height() for p in ax.patches])
+
+
+# --- energy: fig3, fig4, fig5, energy by step -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def energy(runs: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    out = runs / "energy"
+    group = json.loads((out / "summary.json").read_text())["figure_group"]
+    return pd.read_csv(out / "sequences.csv"), pd.read_parquet(out / "tokens.parquet"), group
+
+
+def test_fig3_bars_are_the_groups_sequence_energies_coloured_by_reward(energy) -> None:
+    sequences, _, group = energy
+    ax = plots_energy.fig3_sequence_energy(sequences, group).axes[0]
+    rows = sequences[sequences["group"] == group].sort_values("sample")
+    np.testing.assert_allclose(bar_heights(ax), rows["energy"])
+    assert [p.get_x() + p.get_width() / 2 for p in ax.patches] == pytest.approx(rows["sample"])
+    colours = [to_hex(p.get_facecolor()) for p in ax.patches]
+    expected = [to_hex(PASS_COLOR if r > 0 else FAIL_COLOR) for r in rows["reward"]]
+    assert colours == expected and len(set(colours)) == 2  # the figure's group is mixed
+    assert ax.get_title() == f"Sequence energy within group {group}"
+    assert "W(\\tau)" in ax.get_ylabel() and "sample index" in ax.get_xlabel()
+    assert legend_labels(ax) == ["reward > 0", "reward ≤ 0"]
+
+
+def test_fig4_lines_are_the_cumulative_energy_of_the_shown_samples(energy) -> None:
+    sequences, tokens, group = energy
+    shown = plots_energy.spread_samples(sequences, group, count=8)
+    ax = plots_energy.fig4_cumulative_energy(tokens, shown, group).axes[0]
+    labels = legend_labels(ax)
+    assert len(labels) >= 2
+    curves = [line for line in ax.get_lines() if line.get_label() in labels]
+    for line, label in zip(curves, labels, strict=True):
+        first = int(label.removeprefix("seq ").split(" = ")[0])
+        rows = tokens[(tokens["group"] == group) & (tokens["sample"] == first)].sort_values("t")
+        np.testing.assert_allclose(line.get_xdata(), rows["t"])
+        np.testing.assert_allclose(line.get_ydata(), rows["W"])
+        final = sequences[(sequences["group"] == group) & (sequences["sample"] == first)]
+        assert line.get_ydata()[-1] == pytest.approx(float(final["energy"].iloc[0]), rel=1e-5)
+    shown_in_legend = {int(s) for label in labels for s in label[4:].split(" = ")}
+    assert shown_in_legend == set(shown)
+
+
+def test_fig5_counts_every_generated_token_under_the_envelope(energy) -> None:
+    _, tokens, _ = energy
+    fig = plots_energy.fig5_probability_vs_gradient(tokens, vocab_size=None)
+    ax = fig.axes[0]
+    generated = int((tokens["mask"] > 0).sum())
+    assert ax.get_title() == f"Confidence vs. logit-gradient norm ({generated:,} tokens)"
+    (hexbin,) = ax.collections
+    assert hexbin.get_array().sum() == generated  # every token within the extent, once
+    upper, lower = ax.get_lines()
+    p = upper.get_xdata()
+    np.testing.assert_allclose(upper.get_ydata(), 2 * (1 - p) ** 2)
+    np.testing.assert_allclose(lower.get_ydata(), (1 - p) ** 2)  # V unknown: V/(V-1) -> 1
+    assert legend_labels(ax) == [r"$2(1-p)^2$", r"$(1-p)^2\,V/(V-1)$"]
+
+
+def test_energy_by_step_boxes_hold_each_steps_energies(energy) -> None:
+    sequences, _, _ = energy
+    by_step = sequences.assign(step=np.where(sequences["sample"] % 2 == 0, 10, 20))
+    ax = plots_energy.fig_energy_by_step(by_step).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10", "20"]
+    # per box: 2 whiskers, 2 caps, the box, the median, the fliers
+    medians = [float(line.get_ydata()[0]) for line in ax.get_lines()[5::7]]
+    expected = by_step.groupby("step")["energy"].median().to_list()
+    assert medians == pytest.approx(expected)
+    assert ax.get_yscale() == "log" and ax.get_xlabel() == "training step of the checkpoint"
+
+
+# --- variance-compare: variance against N, ratio to mean -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def variance(runs: Path) -> pd.DataFrame:
+    return pd.read_csv(runs / "variance" / "variance.csv")
+
+
+@pytest.mark.parametrize("mode", ["proxy", "full"])
+def test_variance_vs_n_draws_each_baselines_variance_and_interval(variance, mode) -> None:
+    table = variance[variance["mode"] == mode]
+    ax = plots_variance.fig_variance_vs_group_size(table).axes[0]
+    rows = table[table["aggregation"] == "token-sum"]
+    baselines = list(dict.fromkeys(rows["baseline"]))
+    assert legend_labels(ax) == baselines
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for baseline in baselines:
+        curve = rows[rows["baseline"] == baseline].sort_values("group_size")
+        line = lines[baseline]
+        np.testing.assert_allclose(line.get_xdata(), curve["group_size"])
+        np.testing.assert_allclose(line.get_ydata(), curve["variance"])
+        assert to_hex(line.get_color()) == to_hex(baseline_color(baseline))
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4"]
+    assert ax.get_title() == "Gradient variance vs. group size (token-sum)"
+    assert ax.get_xlabel() == "group size N (responses per prompt)"
+
+
+def test_ratio_to_mean_bars_are_the_tables_ratios(variance) -> None:
+    table = variance[variance["mode"] == "full"]
+    ax = plots_variance.fig_ratio_to_mean(table, "seq-mean-token-mean").axes[0]
+    rows = table[(table["aggregation"] == "seq-mean-token-mean") & (table["baseline"] != "mean")]
+    baselines = list(dict.fromkeys(rows["baseline"]))
+    assert legend_labels(ax) == baselines  # the mean baseline is the line at 1, not a bar
+    expected = np.concatenate(
+        [rows[rows["baseline"] == b].sort_values("group_size")["ratio_to_mean"] for b in baselines]
+    )
+    np.testing.assert_allclose(bar_heights(ax), expected)
+    assert ax.get_title() == "Variance relative to the group mean (seq-mean-token-mean)"
+    assert [line.get_ydata()[0] for line in ax.get_lines()] == [1.0]
+
+
+def test_unknown_aggregation_is_named(variance) -> None:
+    with pytest.raises(ValueError, match="no rows for aggregation 'token-max'"):
+        plots_variance.fig_ratio_to_mean(variance, "token-max")
+
+
+# --- dynamics: fig1, fig2, score against tokens ------------------------------------------------
+
+
+def dynamics_table() -> tuple[pd.DataFrame, list[dict]]:
+    """Two runs as dynamics.csv holds them; the first collapses at step 30, warned at 22."""
+    rng = np.random.default_rng(0)
+    frames = []
+    for run, baseline, n in [("otb N=4", "otb", 4), ("mean N=16", "mean", 16)]:
+        steps = np.arange(1, 41)
+        grad = np.exp(rng.normal(0, 0.1, 40)) * np.where(steps >= 30, 20.0, 1.0)
+        score = np.clip(steps / 50 + rng.normal(0, 0.02, 40), 0, 1)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run": run,
+                    "step": steps,
+                    "grad_norm": grad if run == "otb N=4" else grad[::-1].copy() / 20,
+                    "score": score,
+                    "score_smoothed": pd.Series(score).rolling(5).mean(),
+                    "variance_proxy": grad**2,
+                    "tokens_sampled": np.cumsum(np.full(40, 100.0 * n)),
+                    "baseline": baseline,
+                    "group_size": n,
+                }
+            )
+        )
+    runs = [
+        {"run": "otb N=4", "collapse_step": 30, "warning_step": 22, "tokens_to_target": 5000.0,
+         "variance_proxy_kind": "proxy2_total_power"},
+        {"run": "mean N=16", "collapse_step": None, "warning_step": None,
+         "tokens_to_target": None, "variance_proxy_kind": "proxy2_total_power"},
+    ]  # fmt: skip
+    return pd.concat(frames, ignore_index=True), runs
+
+
+def test_fig1_draws_grad_norm_and_smoothed_score_with_the_collapse() -> None:
+    table, runs = dynamics_table()
+    top, bottom = plots_dynamics.fig1_grad_norm_and_score(table, runs).axes
+    assert legend_labels(top) == ["otb N=4", "mean N=16"]
+    for run, rows in table.groupby("run", sort=False):
+        (line,) = [x for x in top.get_lines() if x.get_label() == run]
+        np.testing.assert_allclose(line.get_xdata(), rows["step"])
+        np.testing.assert_allclose(line.get_ydata(), rows["grad_norm"])
+        smoothed = [
+            x for x in bottom.get_lines() if len(x.get_xdata()) == 40 and x.get_alpha() is None
+        ]
+        assert any(
+            np.allclose(x.get_ydata(), rows["score_smoothed"], equal_nan=True) for x in smoothed
+        )
+    collapse = [x for x in top.get_lines() if x.get_linestyle() == ":"]
+    assert [x.get_xdata()[0] for x in collapse] == [30]  # one collapse, otb's
+    assert top.get_yscale() == "log" and bottom.get_xlabel() == "training step"
+    assert top.get_ylabel() == "gradient norm ‖g‖" and bottom.get_ylabel() == "score (mean reward)"
+
+
+def test_fig2_draws_the_variance_proxy_warning_and_collapse() -> None:
+    table, runs = dynamics_table()
+    top, _ = plots_dynamics.fig2_variance_and_grad_norm(table, runs).axes
+    for run, rows in table.groupby("run", sort=False):
+        (line,) = [x for x in top.get_lines() if x.get_label() == run]
+        np.testing.assert_allclose(line.get_ydata(), rows["variance_proxy"])
+    marks = {
+        (x.get_linestyle(), x.get_xdata()[0])
+        for x in top.get_lines()
+        if len(x.get_xdata()) == 2 and x.get_xdata()[0] == x.get_xdata()[1]
+    }
+    assert marks == {("--", 22), (":", 30)}
+    assert "proxy: proxy2_total_power" in top.get_title()
+
+
+def test_score_vs_tokens_draws_each_run_and_the_target() -> None:
+    table, runs = dynamics_table()
+    ax = plots_dynamics.fig_score_vs_tokens(table, runs, target=0.5).axes[0]
+    assert legend_labels(ax) == ["otb, N=4", "mean, N=16"]
+    for label, (_, rows) in zip(legend_labels(ax), table.groupby("run", sort=False), strict=True):
+        (line,) = [x for x in ax.get_lines() if x.get_label() == label]
+        np.testing.assert_allclose(line.get_xdata(), rows["tokens_sampled"])
+        np.testing.assert_allclose(line.get_ydata(), rows["score"])
+    reached = [x for x in ax.get_lines() if x.get_marker() == "o"]
+    assert [(x.get_xdata()[0], x.get_ydata()[0]) for x in reached] == [(5000.0, 0.5)]
+    assert ax.get_title() == "Score against tokens sampled (target 0.5)"
+
+
+def test_save_figure_writes_png_and_pdf(tmp_path: Path) -> None:
+    table, runs = dynamics_table()
+    fig = plots_dynamics.fig1_grad_norm_and_score(table, runs)
+    paths = save_figure(fig, tmp_path, "fig1")
+    assert sorted(p.name for p in paths) == ["fig1.pdf", "fig1.png"]
+    assert (tmp_path / "fig1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "fig1.pdf").read_bytes()[:5] == b"%PDF-"

@@ -1,0 +1,114 @@
+"""The cost model of `full` mode (policy/scores/cost.py): it refuses over budget unless forced
+and what does not fit in memory, packs small batches, and picks the engine by counted work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_full_engines import gpt2
+from test_token_scores import RESPONSES, make_batch
+from torch import nn
+
+from otb_diag.errors import InputError
+from otb_diag.policy.scores import cost as full_cost
+from otb_diag.policy.scores import forward_mode as scores_forward_module
+from otb_diag.policy.scores import token_scores as scores_module
+from otb_diag.policy.scores.directions import Block, select_parameters
+from otb_diag.policy.scores.token_scores import token_scores
+
+
+def plan(model, batch, **kwargs):
+    params = select_parameters(model, None)
+    blocks = [Block("all", tuple(params), 8, 0)]
+    return full_cost.plan_full(model, batch, params, blocks, 0, **kwargs)
+
+
+def test_cost_model_refuses_over_budget_unless_forced() -> None:
+    model, batch = gpt2(), make_batch()
+    with pytest.raises(InputError, match="exceeds the budget") as info:
+        plan(model, batch, engine="jvp", budget_s=1e-9)
+    assert "--force" in info.value.hint
+    forced = plan(model, batch, engine="jvp", budget_s=1e-9, force=True)
+    assert forced.engine == "jvp" and 0 < forced.forward_s < math.inf
+    ok = plan(model, batch, budget_s=3600)
+    assert ok.engine in ("jvp", "vjp") and ok.estimate_s <= 3600
+    assert "estimated forward mode (jvp)" in ok.describe()
+    tokens = sum(len(r) for r in RESPONSES)
+    assert ok.tokens == tokens and ok.directions == 8 and ok.n_params > 0
+
+
+def test_forward_mode_packs_small_batches_on_the_cpu_and_runs_as_planned() -> None:
+    model, batch = gpt2(), make_batch()
+    cap = full_cost.CPU_FORWARD_BATCH_TOKENS
+    assert plan(model, batch, engine="jvp", batch_tokens=16384).forward_batch_tokens == cap
+    assert plan(model, batch, engine="jvp", batch_tokens=12).forward_batch_tokens == 12
+    seen: list[int] = []
+    real = scores_forward_module.forward_scores
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["batch_tokens"])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scores_module, "forward_scores", spy)
+        token_scores(model, batch, "full", 8, seed=0, engine="jvp", batch_tokens=16384)
+    assert seen == [cap]
+
+
+def test_cost_model_refuses_what_does_not_fit_in_memory() -> None:
+    model, batch = gpt2(), make_batch()
+    with pytest.raises(InputError, match="does not fit in memory"):
+        plan(model, batch, engine="vjp", available_bytes=1e5)
+    # forward mode needs far less than reverse mode: with a little memory it still runs
+    small = plan(model, batch, available_bytes=4e6)
+    assert small.engine == "jvp" and small.reverse_s == math.inf
+
+
+@pytest.mark.parametrize(
+    ("forward", "reverse", "engine"), [(1.0, 3.0, "jvp"), (1.0, 1.5, "vjp"), (math.inf, 5, "vjp")]
+)
+def test_auto_prefers_exact_norms_unless_forward_is_much_faster(forward, reverse, engine) -> None:
+    assert full_cost.choose_engine(forward, reverse) == engine
+
+
+def test_chosen_engine_follows_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = gpt2(), make_batch()
+    monkeypatch.setattr(full_cost, "choose_engine", lambda f, r: "jvp")
+    assert token_scores(model, batch, "full", 8, seed=0).engine == "jvp"
+
+
+def test_auto_choice_counts_work_and_ignores_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` must not flip with the machine's load (nor between torchrun ranks): the same
+    engine whatever the calibration timings say; the counts are the documented flops."""
+    model, batch = gpt2(), make_batch()
+    chosen = {plan(model, batch, budget_s=None).engine}
+    for tick in (1e-9, 1e3):  # every timed interval looks tiny, then huge
+        clock = iter(range(10**6))
+        monkeypatch.setattr(full_cost.time, "perf_counter", lambda c=clock, t=tick: next(c) * t)
+        chosen.add(plan(model, batch, budget_s=None).engine)
+    assert len(chosen) == 1
+    # Hand count: N = 10 parameters, n = 4 selected, K = 2, rows (P, T) = (1, 3), chunk 2.
+    tiny = nn.Linear(2, 5, bias=False)  # 10 parameters
+    forward, reverse = full_cost.work_counts(tiny, 4, 2, 8, [(1, 3)], 2)
+    assert forward == 3.0 * 2 * 10 * 2 * 8
+    # Σ_t L_t = 2 tokens · (1 + 2) + 1 token · (1 + 3) = 10
+    assert reverse == 3.0 * 2 * 10 * 10 + 2 * 4 * 2 * 3
+    assert full_cost.choose_engine(forward, reverse) == "vjp"  # 2 · 960 > 648
+
+
+def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) -> None:
+    """With the query-chunked attention the estimate holds `max(SCORES_PER_CHUNK, rows · h · L)`
+    scores, not the eager `rows · h · L²` (full_cost docstring); models that cannot switch keep
+    the eager count."""
+    model, batch = gpt2(), make_batch()  # 3 rows, longest prompt ⧺ response L = 8, h = 2
+    monkeypatch.setattr(full_cost, "SCORES_PER_CHUNK", 1)
+    kwargs = {"engine": "jvp", "budget_s": None, "available_bytes": 1e12}
+    chunked = plan(model, batch, **kwargs)
+    monkeypatch.setattr(full_cost, "switchable", lambda m: False)
+    eager = plan(model, batch, **kwargs)
+    nd = chunked.directions_batch
+    assert eager.directions_batch == nd
+    eager_scores, chunk_scores = 3 * 2 * 8 * 8, 3 * 2 * 8
+    expected = (1 + nd) * 4 * 2 * (eager_scores - chunk_scores)
+    assert eager.forward_peak_bytes - chunked.forward_peak_bytes == expected
