@@ -214,8 +214,8 @@ ScenarioOption = Annotated[
     typer.Option(
         "--scenario",
         help="Embedded scenario, which also supplies an omitted --ckpt / --rollouts: default "
-        "(copy, reverse, sort digits; responses of 2-41 tokens) or long (running sums with a "
-        "written scratchpad; responses of 20-350 tokens, 16 prompts x 128).",
+        "(copy, reverse, sort digits; responses of 4-45 tokens) or long (running sums with a "
+        "written scratchpad; responses of 20-400 tokens, 16 prompts x 128).",
     ),
 ]
 

@@ -73,8 +73,9 @@ def energy(
             "--trainer-baseline",
             metavar="NAME",
             help="Audit the advantages the rollouts carry (trainer_advantage; TRL's advantage) "
-            "against this registry baseline (verl: its algorithm.adv_estimator). Default for "
-            "TRL completion logs: grpo with ε = 1e-4, TRL's GRPO.",
+            "against this registry baseline, or verl's algorithm.adv_estimator name (grpo, "
+            "rloo, optimal_token_baseline, tir_optimal_token_baseline). Default for TRL "
+            "completion logs: grpo with ε = 1e-4, TRL's GRPO.",
         ),
     ] = None,
     allow_pickle: AllowPickleOption = False,

@@ -38,7 +38,7 @@ def build(
     from the final checkpoint and scored by the verifier. The default scenario: copy / reverse /
     sort of digit strings (3 to 40 digits), with single-turn and multi-turn tool-use rollouts.
     The long scenario: a running sum of 3 to 52 labelled digits written out line by line
-    (responses of 20 to about 350 tokens), 16 prompts x 128 responses. The shipped labs are
+    (responses of 20 to 400 tokens), 16 prompts x 128 responses. The shipped labs are
     `--seed 0`. The default scenario takes about 4 min on 2 cores, the long one about 20 min.
     Prints what was built (lab.json's content with --json).
 

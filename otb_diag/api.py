@@ -42,7 +42,7 @@ from otb_diag.policy.forward_pass import checkpoint_stats
 
 def embedded_default(scenario: str = "default") -> tuple[Path, Path]:
     """(final checkpoint directory, rollouts file) of a toy lab shipped with the package:
-    `default` (short copy/reverse/sort responses) or `long` (running sums, 20–350 tokens)."""
+    `default` (short copy/reverse/sort responses) or `long` (running sums, 20–400 tokens)."""
     return default_checkpoint(scenario), default_rollouts(scenario)
 
 

@@ -5,7 +5,7 @@ Each scenario is a directory `otb_diag/lab/<name>/` with `checkpoints/checkpoint
 
 - `default`: copy / reverse / sort of 3-40 digits; short responses (median 6 tokens), 16
   prompts x 32 responses, plus tool-use rollouts (`rollouts_tir.jsonl`);
-- `long`: running sums of 3-52 digits with a written scratchpad; responses of 20 to ~350
+- `long`: running sums of 3-52 digits with a written scratchpad; responses of 20 to 400
   tokens, 16 prompts x 128 responses.
 """
 

@@ -14,7 +14,7 @@ from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.loading import LoadOptions, rollouts_record
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.maths.estimators.registry import baseline_names, get_baseline
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline, resolve_name
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import session
@@ -36,6 +36,14 @@ class EnergySettings:
     reward_columns: tuple[str, ...] | None = None  # TRL completion logs: the reward's columns
     trainer_baseline: str | None = None  # audit the trainer's advantages against this baseline
 
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a baseline the
+        registry does not know (the CLI and the API get the same error)."""
+        for name in self.baselines:
+            get_baseline(name)  # lists the known ones
+        if self.trainer_baseline is not None:
+            resolve_name(self.trainer_baseline)  # a registry or verl adv_estimator name
+
 
 def run_energy(
     checkpoints: list[Path],
@@ -53,8 +61,7 @@ def run_energy(
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""
-    for name in settings.baselines:
-        get_baseline(name)  # an unknown name stops here, listing the known ones
+    settings.check()
     if checkpoints:
         settings.load.check()
     backend_device = resolve_device(settings.load.device).type if checkpoints else "cpu"

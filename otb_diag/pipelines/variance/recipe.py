@@ -90,6 +90,8 @@ class VarianceSettings:
             )
         if self.budget_s is not None and not self.budget_s > 0:
             raise InputError(f"budget must be positive, got {self.budget_s} s", field="budget")
+        for name in self.baselines:
+            get_baseline(name)  # an unknown name stops here, listing the known ones
 
 
 def run_variance(
@@ -109,8 +111,6 @@ def run_variance(
     the whole pool with the same seeds as one process, writes, and returns the summary; the other
     ranks return None."""
     settings.check()
-    for name in settings.baselines:
-        get_baseline(name)  # an unknown name stops here, listing the known ones
     settings.load.check()
     with session(resolve_device(settings.load.device).type) as d:
         if not d.is_main:

@@ -22,6 +22,7 @@ import pytest
 import torch
 from small_runs import invoke
 
+from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
@@ -206,3 +207,18 @@ def test_only_the_estimator_computes_advantages() -> None:
         if estimators not in p.parents
     ]
     assert not [hit for p in sources for hit in _advantage_recipes(p)]
+
+
+def test_the_registry_names_trainers_and_checks_names_before_any_work() -> None:
+    assert registry.resolve_name("optimal_token_baseline") == "otb"
+    assert registry.resolve_name("tir_optimal_token_baseline") == "otb"
+    assert registry.resolve_name("rloo") == "rloo"
+    assert registry.trainer_baseline("trl") == ("grpo", {"eps": 1e-4})
+    assert registry.trainer_baseline("verl") is None  # verl's estimator is whatever it was told
+    assert registry.family_of("otb-loo-true") == "otb" and registry.variant_of("otb-loo") == "loo"
+    with pytest.raises(InputError, match="known baselines: none, mean"):
+        EnergySettings(baselines=("none", "nope")).check()
+    with pytest.raises(InputError, match="unknown baseline 'gae'"):
+        EnergySettings(trainer_baseline="gae").check()
+    with pytest.raises(InputError, match="unknown baseline 'nope'"):
+        VarianceSettings(baselines=("none", "mean", "nope")).check()
