@@ -143,6 +143,24 @@ def variance_compare(
             "unless --force.",
         ),
     ] = "2h",
+    prompts_per_step: Annotated[
+        int | None,
+        typer.Option(
+            "--prompts-per-step",
+            min=1,
+            help="The batch of prompts your trainer takes a step on: the SNR |G|²/(tr Σ/P) is "
+            "given there. Default: the prompts of the rollouts.",
+        ),
+    ] = None,
+    current_n: Annotated[
+        int,
+        typer.Option(
+            "--current-n",
+            min=1,
+            help="The responses per prompt you train with (verl rollout.n, TRL "
+            "num_generations): the recommendation compares against mean at this N.",
+        ),
+    ] = 8,
     temperature: TemperatureOption = None,
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
@@ -163,15 +181,22 @@ def variance_compare(
     z-score against no baseline, and the equivalent group size: the N′ at which the mean baseline
     reaches this baseline's variance (the paper's "OTB at N = 4 matches mean at N = 32").
 
-    Writes variance.csv, fidelity.csv, summary.json and figures (variance against N, ratio to
-    mean, proxy fidelity) into --out.
+    Then how many prompts a step needs: the noise of a step split into within-prompt variance
+    (what a baseline reduces) and between-prompt spread (what none does), the gradient noise
+    scale B = tr Σ/|G|² in prompts and in tokens per step, and the (baseline, N) whose knee
+    costs the fewest tokens, beside mean at --current-n. Use head or full mode for the knee:
+    proxy scores carry no signal (|G|² = 0), so proxy mode gives the split only.
+
+    Writes variance.csv, noise_scale.csv, fidelity.csv, summary.json and figures (variance
+    against N, ratio to mean, tokens at the knee, proxy fidelity) into --out.
 
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
     from otb_diag.errors import InputError
     from otb_diag.io.loading import LoadOptions
     from otb_diag.io.scenarios import default_rollouts
-    from otb_diag.pipelines.variance.recipe import VarianceSettings, format_summary, run_variance
+    from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
+    from otb_diag.pipelines.variance.summary import format_summary
 
     try:
         sizes = tuple(int(n) for n in _csv(group_sizes))
@@ -204,6 +229,8 @@ def variance_compare(
         by_block=by_block,
         directions_per_block=directions_per_block,
         budget_s=_seconds(budget),
+        prompts_per_step=prompts_per_step,
+        current_n=current_n,
     )
     settings.check()  # before the default checkpoint is looked up
     summary = run_variance(

@@ -26,7 +26,8 @@ no such key, sorted by step; a step logged twice (a resumed run) keeps its last 
 `variance_proxy` holds verl's `proxy2_total_power` when the log has it and `proxy3_pure_noise`
 otherwise; `variance_proxy_kind` says which. proxy2 comes first because it is forward-only:
 proxy3 subtracts the squared gradient norm, so it moves with the very surge it should precede
-(and verl logs it as 0.0 when the norm is unavailable).
+(and verl logs it as 0.0 when the norm is unavailable). `proxy3_pure_noise` is kept beside it
+whenever logged, so `dynamics` can say that it mixes units (`dynamics/units.py`).
 
 `step`, `grad_norm` and the score are required; a missing one, a malformed line or a value that
 is not a number is an `InputError` naming the file, the line or row, and the field, and
@@ -54,6 +55,7 @@ COLUMNS = (
     "response_length",
     "variance_proxy",
     "variance_proxy_kind",
+    "proxy3_pure_noise",
     "tokens_sampled",
     "baseline",
     "group_size",
@@ -239,6 +241,7 @@ def _tidy(
         }
     )
     frame["variance_proxy"], frame["variance_proxy_kind"] = _variance_proxy(column, nan)
+    frame["proxy3_pure_noise"] = column.get("proxy3", nan)  # kept to say its units mix
     frame["baseline"] = _constant(raw, "baseline")
     group_size = _constant(raw, "group_size")
     frame["group_size"] = float(group_size) if group_size is not None else np.nan

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run
+from otb_diag.dynamics.units import MIXED_UNITS, proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import read_training_log, with_label
@@ -90,6 +91,7 @@ def run_dynamics(
                 "last_step": int(frame["step"].iloc[-1]),
                 "final_score_smoothed": float(final.iloc[-1]) if len(final) else None,
                 **result.summary(),
+                **proxy_units(frame),
             }
         )
     table = pd.concat(tables, ignore_index=True)
@@ -134,6 +136,9 @@ def format_summary(report: dict[str, Any]) -> str:
             f"{_cell(r['warning_step']):>8} {_cell(r['lead_steps']):>5} "
             f"{_cell(r['tokens_to_target'], '{:.3g}'):>15}  {r['variance_proxy_kind']}"
         )
+    mixed = [r["run"] for r in report["runs"] if r.get("proxy3_mixes_units")]
+    if mixed:
+        lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
     lines.append(f"rule: {report['rule']['description']}")
     lines.append(f"wrote dynamics.csv, collapse.json and 3 figures to {report['outputs']}")
     return "\n".join(lines)

@@ -190,3 +190,55 @@ def fig_proxy_fidelity(tokens: pd.DataFrame) -> Figure:
         ax.set_ylabel(r"true $\|\nabla_\theta \log p_t\|^2$")
         ax.set_title(f"Proxy fidelity: Spearman ρ = {rho:.3f} ({len(toks):,} tokens)")
     return fig
+
+
+def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
+    """Tokens per step at the knee, `B·N·L̄`, against group size N (log–log), one line per
+    baseline. Where `|G|²` is resolved from 0: a filled point with its 95 % interval (an
+    interval open above ends at the top of the axes). Elsewhere no knee is claimed, only a
+    lower bound: a hollow ▲ at the interval's low end ("at least this many tokens").
+
+    `table`: columns of `maths/variance/knee.py:noise_table` (aggregation, baseline,
+    group_size, noise_scale_tokens with _low and _high, grad_sq_resolved)."""
+    rows = _rows(table, aggregation)
+    sizes = sorted(rows["group_size"].unique())
+    fig, ax = new_figure(height_in=2.8)
+    with mpl.rc_context(STYLE):
+        finite = rows[["noise_scale_tokens_low", "noise_scale_tokens_high"]].replace(
+            math.inf, float("nan")
+        )
+        top = float(finite.max().max()) * 2
+        for label, curve in rows.groupby("baseline", sort=False):
+            curve = curve.sort_values("group_size")
+            color = baseline_color(label)
+            style = LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-")
+            resolved = curve[curve["grad_sq_resolved"].astype(bool)]
+            bound = curve[~curve["grad_sq_resolved"].astype(bool)]
+            y = resolved["noise_scale_tokens"].to_numpy()
+            high = resolved["noise_scale_tokens_high"].clip(upper=top).to_numpy()
+            low = resolved["noise_scale_tokens_low"].clip(lower=0).to_numpy()
+            ax.errorbar(
+                resolved["group_size"], y, yerr=[y - low, high - y], color=color,
+                linestyle=style, marker="o", markersize=2.5, capsize=1.5,
+                label=label if len(resolved) else None,
+            )  # fmt: skip
+            ax.plot(
+                bound["group_size"], bound["noise_scale_tokens_low"], linestyle=":",
+                linewidth=0.8, marker="^", markersize=3.5, markerfacecolor="none", color=color,
+                label=f"{label} (≥)" if len(bound) else None,
+            )  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("group size N (responses per prompt)")
+        _plain_log_ticks(ax.yaxis)
+        ax.set_ylabel(r"tokens per step at the knee $B\,N\,\bar L$")
+        ax.set_title(f"Cost of a step at the noise scale ({aggregation})")
+        unresolved = not rows["grad_sq_resolved"].astype(bool).all()
+        ax.legend(
+            loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
+            title="(≥): |G|² not resolved,\nknee at least there" if unresolved else None,
+            title_fontsize=6,
+        )  # fmt: skip
+    return fig

@@ -183,6 +183,35 @@ def test_reads_verl_jsonl_file_logger_rows(tmp_path: Path) -> None:
     assert log.frame["baseline"].isna().all()
 
 
+def test_verl_proxy3_beside_the_gradient_norm_is_said_to_mix_units(tmp_path: Path) -> None:
+    """proxy3 = (proxy2 − grad_norm²)/(N − 1) subtracts a parameter-space norm from a
+    logit-space energy: the run's summary and the printed text say so; proxy2 alone does not."""
+    rows = [
+        {
+            "training/global_step": s,
+            "actor/grad_norm": 0.5,
+            "critic/score/mean": 0.1,
+            "variance_proxy/proxy2_total_power": 1.5,
+            "variance_proxy/proxy3_pure_noise": 0.2,
+        }
+        for s in range(1, 6)
+    ]
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    clean = write_jsonl(
+        tmp_path / "clean.jsonl",
+        [{k: v for k, v in r.items() if "proxy3" not in k} for r in rows],
+    )
+    args = ["dynamics", "--log", str(mixed), "--log", str(clean), "--out", str(tmp_path / "d")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    report = json.loads((tmp_path / "d" / "collapse.json").read_text())
+    by_run = {r["run"]: r for r in report["runs"]}
+    assert by_run["mixed"]["proxy3_mixes_units"] and "mixed units" in by_run["mixed"]["units_note"]
+    assert not by_run["clean"]["proxy3_mixes_units"] and by_run["clean"]["units_note"] is None
+    assert "note (mixed): proxy3_pure_noise subtracts actor/grad_norm²" in out
+
+
 def test_reads_a_wandb_csv_with_run_prefixes(tmp_path: Path) -> None:
     path = tmp_path / "export.csv"
     path.write_text(

@@ -127,6 +127,10 @@ def test_sections_come_in_order_and_verdicts_are_read_from_the_runs(
     assert order == sorted(order)
     verdicts = Page(page[: order[1]]).text
 
+    # The budget recommendation leads the verdicts.
+    advice = json.loads((all_runs / "variance" / "summary.json").read_text())["noise_scale"]
+    first = verdicts.index("prompts and responses per step")
+    assert first < verdicts.index("OTB vs mean") and advice["text"] in verdicts
     summary = json.loads((all_runs / "variance" / "summary.json").read_text())
     metrics = collect_metrics(all_runs / "variance")
     for mode in ("proxy", "full"):

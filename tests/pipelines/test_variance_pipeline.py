@@ -99,11 +99,45 @@ def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
     for name in ["variance_vs_n_full", "ratio_to_mean_head", "proxy_fidelity"]:
         assert (out / f"{name}.png").exists()  # content: tests/plots/test_figures_from_tables.py
     assert "OTB/mean" in result.stdout
+    assert "noise of a step (full mode, token-sum)" in result.stdout
+    assert f"recommendation: {summary['noise_scale']['text']}" in result.stdout
     # N = 4 measured, N′ read off N ≤ 4 (pools of 8): a verdict per mode, printed as well
     assert [c["mode"] for c in summary["paper_claim"]] == ["proxy", "head", "full"]
     for claim in summary["paper_claim"]:
         assert claim["verdict"] in ("not reproduced", "undecided")
         assert f"{claim['mode']}: {claim['verdict']}: {claim['text']}." in result.stdout
+
+
+def test_noise_scale_split_knee_and_recommendation(runs: Path) -> None:
+    """The session run (proxy and full modes, reduced default): noise_scale.csv holds the split
+    and the knee with intervals per baseline and N; proxy rows claim no knee; summary.json
+    carries the recommendation and the printed knee rows; the figure of the knee exists."""
+    out = runs / "variance"
+    noise = pd.read_csv(out / "noise_scale.csv")
+    variance = pd.read_csv(out / "variance.csv")
+    keys = ["mode", "aggregation", "baseline", "group_size"]
+    assert len(noise) == len(variance)
+    assert noise[keys].equals(variance[keys])
+    np.testing.assert_allclose(noise["total"], noise["within"] + noise["between"], rtol=1e-12)
+    for name in ("within", "between", "total", "within_share"):
+        assert (noise[f"{name}_low"] <= noise[name]).all()
+        assert (noise[name] <= noise[f"{name}_high"]).all()
+    proxy, full = noise[noise["mode"] == "proxy"], noise[noise["mode"] == "full"]
+    assert proxy["noise_scale"].isna().all() and not proxy["grad_sq_resolved"].any()
+    assert full["grad_sq"].notna().all()
+    resolved = full[full["grad_sq_resolved"]]
+    np.testing.assert_allclose(resolved["noise_scale"], resolved["total"] / resolved["grad_sq"])
+    np.testing.assert_allclose(
+        resolved["noise_scale_tokens"],
+        resolved["noise_scale"] * resolved["group_size"] * resolved["mean_response_tokens"],
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    advice = summary["noise_scale"]
+    assert advice["mode"] == "full" and advice["prompts"] == 4 and advice["few_prompts"]
+    assert "only 4 prompts" in advice["text"]
+    assert summary["knee"]["mode"] == "full"
+    assert len(summary["knee"]["rows"]) == len(full[full["aggregation"] == "token-sum"])
+    assert (out / "knee_tokens_full.png").exists()
 
 
 @pytest.mark.slow  # three variance-compare runs
@@ -154,7 +188,7 @@ def claim_row(n: int, equiv: float, where: str) -> dict:
 
 
 def test_paper_claim_verdicts() -> None:
-    from otb_diag.pipelines.variance.recipe import paper_claim
+    from otb_diag.pipelines.variance.summary import paper_claim
 
     [v] = paper_claim([claim_row(2, 3.0, "within"), claim_row(4, 10.4, "within")], 16)
     assert v["verdict"] == "not reproduced" and "N′ ≈ 10.4, not 32 (2.6× fewer" in v["text"]

@@ -136,6 +136,32 @@ def test_ratio_to_mean_bars_are_the_tables_ratios(variance) -> None:
     assert [line.get_ydata()[0] for line in ax.get_lines()] == [1.0]
 
 
+def test_knee_tokens_draws_resolved_points_and_lower_bounds() -> None:
+    """A planted table: resolved rows are points at B·N·L̄ with their interval, unresolved rows
+    hollow triangles at the interval's low end, legend and labels say which."""
+    rows = []
+    for baseline, resolved in (("mean", True), ("otb", False)):
+        for n, tokens in ((2, 800.0), (4, 600.0)):
+            rows.append({
+                "aggregation": "token-sum", "baseline": baseline, "group_size": n,
+                "noise_scale_tokens": tokens, "noise_scale_tokens_low": tokens / 2,
+                "noise_scale_tokens_high": tokens * 2, "grad_sq_resolved": resolved,
+            })  # fmt: skip
+    table = pd.DataFrame(rows)
+    ax = plots_variance.fig_knee_tokens(table).axes[0]
+    assert sorted(legend_labels(ax)) == ["mean", "otb (≥)"]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    (points,) = [c.lines[0] for c in ax.containers if c.get_label() == "mean"]  # errorbar
+    np.testing.assert_allclose(points.get_ydata(), [800.0, 600.0])
+    np.testing.assert_allclose(lines["otb (≥)"].get_ydata(), [400.0, 300.0])  # lower bounds
+    assert lines["otb (≥)"].get_marker() == "^" and lines["otb (≥)"].get_markerfacecolor() == "none"
+    assert to_hex(points.get_color()) == to_hex(baseline_color("mean"))
+    segments = [s for c in ax.collections for s in c.get_segments()]  # the error bars
+    assert any(np.allclose(seg[:, 1], [400.0, 1600.0]) for seg in segments)
+    assert "knee" in ax.get_ylabel() and "group size N" in ax.get_xlabel()
+    assert "not resolved" in ax.get_legend().get_title().get_text()
+
+
 def test_unknown_aggregation_is_named(variance) -> None:
     with pytest.raises(ValueError, match="no rows for aggregation 'token-max'"):
         plots_variance.fig_ratio_to_mean(variance, "token-max")

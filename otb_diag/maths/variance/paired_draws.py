@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -161,6 +161,29 @@ def pool_score_means(scores: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     return sums / tokens.clamp_min(1)[:, None]
 
 
+class DrawSet(NamedTuple):
+    """One (aggregation, baseline)'s estimates on the paired draws.
+
+    g, g_centred: `[R, k]` per draw (see `draw_estimates`); prompt_sums, prompt_squares:
+    `[P, k]` sums over draws of each prompt's own estimate `ĝ_{r,p} = P · g_{r,p}` (its share
+    of `g_r = (1/P) Σ_p ĝ_{r,p}`) and of its squares, coordinate by coordinate: the moments
+    `noise_scale.py` splits the variance with, between prompts and within them."""
+
+    g: np.ndarray
+    g_centred: np.ndarray
+    prompt_sums: np.ndarray
+    prompt_squares: np.ndarray
+
+
+def _pool_layout(rows: np.ndarray, pad: int) -> np.ndarray:
+    """`[P, M_max]` pool rows each prompt's draws use (`rows: [R, P, N]`), padded with `pad`."""
+    used = [np.unique(rows[:, p]) for p in range(rows.shape[1])]
+    layout = np.full((len(used), max(len(u) for u in used)), pad, dtype=np.int64)
+    for p, u in enumerate(used):
+        layout[p, : len(u)] = u
+    return layout
+
+
 def draw_estimates(
     returns: Tensor,
     mask: Tensor,
@@ -174,7 +197,7 @@ def draw_estimates(
     is_weights: Tensor | None = None,
     estimator: Estimator = Estimator(tir=False),
     max_elements: int = 2**24,
-) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+) -> dict[tuple[str, str], DrawSet]:
     """`g_r` of every draw for every (aggregation, baseline label), all on the same draws.
 
     returns, mask: `[B, T]` pool tensors; scores: `[B, T, k]`; energies: source -> per-token
@@ -182,8 +205,8 @@ def draw_estimates(
     is_weights: `[B, T]` ρ of the pool or None. Each draw's advantages come from the one
     estimator (`token_advantages`) on the drawn rows alone, under `estimator` (decided for the
     pool: `Estimator.resolved`), exactly as `energy` computes them on a whole batch.
-    Returns (aggregation, label) -> (`g: [R, k]`, `g_centred: [R, k]`), where `g_centred` uses
-    the scores `s_t - centres[p]` on prompt p's generated tokens. By linearity
+    Returns (aggregation, label) -> `DrawSet`, whose `g_centred` uses the scores
+    `s_t - centres[p]` on prompt p's generated tokens. By linearity
     `g_centred_r = g_r - sum_p a_rp centres[p]` with `a_rp = sum_{i in p, t} c_it A_it`.
     Draws are processed in chunks of C so that the `[C, B, T]` coefficients stay within
     `max_elements`.
@@ -191,12 +214,18 @@ def draw_estimates(
     draws, prompts, n = rows.shape
     b, t, k = scores.shape
     returns, mask, centres = returns.double(), mask.double(), centres.double()
-    flat_scores = scores.double().reshape(b * t, k)
+    # Scores laid out pool by pool ([P, M_max * T, k], a zero row as padding), so that each
+    # prompt's share g_{r,p} = sum_{i in p, t} c_it A_it s_it is one batched matmul.
+    layout = torch.as_tensor(_pool_layout(rows, pad=b), device=mask.device)  # [P, M_max]
+    padded = torch.cat([scores.double(), scores.new_zeros(1, t, k, dtype=torch.float64)])
+    pool_scores = padded[layout.reshape(-1)].view(prompts, -1, k)  # [P, M_max * T, k]
     energies = {src: w.double() for src, w in energies.items()}
     is_weights = None if is_weights is None else is_weights.double()
     chunk = max(1, max_elements // max(b * t, 1))
     raw = {(agg, spec.label): np.empty((draws, k)) for agg in aggregations for spec in specs}
     centred = {key: np.empty((draws, k)) for key in raw}
+    sums = {key: np.zeros((prompts, k)) for key in raw}
+    squares = {key: np.zeros((prompts, k)) for key in raw}
     for lo in range(0, draws, chunk):
         c = min(chunk, draws - lo)
         sub = torch.as_tensor(rows[lo : lo + c].reshape(-1), device=mask.device)  # [C*P*N]
@@ -216,15 +245,21 @@ def draw_estimates(
                 spec.name, returns[sub], sub_mask, group, w, is_weights=rho, estimator=estimator
             )
             for agg, weight in weights.items():
-                # Scatter c*A back onto the pool (a row appears at most once per draw), then
-                # g_r = sum_{b,t} coef[r, b, t] s[b, t] is one matmul, never a [C, P*N, T, k].
-                coef = returns.new_zeros(c, b, t)
+                key = (agg, spec.label)
+                # Scatter c*A back onto the pool (a row appears at most once per draw; row b is
+                # the padding), then gather it pool by pool: never a [C, P*N, T, k].
+                coef = returns.new_zeros(c, b + 1, t)
                 coef[draw, sub] = weight * adv
-                g = coef.view(c, b * t) @ flat_scores
+                pool_coef = coef[:, layout.reshape(-1)].view(c, prompts, -1)  # [C, P, M_max*T]
+                shares = torch.einsum("cpn,pnk->cpk", pool_coef, pool_scores)  # g_{r,p}
+                g = shares.sum(1)  # g_r = sum_p g_{r,p}
                 mass = (weight * adv).sum(-1).view(c, prompts, n).sum(-1)  # a_rp: [C, P]
-                raw[agg, spec.label][lo : lo + c] = g.cpu().numpy()
-                centred[agg, spec.label][lo : lo + c] = (g - mass @ centres).cpu().numpy()
-    return {key: (raw[key], centred[key]) for key in raw}
+                per_prompt = (prompts * shares).cpu().numpy()  # ĝ_{r,p} = P g_{r,p}
+                raw[key][lo : lo + c] = g.cpu().numpy()
+                centred[key][lo : lo + c] = (g - mass @ centres).cpu().numpy()
+                sums[key] += per_prompt.sum(0)
+                squares[key] += np.square(per_prompt).sum(0)
+    return {key: DrawSet(raw[key], centred[key], sums[key], squares[key]) for key in raw}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,18 +301,18 @@ def _check(specs: Sequence[BaselineSpec], energies: Mapping[str, Tensor], draws:
 class PairedDraws:
     """The draws of every N with their estimates, ready for `variance_table`.
 
-    per_size: N -> (`draw_estimates`' output, bootstrap counts `[S, R]`, constant groups).
+    per_size: N -> (`draw_estimates`' output, bootstrap counts `[S, R]`, constant groups);
+    pool_sizes: `[P]` responses in each prompt's pool (ascending group id, as the draws).
     """
 
-    per_size: dict[
-        int, tuple[dict[tuple[str, str], tuple[np.ndarray, np.ndarray]], np.ndarray, int]
-    ]
+    per_size: dict[int, tuple[dict[tuple[str, str], DrawSet], np.ndarray, int]]
     specs: list[BaselineSpec]
     aggregations: list[str]
     sizes: list[int]
     draws: int
     prompts: int
     metadata: dict[str, Any]
+    pool_sizes: np.ndarray
 
 
 def paired_estimates(
@@ -334,7 +369,10 @@ def paired_estimates(
         "score_dim": int(scores.shape[-1]),
         "variance": "trace of the sample covariance over draws, 1/(R-1)",
     }
-    return PairedDraws(per_size, specs, list(aggregations), sizes, draws, len(pools), metadata)
+    return PairedDraws(
+        per_size, specs, list(aggregations), sizes, draws, len(pools), metadata,
+        np.asarray(pool_sizes),
+    )  # fmt: skip
 
 
 def variance_table(
@@ -349,8 +387,9 @@ def variance_table(
     for agg in paired.aggregations:
         for spec in paired.specs:
             for n, (estimates, counts, constant) in paired.per_size.items():
-                g, centred = (x[:, coordinates] for x in estimates[agg, spec.label])
-                none_centred = estimates[agg, UNBIASED_REFERENCE][1][:, coordinates]
+                drawn = estimates[agg, spec.label]
+                g, centred = drawn.g[:, coordinates], drawn.g_centred[:, coordinates]
+                none_centred = estimates[agg, UNBIASED_REFERENCE].g_centred[:, coordinates]
                 records.append(
                     {
                         "mode": paired.metadata["mode"],

@@ -26,6 +26,7 @@ from otb_diag.io.atomic import write_json
 from otb_diag.io.scenarios import check_scenario, default_checkpoints
 from otb_diag.io.scenarios import default_rollouts as scenario_rollouts
 from otb_diag.io.training_logs import read_training_log
+from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
@@ -122,6 +123,7 @@ def run_figures(
     t0 = time.perf_counter()
     settings = VarianceSettings(
         modes=plan.variance_modes,
+        baselines=baseline_names(),  # every registered baseline, leave-one-out variants too
         draws=plan.draws,
         bootstrap=plan.bootstrap,
         sketch_dim=plan.sketch_dim,
@@ -132,8 +134,10 @@ def run_figures(
     exact = plan.variance_modes[-1]
     keep(
         runs / "variance",
-        [f"variance_vs_n_{exact}", f"ratio_to_mean_{exact}", "proxy_fidelity"],
+        [f"variance_vs_n_{exact}", f"ratio_to_mean_{exact}", f"knee_tokens_{exact}"]
+        + ["proxy_fidelity"],
         f"otb-diag variance-compare{scenario_flag} --mode {','.join(plan.variance_modes)} "
+        f"--baselines {','.join(settings.baselines)} "
         f"--group-sizes {','.join(map(str, plan.group_sizes))} "
         f"--draws {plan.draws} --sketch-dim {plan.sketch_dim}",
     )
@@ -206,6 +210,7 @@ def run_figures(
         "figures": made,
         "timings": timings,
         "paper_claim": variance["paper_claim"] if variance else None,
+        "noise_scale": variance["noise_scale"] if variance else None,
         "sweep": sweep,
         "collapse": [
             {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}

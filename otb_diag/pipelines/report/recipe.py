@@ -161,7 +161,11 @@ def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) ->
 def _verdicts(
     runs: list[Run], regressions: list[Regression]
 ) -> tuple[list[verdicts.Verdict], list[str]]:
-    found: list[verdicts.Verdict] = []
+    # The budget recommendations lead: they answer what a user came to decide.
+    found: list[verdicts.Verdict] = [
+        v for run in runs if run.command == "variance-compare"
+        for v in verdicts.budget_verdict(run.record, run.label)
+    ]  # fmt: skip
     absent: list[str] = []
     for run in runs:
         if run.command == "variance-compare":

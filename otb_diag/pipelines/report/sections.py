@@ -65,6 +65,13 @@ CAPTIONS = {
         "vertical line: the variance warning, dotted: the collapse; the distance between them "
         "is the lead time a monitor would have had."
     ),
+    "knee_tokens": (
+        "Tokens a step costs at the gradient noise scale, B·N·L̄ (B = tr Σ/|G|² prompts, N "
+        "responses each, L̄ tokens a response), against N, one line per baseline with its 95 % "
+        "jackknife interval over prompts; an arrow marks an interval open above. Lower is "
+        "cheaper: past the knee, more prompts per step buy little. Only points whose |G|² is "
+        "resolved from zero are drawn."
+    ),
     "score_vs_tokens": (
         "Score against the running total of sampled tokens: a run further left reaches a "
         "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
@@ -77,6 +84,7 @@ FIGURES = {
     "variance-compare": [
         f"{f}_{m}" for m in ("proxy", "head", "full") for f in ("variance_vs_n", "ratio_to_mean")
     ]
+    + [f"knee_tokens_{m}" for m in ("head", "full")]
     + ["proxy_fidelity"],
     "dynamics": ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"],
     "train": [],

@@ -2,7 +2,9 @@
 run measured one, its 95 % interval. Read from the files the commands wrote; nothing is
 re-measured here.
 
-- variance-compare: OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
+- variance-compare: first the recommendation of prompts and responses per step (the knee of the
+  gradient noise scale, `maths/variance/knee.py:recommend`, in summary.json's `noise_scale`),
+  then OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
   with the intervals `otb-diag regress` uses (`regress/run_metrics.variance_metrics`: the bootstrap
   interval of the variance widened for the seeded projection, propagated through the
   mean-baseline curve), and the paper-claim verdict of summary.json;
@@ -50,6 +52,16 @@ def _equivalent(value: float, max_n: int) -> str:
 
 def _fraction(x: float) -> str:
     return f"{x:.0%}".replace("%", " %")
+
+
+def budget_verdict(summary: dict[str, Any], label: str) -> list[Verdict]:
+    """The recommendation sentence of summary.json's `noise_scale` (none from older runs)."""
+    advice = summary.get("noise_scale")
+    if not advice:
+        return []
+    mode = advice.get("mode")
+    where = f"{mode} mode, {advice.get('aggregation')}" if mode else "no signal"
+    return [Verdict(f"prompts and responses per step ({label})", f"{advice['text']} ({where}).")]
 
 
 def variance_verdicts(run_dir: Path, summary: dict[str, Any], label: str) -> list[Verdict]:

@@ -28,6 +28,7 @@ from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error
+from otb_diag.maths.variance.knee import noise_table, recommend
 from otb_diag.maths.variance.paired_draws import (
     DEFAULT_AGGREGATIONS,
     DEFAULT_GROUP_SIZES,
@@ -38,6 +39,12 @@ from otb_diag.maths.variance.paired_draws import (
 from otb_diag.pipelines.variance.measure import fidelity_rows as fidelity_rows_of
 from otb_diag.pipelines.variance.measure import full_record, measure
 from otb_diag.pipelines.variance.measure import response_tokens_for_balance as balance_size
+from otb_diag.pipelines.variance.summary import (
+    headline,
+    knee_rows,
+    paper_claim,
+    write_noise,
+)
 from otb_diag.plots import variance as plots_variance
 from otb_diag.plots.style import save_figure
 from otb_diag.policy.scores.cost import DEFAULT_BUDGET_S
@@ -75,6 +82,8 @@ class VarianceSettings:
     by_block: bool = False  # full mode: variance per parameter block (variance_blocks.csv)
     directions_per_block: int | None = None  # default ⌈sketch_dim / blocks⌉
     budget_s: float | None = DEFAULT_BUDGET_S  # full mode refuses longer runs unless force
+    prompts_per_step: int | None = None  # the batch the SNR is given at (default: the pool's P)
+    current_n: int = 8  # the group size the user trains with: the recommendation's reference
 
     def check(self) -> None:
         """Raise `InputError` now, before anything is read or written, for a mode, engine or
@@ -160,7 +169,7 @@ def _run(
         disable=not (progress and d.is_main),
     )
     tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
-    block_frames, full_info = [], {}
+    block_frames, noise_frames, full_info = [], [], {}
     timings: dict[str, float] = {}
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
@@ -215,6 +224,10 @@ def _run(
                 estimator=estimator,
             )
             tables.append(variance_table(paired).assign(step=step))
+            mean_tokens = float(batch.length.double().mean())  # L̄: tokens sampled a response
+            noise_frames.append(
+                noise_table(paired, mean_tokens, settings.prompts_per_step).assign(step=step)
+            )
             metadata[f"{mode}@{step}"] = paired.metadata
             if mode == "full":
                 full_info[str(step)] = full_record(
@@ -228,6 +241,10 @@ def _run(
         return None
 
     variance = pd.concat(tables, ignore_index=True)
+    noise = pd.concat(noise_frames, ignore_index=True)
+    last_noise = noise[noise["step"] == noise["step"].max()]
+    if len(checkpoints) == 1:
+        noise = noise.drop(columns="step")
     if len(checkpoints) == 1:
         variance = variance.drop(columns="step")
     fid = pd.DataFrame(fidelity_rows)
@@ -235,6 +252,7 @@ def _run(
     if blocks is not None and len(checkpoints) == 1:
         blocks = blocks.drop(columns="step")
     outputs = _write(out, variance, fid, fidelity_tokens, settings, blocks)
+    outputs += write_noise(out, noise, last_noise)
     timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return {
@@ -244,6 +262,8 @@ def _run(
         "draws": metadata,
         "headline": rows,
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
+        "noise_scale": recommend(last_noise, settings.current_n),
+        "knee": knee_rows(last_noise),
         "fidelity": fidelity_rows,
         "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
         "full": full_info,
@@ -293,118 +313,3 @@ def _write(
     for name, fig in figures.items():
         files += [p.name for p in save_figure(fig, out, name)]
     return files
-
-
-def headline(variance: pd.DataFrame) -> list[dict[str, Any]]:
-    """The paper's comparison, read off the table: OTB's equivalent mean-baseline group size per
-    mode and N (first aggregation), with the ratio to the mean baseline and to RLOO."""
-    rows = []
-    for (mode, agg), frame in variance.groupby(["mode", "aggregation"], sort=False):
-        if agg != variance["aggregation"].iloc[0]:
-            continue
-        if "step" in frame:
-            frame = frame[frame["step"] == frame["step"].max()]
-        otb = frame[frame["baseline"] == "otb"].set_index("group_size")
-        rloo = frame[frame["baseline"] == "rloo"].set_index("group_size")["variance"]
-        for n, row in otb.iterrows():
-            rows.append(
-                {
-                    "mode": mode,
-                    "aggregation": agg,
-                    "group_size": int(n),
-                    "otb_ratio_to_mean": float(row["ratio_to_mean"]),
-                    "otb_ratio_to_rloo": float(row["variance"] / rloo[n]) if n in rloo else None,
-                    "equivalent_mean_group_size": float(row["equivalent_mean_group_size"]),
-                    "equivalent_range": row.get("equivalent_range"),
-                    "token_savings": float(row["token_savings"]),
-                }
-            )
-    return rows
-
-
-# The paper's claim: OTB with 4 responses per prompt matches the group-mean baseline with 32.
-CLAIM_N, CLAIM_EQUIVALENT_N = 4, 32
-
-
-def paper_claim(rows: list[dict[str, Any]], max_n: int) -> list[dict[str, Any]]:
-    """Per mode, whether this run reproduces "OTB at N = 4 ≈ mean at N = 32", read off the
-    `headline` rows at N = 4 (`max_n`: the largest N measured): `reproduced` (mean-equivalent
-    N′ ≥ 32), `not reproduced` (N′ < 32, measured), or `undecided` (N′ beyond `max_n` < 32).
-    No row at N = 4 (pools smaller than 8, or N = 4 not requested) gives no verdict."""
-    verdicts = []
-    for h in rows:
-        if h["group_size"] != CLAIM_N:
-            continue
-        equiv = h["equivalent_mean_group_size"]  # inf when beyond the measured range
-        if h["equivalent_range"] == "beyond" and max_n < CLAIM_EQUIVALENT_N:
-            verdict = "undecided"
-            text = (
-                f"OTB at N={CLAIM_N} beats the mean baseline at every measured N (up to "
-                f"{max_n}); pools of M ≥ {2 * CLAIM_EQUIVALENT_N} are needed to reach "
-                f"N = {CLAIM_EQUIVALENT_N}"
-            )
-        elif equiv >= CLAIM_EQUIVALENT_N:
-            verdict = "reproduced"
-            text = f"OTB at N={CLAIM_N} matches the mean baseline at N′ ≥ {CLAIM_EQUIVALENT_N}"
-        else:
-            verdict = "not reproduced"
-            text = (
-                f"OTB at N={CLAIM_N} matches the mean baseline at N′ ≈ {equiv:.1f}, not "
-                f"{CLAIM_EQUIVALENT_N} ({equiv / CLAIM_N:.1f}× fewer tokens, paper "
-                f"{CLAIM_EQUIVALENT_N // CLAIM_N}×)"
-            )
-        verdicts.append({"mode": h["mode"], "verdict": verdict, "text": text})
-    return verdicts
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The short human summary `otb-diag variance-compare` prints: the headline, plainly."""
-    lines = [
-        f"{'mode':<6} {'N':>3} {'OTB/mean':>9} {'OTB/RLOO':>9} {'mean-equivalent N':>18}"
-        f" {'token saving':>13}"
-    ]
-    bound = {"beyond": "≥", "below": "≤"}  # savings are bounds outside the measured N
-    max_n = max(h["group_size"] for h in summary["headline"])  # requested N are capped at M/2
-    for h in summary["headline"]:
-        equiv, where = h["equivalent_mean_group_size"], h["equivalent_range"]
-        shown = f"> {max_n}" if where == "beyond" else (f"{equiv:.1f}")
-        ratio_rloo = h["otb_ratio_to_rloo"]
-        saving = f"{bound.get(where, '')}{h['token_savings']:.0%}"
-        lines.append(
-            f"{h['mode']:<6} {h['group_size']:>3} {h['otb_ratio_to_mean']:>9.3f} "
-            f"{(f'{ratio_rloo:.3f}' if ratio_rloo is not None else '-'):>9} {shown:>18} "
-            f"{saving:>13}"
-        )
-    lines.append("")
-    lines.append(
-        "OTB/mean < 1 means OTB has lower variance than the group mean at the same N; "
-        "the mean-equivalent N is the group size at which the mean baseline would "
-        "reach OTB's variance (log-log interpolation over the measured N)."
-    )
-    for c in summary["paper_claim"]:
-        lines.append(
-            f"paper's claim (OTB N={CLAIM_N} ≈ mean N={CLAIM_EQUIVALENT_N}), {c['mode']}: "
-            f"{c['verdict']}: {c['text']}."
-        )
-    for step, full in summary.get("full", {}).items():
-        err = full["jl_error"]
-        lines.append(
-            f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² {full['sq_norm']}"
-        )
-        if err:
-            lines.append(
-                f"projection error (k={err['k']}, measured over {err['subsketches']} "
-                f"sub-sketches): variances ±{err['variance_relative_error']:.1%} (worst case "
-                f"√(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
-                f"±{err['ratio_relative_error']:.1%}"
-            )
-    for f in summary["fidelity"]:
-        if f.get("block", "all") != "all":
-            continue
-        lines.append(
-            f"proxy fidelity ({f['mode']}, step {f['step']}): Spearman "
-            f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "
-            f"{f['tokens']} tokens"
-        )
-    lines.append(f"wrote {len(summary['outputs'])} files to {summary['out']}")
-    return "\n".join(lines)

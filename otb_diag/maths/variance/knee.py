@@ -1,0 +1,161 @@
+"""The knee of every (mode, aggregation, baseline, N) and the recommendation read off them
+(docs/theory.md §4.1): the noise scale in prompts, responses and tokens per step, and the
+(baseline, N) that reaches the knee with the fewest tokens a step.
+
+`noise_table` turns the paired draws into one row per (aggregation, baseline, N) with the
+estimates of `noise_scale.py` and their intervals; `recommend` picks the cheapest knee whose
+`|G|²` is resolved from zero, beside the `mean` baseline at the group size the user trains with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from otb_diag.maths.estimators.registry import TRUE_SUFFIX
+from otb_diag.maths.variance.noise_scale import FEW_PROMPTS, PromptMoments, noise_estimates
+from otb_diag.maths.variance.paired_draws import PROXY, PairedDraws
+
+KNEE_COLUMNS = ("noise_scale", "noise_scale_responses", "noise_scale_tokens", "snr", "grad_sq")
+PREFERRED_MODES = ("full", "head")  # modes with a real signal, the most exact first
+REFERENCE = "mean"
+
+
+def noise_table(
+    paired: PairedDraws, mean_tokens: float, prompts_per_step: int | None = None
+) -> pd.DataFrame:
+    """One row per (aggregation, baseline label, N) of `paired`: the estimates and intervals of
+    `noise_scale.noise_estimates`, with the knee in responses (`B·N`) and tokens (`B·N·L̄`,
+    `mean_tokens` = L̄). In `proxy` mode the scores carry no signal (`|G|² = 0` by
+    construction): its knee columns are NaN and `grad_sq_resolved` False."""
+    mode = paired.metadata["mode"]
+    records = []
+    for agg in paired.aggregations:
+        for spec in paired.specs:
+            for n, (estimates, _, _) in paired.per_size.items():
+                drawn = estimates[agg, spec.label]
+                moments = PromptMoments(
+                    drawn.prompt_sums, drawn.prompt_squares, paired.pool_sizes, paired.draws, n
+                )
+                row = noise_estimates(moments, prompts_per_step)
+                for end in ("", "_low", "_high"):
+                    b = row[f"noise_scale{end}"]
+                    row[f"noise_scale_responses{end}"] = b * n  # B·N
+                    row[f"noise_scale_tokens{end}"] = b * n * mean_tokens  # B·N·L̄
+                if mode == PROXY:
+                    for name in KNEE_COLUMNS:
+                        for end in ("", "_low", "_high"):
+                            row[f"{name}{end}"] = math.nan
+                    row["grad_sq_resolved"] = False
+                records.append(
+                    {
+                        "mode": mode,
+                        "aggregation": agg,
+                        "baseline": spec.label,
+                        "group_size": n,
+                        **row,
+                        "prompts": paired.prompts,
+                        "mean_response_tokens": mean_tokens,
+                    }
+                )
+    return pd.DataFrame(records)
+
+
+def _knee_text(row: pd.Series) -> str:
+    tokens = row["noise_scale_tokens"]
+    return (
+        f"{row['baseline']} at N = {int(row['group_size'])}: knee at ~{row['noise_scale']:.3g} "
+        f"prompts ({tokens / 1e3:.3g} k tokens a step; 95 % "
+        f"{_bound(row['noise_scale_tokens_low'] / 1e3)}–"
+        f"{_bound(row['noise_scale_tokens_high'] / 1e3)} k)"
+    )
+
+
+def _bound(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.3g}"
+
+
+def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
+    """The (baseline, N) with the fewest tokens per step at the knee, among rows whose `|G|²`
+    interval lies above 0, in the most exact mode with a signal and the table's first
+    aggregation; beside `mean` at `current_n` (the nearest measured N when it was not measured)
+    and the share of the noise that no baseline can remove there (the between-prompt spread).
+    `-true` rows (energies no trainer has) are not candidates. `claim` is None, and the text
+    says why, when no knee is resolved."""
+    modes = [m for m in PREFERRED_MODES if (table["mode"] == m).any()]
+    if not modes:
+        return {
+            "mode": None,
+            "claim": None,
+            "text": "no knee: proxy scores carry no signal (|G|² = 0 by construction); "
+            "run with --mode head or full",
+        }
+    mode = modes[0]
+    rows = table[table["mode"] == mode]
+    rows = rows[rows["aggregation"] == rows["aggregation"].iloc[0]]
+    sizes = sorted(rows["group_size"].unique())
+    n_ref = int(min(sizes, key=lambda n: (abs(n - current_n), n)))
+    ref = rows[(rows["baseline"] == REFERENCE) & (rows["group_size"] == n_ref)]
+    candidates = rows[rows["grad_sq_resolved"] & ~rows["baseline"].str.endswith(TRUE_SUFFIX)]
+    prompts = int(rows["prompts"].iloc[0])
+    few = prompts < FEW_PROMPTS
+    out: dict[str, Any] = {
+        "mode": mode,
+        "aggregation": str(rows["aggregation"].iloc[0]),
+        "current_n": current_n,
+        "reference_n": n_ref,
+        "prompts": prompts,
+        "few_prompts": few,
+    }
+    parts = []
+    if candidates.empty:
+        out["claim"] = None
+        parts.append(
+            f"{mode} mode: |G|² is not resolved from zero for any baseline and N (its 95 % "
+            "interval reaches 0), so no knee is claimed"
+        )
+    else:
+        best = candidates.loc[candidates["noise_scale_tokens"].idxmin()]
+        out["claim"] = {
+            "baseline": str(best["baseline"]),
+            "group_size": int(best["group_size"]),
+            **{c: float(best[c]) for c in ("noise_scale", "noise_scale_tokens")},
+            "noise_scale_tokens_low": float(best["noise_scale_tokens_low"]),
+            "noise_scale_tokens_high": float(best["noise_scale_tokens_high"]),
+        }
+        parts.append(_knee_text(best))
+    if not ref.empty:
+        r = ref.iloc[0]
+        between = 1 - float(r["within_share"])
+        out["reference"] = {
+            "baseline": REFERENCE,
+            "group_size": n_ref,
+            "resolved": bool(r["grad_sq_resolved"]),
+            "noise_scale_tokens": float(r["noise_scale_tokens"]),
+            "noise_scale_low": float(r["noise_scale_low"]),
+            "between_share": between,
+        }
+        if r["grad_sq_resolved"]:
+            parts.append(_knee_text(r))
+        else:
+            parts.append(
+                f"{REFERENCE} at N = {n_ref}: |G|² not resolved from zero, so no knee (at least "
+                f"{r['noise_scale_low']:.3g} prompts)"
+            )
+        if np.isfinite(between):
+            parts.append(
+                f"between-prompt spread is {between:.0%} of {REFERENCE}'s noise at N = {n_ref}, "
+                f"so no baseline can cut its knee by more than {max(0.0, 1 - between):.0%}"
+            )
+    if n_ref != current_n:
+        parts.append(f"N = {current_n} was not measured; compared at N = {n_ref}")
+    if few:
+        parts.append(
+            f"only {prompts} prompts: the between-prompt terms and |G|² rest on them, so their "
+            f"intervals are wide (use ≥ {FEW_PROMPTS})"
+        )
+    out["text"] = "; ".join(parts) + "."
+    return out
