@@ -120,9 +120,10 @@ CkptOption = Annotated[
     typer.Option(
         "--ckpt",
         metavar="DIR",
-        help="Checkpoint directory (HF causal LM), repeatable where a command measures several; "
-        "or a run directory holding checkpoint-* (HF Trainer/TRL) or global_step_* (verl) "
-        "checkpoints. Default: the embedded final checkpoint.",
+        help="Checkpoint directory (HF causal LM) or .gguf file (needs otb-diag[gguf]), "
+        "repeatable where a command measures several; or a run directory holding checkpoint-* "
+        "(HF Trainer/TRL) or global_step_* (verl) checkpoints. Default: the embedded final "
+        "checkpoint.",
     ),
 ]
 RolloutsOption = Annotated[

@@ -85,6 +85,8 @@ def find_checkpoints(path: str | Path) -> list[Path]:
     model folder with a `config.json` among `huggingface`, `actor/huggingface` and `actor` is used.
     """
     root = Path(path)
+    if is_gguf(root):
+        return [root]
     _require_directory(root)
     if (root / "config.json").is_file():
         return [root]
@@ -126,19 +128,24 @@ def load_checkpoint(
     target = resolve_device(str(device)) if device_map is None else None
     placement = device_map_kwargs(device_map)
     root = Path(path).resolve()
-    _require_directory(root)
-    _check_config(root, trust_remote_code)
-    has_safetensors = _check_weights(root, allow_pickle)
-    _check_tokenizer_files(root)
+    if is_gguf(root):
+        weights: dict[str, Any] = gguf_kwargs(root)
+        source = root.parent
+    else:
+        _require_directory(root)
+        _check_config(root, trust_remote_code)
+        weights = {"use_safetensors": _check_weights(root, allow_pickle)}
+        _check_tokenizer_files(root)
+        source = root
 
     from transformers import AutoModelForCausalLM
 
     with no_transformers_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(
-            root,
+            source,
             local_files_only=True,
-            use_safetensors=has_safetensors,
             trust_remote_code=trust_remote_code,
+            **weights,
             **placement,
             **{_dtype_kwarg(): _resolve_dtype(dtype)},
         )
@@ -184,14 +191,19 @@ def load_tokenizer(
     """The tokenizer of the checkpoint at `path` and the model's vocabulary size (from its config),
     without loading the weights: enough to tokenize and bound-check rollouts."""
     root = Path(path).resolve()
-    _require_directory(root)
-    _check_config(root, trust_remote_code)
-    _check_tokenizer_files(root)
+    if is_gguf(root):
+        source, extra = root.parent, gguf_kwargs(root)
+    else:
+        _require_directory(root)
+        _check_config(root, trust_remote_code)
+        _check_tokenizer_files(root)
+        source, extra = root, {}
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(
-        root, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    with no_transformers_progress_bars():
+        config = AutoConfig.from_pretrained(
+            source, local_files_only=True, trust_remote_code=trust_remote_code, **extra
+        )
     vocab_size = int(config.get_text_config().vocab_size)
     return _load_matching_tokenizer(root, vocab_size, trust_remote_code), vocab_size
 
@@ -201,9 +213,11 @@ def _load_matching_tokenizer(
 ) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        root, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    source, extra = (root.parent, gguf_kwargs(root)) if is_gguf(root) else (root, {})
+    with no_transformers_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, local_files_only=True, trust_remote_code=trust_remote_code, **extra
+        )
     if len(tokenizer) > vocab_size:
         raise InputError(
             f"tokenizer does not match the checkpoint: it has {len(tokenizer)} tokens but the "
@@ -212,6 +226,30 @@ def _load_matching_tokenizer(
             hint="Save the tokenizer the model was trained with into this directory.",
         )
     return tokenizer
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether `path` names a GGUF file (llama.cpp's single-file format) rather than a directory."""
+    return path.suffix.lower() == ".gguf" and not path.is_dir()
+
+
+def gguf_kwargs(path: Path) -> dict[str, Any]:
+    """`from_pretrained` arguments for the GGUF file `path` (loaded from its folder with
+    `gguf_file=`; transformers de-quantizes it to a float model); `InputError` when the file is
+    missing or the optional `gguf` package is not installed."""
+    import importlib.util
+
+    if not path.is_file():
+        raise InputError("GGUF checkpoint file does not exist.", path=path)
+    if importlib.util.find_spec("gguf") is None:
+        raise InputError(
+            "is a GGUF checkpoint, and transformers reads GGUF files only with the gguf package, "
+            "which is not installed.",
+            path=path,
+            hint="Install it with `pip install 'otb-diag[gguf]'` (or `pip install gguf`), or "
+            "point at a Hugging Face checkpoint directory instead.",
+        )
+    return {"gguf_file": path.name}
 
 
 def _require_directory(path: Path) -> None:

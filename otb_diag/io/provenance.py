@@ -20,8 +20,11 @@ def file_sha256(path: str | Path) -> str:
 
 
 def directory_sha256(path: str | Path) -> str:
-    """Hash of every file's relative name and content below `path` (sorted, so order-free)."""
+    """Hash of every file's relative name and content below `path` (sorted, so order-free); a
+    single file (a `.gguf` checkpoint) is hashed as the one file it is."""
     root = Path(path)
+    if root.is_file():
+        return file_sha256(root)
     digest = hashlib.sha256()
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         digest.update(str(file.relative_to(root)).encode())

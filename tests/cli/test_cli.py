@@ -21,6 +21,7 @@ def write(path: Path, rows: list[dict]) -> Path:
         [],
         ["rollouts"],
         ["rollouts", "inspect"],
+        ["rollouts", "sample"],
         ["lab"],
         ["lab", "build"],
         ["energy"],
@@ -95,7 +96,14 @@ def test_inspect_refuses_two_different_rollouts_and_two_ckpt(tmp_path: Path) -> 
 
 
 # Options whose help says what this command does with them (same meaning, other wording).
-WORDED_PER_COMMAND = {"--baselines", "--golden", "--out", "--seed", "--temperature"}
+WORDED_PER_COMMAND = {
+    "--baselines",
+    "--golden",
+    "--max-new-tokens",
+    "--out",
+    "--seed",
+    "--temperature",
+}
 
 
 def test_an_option_name_is_declared_one_way_in_every_command() -> None:

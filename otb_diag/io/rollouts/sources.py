@@ -99,8 +99,17 @@ def expand_rollouts(spec: str | Path) -> list[Path]:
     return [path]
 
 
+# Settings files written beside rollouts (`rollouts sample` writes manifest.json next to its
+# pools), never rollouts themselves.
+NOT_ROLLOUTS = frozenset({"manifest.json"})
+
+
 def _rollout_files(directory: Path) -> list[Path]:
-    return [p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in READERS]
+    return [
+        p
+        for p in directory.iterdir()
+        if p.is_file() and p.suffix.lower() in READERS and p.name not in NOT_ROLLOUTS
+    ]
 
 
 def read_rollout_set(

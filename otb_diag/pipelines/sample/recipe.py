@@ -1,0 +1,381 @@
+"""`otb-diag rollouts sample`: pools of N responses per prompt from a checkpoint, in the rollout
+format (docs/sampling.md).
+
+1. check every setting, resolve the verifier, read the prompts (`otb_diag/io/prompts.py`);
+2. load the checkpoint, tokenize each prompt (chat template when the tokenizer has one) and check
+   it fits the model's context with `max_new_tokens`: all bad input stops here, nothing written;
+3. plan: the (prompt, sample) pairs in order, cut into batches whose left-padded size
+   `rows · (longest prompt + max_new_tokens)` fits `batch_tokens`; the plan depends only on the
+   prompts and the settings, and each response has its own seed `row_seed(seed, prompt, sample)`;
+4. each batch is sampled (`otb_diag/policy/sampling.py:sample_batch`, which records `logprobs`
+   and `sum_pi2`) and written as one part file in `OUT/.sample-parts/`; `resume` skips the
+   batches whose part is there, so a killed run resumed writes exactly an uninterrupted run's
+   pools;
+5. rewards from the verifier (one that raises names the prompt and response and stops before
+   anything is written), then `rollouts.jsonl` and `manifest.json` move into OUT together and
+   the parts go.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otb_diag.errors import InputError
+from otb_diag.io.atomic import staged_output, write_json, write_jsonl
+from otb_diag.io.loading import LoadOptions
+from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
+from otb_diag.io.provenance import file_sha256, library_versions
+from otb_diag.pipelines.sample.verifiers import Verifier, get_verifier, require_math_verify
+from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
+
+PARTS = ".sample-parts"
+ROLLOUTS = "rollouts.jsonl"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """Everything that decides the pools (and so must match on `--resume`), plus how to load."""
+
+    n: int = 64
+    sampling: Sampling = field(default_factory=Sampling)
+    seed: int = 0
+    verifier: str = "last-number"
+    prompt_column: str = "prompt"
+    answer_column: str | None = None
+    chat_template: bool = True
+    batch_tokens: int = 32768
+    load: LoadOptions = field(default_factory=LoadOptions)
+
+    def check(self) -> Verifier:
+        """Raise `InputError` for a bad setting before anything is read; returns the verifier."""
+        s = self.sampling
+        problems = [
+            (self.n < 1, "n", f"--n must be at least 1, got {self.n}"),
+            (
+                not s.temperature > 0,
+                "temperature",
+                f"--temperature must be > 0, got {s.temperature}",
+            ),
+            (not 0 < s.top_p <= 1, "top-p", f"--top-p must lie in (0, 1], got {s.top_p}"),
+            (s.top_k < 0, "top-k", f"--top-k must be ≥ 0 (0 = off), got {s.top_k}"),
+            (s.max_new_tokens < 1, "max-new-tokens", "--max-new-tokens must be at least 1"),
+            (self.batch_tokens < 1, "batch-tokens", "--batch-tokens must be at least 1"),
+        ]
+        for bad, name, message in problems:
+            if bad:
+                raise InputError(message, field=name)
+        self.load.check()
+        verifier = get_verifier(self.verifier)
+        require_math_verify(self.verifier)
+        return verifier
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues."""
+        record = asdict(self)
+        record.pop("load")
+        record.update(record.pop("sampling"))  # temperature, top_k, top_p, max_new_tokens
+        record["dtype"] = self.load.dtype
+        return record
+
+
+def plan_batches(
+    prompt_lengths: list[int], n: int, max_new: int, budget: int
+) -> list[list[tuple[int, int]]]:
+    """The (prompt, sample) pairs in order, cut into consecutive batches whose left-padded size
+    `rows · (max prompt length + max_new)` is at most `budget` (a batch has at least one row)."""
+    batches: list[list[tuple[int, int]]] = []
+    width = 0
+    for i, length in enumerate(prompt_lengths):
+        for j in range(n):
+            if batches:
+                new_width = max(width, length + max_new)
+                if (len(batches[-1]) + 1) * new_width <= budget:
+                    batches[-1].append((i, j))
+                    width = new_width
+                    continue
+            batches.append([(i, j)])
+            width = length + max_new
+    return batches
+
+
+def run_sample(
+    ckpt: Path,
+    prompts_path: Path,
+    out: Path,
+    settings: SampleSettings,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Sample the pools into `out` (see the module docstring); returns the manifest.
+
+    stop_after: sample at most this many batches, then stop without writing the pools (the
+    state a kill leaves; for tests). Raises `InputError` for bad input, before writing."""
+    verifier = settings.check()
+    prompts = read_prompts(prompts_path, settings.prompt_column, settings.answer_column)
+    if verifier.needs_answer:
+        missing = next((p for p in prompts if p.answer is None), None)
+        if missing is not None:
+            column = settings.answer_column or "answer"
+            raise missing.error(
+                prompts_path,
+                f"verifier '{settings.verifier}' needs an answer, and this prompt has none",
+                column,
+                "Name the answer column with --answer-column.",
+            )
+    parts = out / PARTS
+    if (out / ROLLOUTS).exists():
+        raise InputError(
+            "already holds sampled pools (rollouts.jsonl)",
+            path=out,
+            hint="Choose another --out, or remove it.",
+        )
+    if parts.exists() and not resume:
+        raise InputError(
+            f"holds a partial run ({PARTS}/)",
+            path=out,
+            hint="Pass --resume to finish it, or choose another --out.",
+        )
+
+    started = time.perf_counter()
+    loaded = settings.load.load(ckpt)
+    tokenizer, model = loaded.tokenizer, loaded.model
+    prompt_ids = [
+        tokenize_prompt(tokenizer, p, settings.chat_template, prompts_path) for p in prompts
+    ]
+    _check_lengths(prompts, prompt_ids, model, settings.sampling.max_new_tokens, prompts_path)
+    eos_ids = _eos_ids(tokenizer, model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    if not settings.sampling.from_policy:
+        say(
+            "note: --top-k/--top-p truncate the policy; logprobs and sum_pi2 are those of the "
+            "untruncated softmax(z/τ), and the variance theory assumes samples from it "
+            "(manifest: from_policy false)"
+        )
+
+    identity = {
+        **settings.identity(),
+        "prompts_sha256": file_sha256(prompts_path) if prompts_path.is_file() else None,
+        "checkpoint": str(loaded.path),
+    }
+    batches = plan_batches(
+        [len(p) for p in prompt_ids],
+        settings.n,
+        settings.sampling.max_new_tokens,
+        settings.batch_tokens,
+    )
+    _open_parts(parts, identity)
+    tokens = _sample_parts(
+        model, prompt_ids, batches, settings, parts, eos_ids, pad_id, progress, stop_after
+    )
+    if stop_after is not None and stop_after < len(batches):
+        return {"stopped_after": stop_after, "batches": len(batches)}
+
+    samples = _read_parts(parts, len(batches))
+    rows = _rows(prompts, prompt_ids, samples, tokenizer, verifier, settings, prompts_path)
+    manifest = {
+        "command": "rollouts sample",
+        "checkpoint": str(loaded.path),
+        "prompts": str(prompts_path.resolve()),
+        "prompts_sha256": identity["prompts_sha256"],
+        "prompts_count": len(prompts),
+        "responses": len(rows),
+        "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
+        "batches": len(batches),
+        "truncated": sum(r["truncated"] for r in rows),
+        "mean_reward": sum(r["reward"] for r in rows) / len(rows),
+        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+        "seconds": time.perf_counter() - started,
+        "sampled_tokens_this_run": tokens,
+        "versions": library_versions(),
+    }
+    with staged_output(out) as stage:
+        write_jsonl(stage / ROLLOUTS, rows)
+        write_json(stage / MANIFEST, manifest)
+    shutil.rmtree(parts, ignore_errors=True)
+    return manifest
+
+
+def _check_lengths(
+    prompts: list[PromptRow], ids: list[list[int]], model: Any, max_new: int, path: Path
+) -> None:
+    config = model.config.get_text_config()
+    context = getattr(config, "max_position_embeddings", None) or getattr(
+        config, "n_positions", None
+    )
+    for row, prompt_ids in zip(prompts, ids, strict=True):
+        if not prompt_ids:
+            raise row.error(path, "the prompt tokenizes to no tokens", "prompt")
+        if context is not None and len(prompt_ids) + max_new > context:
+            raise row.error(
+                path,
+                f"the prompt is {len(prompt_ids)} tokens, and with --max-new-tokens {max_new} "
+                f"it exceeds the model's context of {context} positions",
+                "prompt",
+                "Shorten the prompt or lower --max-new-tokens.",
+            )
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The end-of-sequence ids: the tokenizer's and those of the model's generation config."""
+    found = [tokenizer.eos_token_id]
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    found += config_eos if isinstance(config_eos, list) else [config_eos]
+    ids = list(dict.fromkeys(int(i) for i in found if i is not None))
+    if not ids:
+        raise InputError("the tokenizer has no end-of-sequence token", field="eos_token")
+    return ids
+
+
+def _open_parts(parts: Path, identity: dict[str, Any]) -> None:
+    """Create the parts folder with its plan, or check a resumed one was made by the same
+    settings, prompts and checkpoint."""
+    plan = parts / "plan.json"
+    if plan.is_file():
+        before = json.loads(plan.read_text(encoding="utf-8"))
+        if before != json.loads(json.dumps(identity)):
+            changed = sorted(k for k in identity if before.get(k) != identity[k])
+            raise InputError(
+                f"--resume: the partial run was made with other settings ({', '.join(changed)})",
+                path=plan,
+                hint="Resume with the same options, or choose another --out.",
+            )
+        return
+    parts.mkdir(parents=True, exist_ok=True)
+    write_json(plan, identity)
+
+
+def _part(parts: Path, k: int) -> Path:
+    return parts / f"part-{k:06d}.jsonl"
+
+
+def _sample_parts(
+    model: Any,
+    prompt_ids: list[list[int]],
+    batches: list[list[tuple[int, int]]],
+    settings: SampleSettings,
+    parts: Path,
+    eos_ids: list[int],
+    pad_id: int,
+    progress: bool,
+    stop_after: int | None,
+) -> int:
+    """Sample every batch without a part file; returns the tokens generated."""
+    from tqdm.auto import tqdm
+
+    todo = [k for k in range(len(batches)) if not _part(parts, k).is_file()]
+    if stop_after is not None:
+        todo = [k for k in todo if k < stop_after]
+    total = sum(len(b) for b in batches)
+    bar = tqdm(
+        total=total,
+        initial=total - sum(len(batches[k]) for k in todo),
+        unit="resp",
+        desc="sampling",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    generated, start = 0, time.perf_counter()
+    for k in todo:
+        pairs = batches[k]
+        samples = sample_batch(
+            model,
+            [prompt_ids[i] for i, _ in pairs],
+            [row_seed(settings.seed, i, j) for i, j in pairs],
+            settings.sampling,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+        )
+        write_jsonl(
+            _part(parts, k),
+            [
+                {"prompt": i, "sample": j, **asdict(s)}
+                for (i, j), s in zip(pairs, samples, strict=True)
+            ],
+        )
+        generated += sum(len(s.response_ids) for s in samples)
+        bar.update(len(pairs))
+        bar.set_postfix(
+            prompt=pairs[-1][0] + 1, tok_s=f"{generated / (time.perf_counter() - start):.0f}"
+        )
+    bar.close()
+    return generated
+
+
+def _read_parts(parts: Path, n_batches: int) -> dict[tuple[int, int], dict[str, Any]]:
+    samples = {}
+    for k in range(n_batches):
+        for line in _part(parts, k).read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            samples[(record["prompt"], record["sample"])] = record
+    return samples
+
+
+def _rows(
+    prompts: list[PromptRow],
+    prompt_ids: list[list[int]],
+    samples: dict[tuple[int, int], dict[str, Any]],
+    tokenizer: Any,
+    verifier: Verifier,
+    settings: SampleSettings,
+    path: Path,
+) -> list[dict[str, Any]]:
+    """The rollout rows, one group per prompt, rewards from the verifier."""
+    s = settings.sampling
+    rows = []
+    for prompt in prompts:
+        for j in range(settings.n):
+            sample = samples[(prompt.index, j)]
+            response = tokenizer.decode(sample["response_ids"], skip_special_tokens=True)
+            try:
+                reward = float(verifier(prompt.text, response, prompt.answer))
+            except InputError:
+                raise
+            except Exception as err:
+                raise prompt.error(
+                    path,
+                    f"the verifier '{settings.verifier}' failed on response {j} of this prompt: "
+                    f"{type(err).__name__}: {err}",
+                    settings.answer_column or "answer",
+                    "Nothing was written; the samples are kept, so fix the verifier and pass "
+                    "--resume.",
+                ) from None
+            if reward != reward or reward in (float("inf"), float("-inf")):
+                raise prompt.error(
+                    path,
+                    f"the verifier '{settings.verifier}' returned {reward} for response {j}",
+                    "reward",
+                )
+            rows.append(
+                {
+                    "group": f"p{prompt.index:05d}",
+                    "sample": j,
+                    "prompt": prompt.text,
+                    "response": response,
+                    "prompt_ids": prompt_ids[prompt.index],
+                    "response_ids": sample["response_ids"],
+                    "reward": reward,
+                    "answer": prompt.answer,
+                    "logprobs": sample["logprobs"],
+                    "sum_pi2": sample["sum_pi2"],
+                    "truncated": sample["truncated"],
+                    "temperature": s.temperature,
+                    "top_p": s.top_p,
+                    "top_k": s.top_k,
+                    "max_new_tokens": s.max_new_tokens,
+                    "seed": settings.seed,
+                    "source": {"line": prompt.line}
+                    if prompt.line is not None
+                    else {"row": prompt.row},
+                }
+            )
+    return rows

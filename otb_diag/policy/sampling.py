@@ -1,0 +1,162 @@
+"""Sampling responses from a causal LM with `generate`, one random stream per response, and the
+per-token statistics of the sampling policy recorded on the fly.
+
+The policy is `π_t = softmax(z_t / τ)` (docs/theory.md §1). `generate` runs greedily
+(`do_sample=False`) with one extra logits processor, `PolicySampler`, which at every step:
+
+1. draws each row's token by the Gumbel-max trick, `y = argmax_v (z_v/τ + g_v)`,
+   `g_v = −log(−log u_v)`, `u ~ U(0, 1)^V` from that row's own `torch.Generator`: an exact sample
+   of `π_t` (of its top-k / top-p truncation when asked) that depends only on the row's seed and
+   its logits, never on which other rows share the batch;
+2. records `logprob = log π_t(y)` and `sum_pi2 = Σ_v π_t(v)²` of the *untruncated* tempered
+   policy (what trainers recompute and what `energy`'s forward pass gives), with the formulas of
+   `otb_diag/maths/energy/token_stats.py:stats_from_logits`;
+3. returns scores that are `0` at `y` and `−inf` elsewhere, so the greedy step picks `y`.
+
+Memory: the processor keeps two `[B]` vectors per step; the `[B, V]` scores of a step are freed
+before the next, so `[steps, B, V]` never exists (`output_scores` stays off).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from otb_diag.maths.energy.token_stats import stats_from_logits
+
+
+def row_seed(seed: int, prompt_index: int, sample: int) -> int:
+    """The 63-bit seed of response `sample` to prompt `prompt_index` under the run's `seed`:
+    a hash, so neighbouring seeds give unrelated streams and a resumed run draws the same."""
+    digest = hashlib.sha256(f"otb-diag-sample:{seed}:{prompt_index}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings: temperature τ > 0, `top_k` (0 = off), `top_p` (1.0 = off)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+
+    @property
+    def from_policy(self) -> bool:
+        """Whether samples come from `softmax(z/τ)` itself (no truncation), as the variance
+        theory assumes."""
+        return self.top_k == 0 and self.top_p >= 1.0
+
+
+def truncate(z: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Tempered logits `z [B, V]` with the tokens outside the top-k and outside the smallest set
+    of cumulative probability ≥ top_p set to −inf (the most likely token always stays)."""
+    if top_k > 0 and top_k < z.shape[-1]:
+        kth = z.topk(top_k, dim=-1).values[..., -1:]  # [B, 1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = z.sort(dim=-1, descending=True)
+        cum = sorted_z.softmax(-1).cumsum(-1)
+        drop = (cum - sorted_z.softmax(-1)) >= top_p  # mass before this token already ≥ top_p
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return z
+
+
+class PolicySampler:
+    """A `generate` logits processor that samples every row from its own generator and records
+    `logprob` and `sum_pi2` of each step (see the module docstring)."""
+
+    def __init__(self, generators: Sequence[torch.Generator], sampling: Sampling) -> None:
+        self.generators = list(generators)
+        self.sampling = sampling
+        self.logprobs: list[Tensor] = []  # one [B] per step
+        self.sum_pi2: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        tau = self.sampling.temperature
+        z = scores.float() / tau  # [B, V] tempered logits
+        if not self.sampling.from_policy:
+            z = truncate(z, self.sampling.top_k, self.sampling.top_p)
+        # One uniform vector per row from the row's generator: g = −log(−log u).
+        u = torch.stack(
+            [torch.rand(z.shape[-1], generator=g, device=z.device) for g in self.generators]
+        )
+        gumbel = -torch.log(-torch.log(u.clamp_(min=torch.finfo(u.dtype).tiny)))
+        tokens = (z + gumbel).argmax(-1)  # [B]: y ~ softmax(z/τ) (truncated when asked)
+        del z, u, gumbel
+        stats = stats_from_logits(scores, tokens, tau)  # untruncated π_t = softmax(z/τ)
+        self.logprobs.append(stats.logprob.cpu())
+        self.sum_pi2.append(stats.sum_pi2.cpu())
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(-1, tokens[:, None], 0.0)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response: its token ids (ending with an EOS id unless `truncated`) and, per
+    token, `logprob` and `sum_pi2` under `softmax(z/τ)`."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    sum_pi2: list[float]
+    truncated: bool
+
+
+def sample_batch(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    sampling: Sampling,
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+) -> list[Sample]:
+    """One response per prompt (repeat a prompt for a group), row i drawn with seed `seeds[i]`.
+
+    prompts: B token-id lists, left-padded here to `[B, P]` with `pad_id` and masked.
+    Responses end at the first id in `eos_ids` (kept, as trainers keep it) or after
+    `sampling.max_new_tokens` tokens (`truncated`).
+    """
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    device = model.get_output_embeddings().weight.device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+    sampler = PolicySampler(generators, sampling)
+    config = GenerationConfig(
+        do_sample=False,  # PolicySampler has already drawn the token: greedy picks it
+        num_beams=1,
+        max_new_tokens=sampling.max_new_tokens,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+    )
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([sampler]),
+        )  # [B, P + steps]
+    steps = len(sampler.logprobs)
+    logprobs = torch.stack(sampler.logprobs, 1) if steps else torch.zeros(len(prompts), 0)
+    sum_pi2 = torch.stack(sampler.sum_pi2, 1) if steps else torch.zeros(len(prompts), 0)
+    eos = set(eos_ids)
+    samples = []
+    for i, row in enumerate(out[:, width:].tolist()):
+        stop = next((t for t, tok in enumerate(row) if tok in eos), None)
+        n = len(row) if stop is None else stop + 1
+        samples.append(
+            Sample(
+                response_ids=row[:n],
+                logprobs=logprobs[i, :n].tolist(),
+                sum_pi2=sum_pi2[i, :n].tolist(),
+                truncated=stop is None,
+            )
+        )
+    return samples
