@@ -217,8 +217,11 @@ def draw_estimates(
     # Scores laid out pool by pool ([P, M_max * T, k], a zero row as padding), so that each
     # prompt's share g_{r,p} = sum_{i in p, t} c_it A_it s_it is one batched matmul.
     layout = torch.as_tensor(_pool_layout(rows, pad=b), device=mask.device)  # [P, M_max]
-    padded = torch.cat([scores.double(), scores.new_zeros(1, t, k, dtype=torch.float64)])
-    pool_scores = padded[layout.reshape(-1)].view(prompts, -1, k)  # [P, M_max * T, k]
+    # One float64 copy of the scores, gathered pool by pool; padding slots gather row 0 and are
+    # zeroed (their coefficients are 0 anyway).
+    pool_scores = scores[layout.clamp(max=b - 1).reshape(-1)].double()  # [P*M_max, T, k]
+    pool_scores[layout.reshape(-1) == b] = 0.0
+    pool_scores = pool_scores.view(prompts, -1, k)  # [P, M_max * T, k]
     energies = {src: w.double() for src, w in energies.items()}
     is_weights = None if is_weights is None else is_weights.double()
     chunk = max(1, max_elements // max(b * t, 1))
