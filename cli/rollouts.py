@@ -180,6 +180,7 @@ def sample(
     energy, variance-compare and rollouts inspect read OUT as it is. Pools of M ≥ 64 let
     variance-compare measure N′ up to 32. Each response is a function of (--seed, prompt,
     index): a killed run finished with --resume writes exactly the pools of an uninterrupted one.
+    Under torchrun the ranks split the prompts and write the pools of one process.
 
     Example: otb-diag rollouts sample --ckpt ./checkpoint-200 --prompts prompts.jsonl --n 64
     --max-new-tokens 128 --verifier math --out pools/
@@ -208,6 +209,8 @@ def sample(
         ),
     )
     manifest = run_sample(path, prompts, out, settings, resume=resume, progress=not quiet, say=note)
+    if manifest is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if as_json:
         print_json(manifest)
         return

@@ -63,7 +63,9 @@ def torchrun(
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    cmd += [str(script)] if script else ["--no-python", str(BIN)]
+    # "--" ends torchrun's options: its parser would take `rollouts sample --n` as an
+    # ambiguous abbreviation of its own --nnodes/--nproc-per-node.
+    cmd += ["--", str(script)] if script else ["--no-python", "--", str(BIN)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
     # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
     # so a failure in CI says where that rank was.
@@ -379,3 +381,79 @@ def test_combined_proxies_equal_the_whole_batch() -> None:
     combined = combine_proxies(parts)
     for k, v in whole.items():
         assert combined[k] == pytest.approx(v, rel=1e-5)
+
+
+SAMPLE_PROMPTS = ["C:684=", "R:096=", "S:2753=", "C:12=", "R:31415=", "S:90="]
+VERIFIER = """
+import os
+
+
+def fn(prompt, response, answer):
+    if FAIL and os.environ.get("RANK") == "1":
+        raise ValueError("planted on rank 1")
+    return float(response.strip() == answer)
+"""
+
+
+def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Path) -> None:
+    """`rollouts sample` on 2 gloo ranks: byte-identical rollouts.jsonl and the same manifest
+    as one process; a verifier failing on rank 1 only stops both (exit 2, nothing written, the
+    parts kept), and --resume under torchrun, after half the parts are removed, finishes them."""
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    common = ["rollouts", "sample", "--ckpt", default_checkpoint(), "--prompts", prompts]
+    common += ["--n", "4", "--max-new-tokens", "12", "--batch-tokens", "60", "--quiet"]
+    verifier = tmp_path / "verifier.py"  # the same name throughout: --resume checks it
+    common += ["--verifier", f"{verifier}:fn"]
+    verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each rank: the same float arithmetic
+    one = subprocess.run(
+        [str(BIN), *map(str, common), "--out", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+
+    verifier.write_text("FAIL = True\n" + VERIFIER, encoding="utf-8")
+    out = tmp_path / "two"
+    failed = torchrun(2, *common, "--out", out)
+    assert failed.returncode != 0
+    assert "exitcode  : 2" in failed.stderr  # torchrun's report of the first failed rank
+    assert failed.stderr.count("otb-diag: error:") == 1
+    assert "planted on rank 1" in failed.stderr and "line " in failed.stderr
+    assert not (out / "rollouts.jsonl").exists()
+    parts = sorted((out / ".sample-parts").glob("part-*.jsonl"))
+    assert len(parts) >= 4  # every batch was sampled, by both ranks
+    for part in parts[::2]:
+        part.unlink()
+
+    verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
+    resumed = torchrun(2, *common, "--resume", "--out", out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "rollouts.jsonl").read_bytes() == (tmp_path / "one/rollouts.jsonl").read_bytes()
+    assert not (out / ".sample-parts").exists()
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (tmp_path / "one", out))
+    for m in (m1, m2):
+        for varying in ("seconds", "sampled_tokens_this_run", "distributed"):
+            m.pop(varying)
+    assert m1 == m2
+
+
+def test_sample_two_ranks_fresh_run_splits_the_work(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "two"
+    result = torchrun(
+        2, "rollouts", "sample", "--ckpt", default_checkpoint(), "--prompts", prompts,
+        "--n", "4", "--max-new-tokens", "12", "--batch-tokens", "60", "--verifier", "exact",
+        "--out", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokens = manifest["distributed"]["rank_tokens"]
+    assert manifest["distributed"]["world_size"] == 2 and min(tokens) > 0
+    assert sum(tokens) == manifest["generated_tokens"]
+    assert "sampling, 2 ranks" in result.stderr  # rank 0's bar, said to cover both

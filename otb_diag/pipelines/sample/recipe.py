@@ -14,11 +14,22 @@ format (docs/sampling.md).
 5. rewards from the verifier (one that raises names the prompt and response and stops before
    anything is written), then `rollouts.jsonl` and `manifest.json` move into OUT together and
    the parts go.
+
+Under torchrun (`otb_diag/runtime/torchrun.py`) every rank reads the prompts, loads the model and
+makes the same plan; the batches still to sample are split across the ranks by their padded size
+(`shard_by_tokens`), so each prompt's responses come from the same batches, seeds and padding as
+in one process and the pools are byte-identical to its. A rank writes only the parts of its own
+batches (a part is named by its batch), and scores them with the verifier; rank 0 waits for all
+(`Dist.checked`: an error on any rank stops every rank with it), reads every part and writes
+`rollouts.jsonl` and `manifest.json` as one process would. OUT must be on a filesystem that every
+rank sees (any folder, on one node).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -33,6 +44,8 @@ from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
 from otb_diag.pipelines.sample.verifiers import Verifier, get_verifier, require_math_verify
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
+from otb_diag.runtime.devices import resolve_device
+from otb_diag.runtime.torchrun import Dist, session, shard_by_tokens
 
 PARTS = ".sample-parts"
 ROLLOUTS = "rollouts.jsonl"
@@ -115,47 +128,54 @@ def run_sample(
     progress: bool = True,
     stop_after: int | None = None,
     say: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
-    """Sample the pools into `out` (see the module docstring); returns the manifest.
+) -> dict[str, Any] | None:
+    """Sample the pools into `out` (see the module docstring); returns the manifest (None on
+    the ranks other than 0 under torchrun).
 
     stop_after: sample at most this many batches, then stop without writing the pools (the
     state a kill leaves; for tests). Raises `InputError` for bad input, before writing."""
     verifier = settings.check()
-    prompts = read_prompts(prompts_path, settings.prompt_column, settings.answer_column)
-    if verifier.needs_answer:
-        missing = next((p for p in prompts if p.answer is None), None)
-        if missing is not None:
-            column = settings.answer_column or "answer"
-            raise missing.error(
-                prompts_path,
-                f"verifier '{settings.verifier}' needs an answer, and this prompt has none",
-                column,
-                "Name the answer column with --answer-column.",
+    with session(resolve_device(settings.load.device).type) as d:
+        if d.world_size > 1 and settings.load.device_map is not None:
+            raise InputError(
+                "--device-map spreads one model over the GPUs of one process; under torchrun "
+                "every rank loads a whole model on its own GPU.",
+                field="device-map",
+                hint="Use one or the other.",
             )
-    parts = out / PARTS
-    if (out / ROLLOUTS).exists():
-        raise InputError(
-            "already holds sampled pools (rollouts.jsonl)",
-            path=out,
-            hint="Choose another --out, or remove it.",
-        )
-    if parts.exists() and not resume:
-        raise InputError(
-            f"holds a partial run ({PARTS}/)",
-            path=out,
-            hint="Pass --resume to finish it, or choose another --out.",
+        return _run(
+            d, ckpt, prompts_path, out, settings, verifier, resume, progress, stop_after, say
         )
 
+
+def _run(
+    d: Dist,
+    ckpt: Path,
+    prompts_path: Path,
+    out: Path,
+    settings: SampleSettings,
+    verifier: Verifier,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+    say: Callable[[str], None],
+) -> dict[str, Any] | None:
     started = time.perf_counter()
-    loaded = settings.load.load(ckpt)
+    parts = out / PARTS
+    # Every rank checks OUT before rank 0 creates the parts folder (`checked` waits for all).
+    prompts = d.checked(lambda: _read_and_check(prompts_path, out, settings, verifier, resume))
+    loaded = d.checked(lambda: settings.load.load(ckpt))
     tokenizer, model = loaded.tokenizer, loaded.model
-    prompt_ids = [
-        tokenize_prompt(tokenizer, p, settings.chat_template, prompts_path) for p in prompts
-    ]
-    _check_lengths(prompts, prompt_ids, model, settings.sampling.max_new_tokens, prompts_path)
-    eos_ids = _eos_ids(tokenizer, model)
+
+    def tokenize() -> list[list[int]]:
+        ids = [tokenize_prompt(tokenizer, p, settings.chat_template, prompts_path) for p in prompts]
+        _check_lengths(prompts, ids, model, settings.sampling.max_new_tokens, prompts_path)
+        return ids
+
+    prompt_ids = d.checked(tokenize)
+    eos_ids = d.checked(lambda: _eos_ids(tokenizer, model))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    if not settings.sampling.from_policy:
+    if not settings.sampling.from_policy and d.is_main:
         say(
             "note: --top-k/--top-p truncate the policy; logprobs and sum_pi2 are those of the "
             "untruncated softmax(z/τ), and the variance theory assumes samples from it "
@@ -167,42 +187,97 @@ def run_sample(
         "prompts_sha256": file_sha256(prompts_path) if prompts_path.is_file() else None,
         "checkpoint": str(loaded.path),
     }
-    batches = plan_batches(
-        [len(p) for p in prompt_ids],
-        settings.n,
-        settings.sampling.max_new_tokens,
-        settings.batch_tokens,
+    max_new = settings.sampling.max_new_tokens
+    batches = plan_batches([len(p) for p in prompt_ids], settings.n, max_new, settings.batch_tokens)
+    # A batch's cost is its padded size: rows · (longest prompt + max_new_tokens).
+    costs = [len(b) * (max(len(prompt_ids[i]) for i, _ in b) + max_new) for b in batches]
+    d.checked(lambda: _open_parts(parts, identity) if d.is_main else None)
+    # What is left to sample, as rank 0 sees it (every rank must split the same list).
+    todo = d.all_gather(
+        [k for k in range(len(batches)) if not _part(parts, k).is_file()] if d.is_main else None
+    )[0]
+    if stop_after is not None:
+        todo = [k for k in todo if k < stop_after]
+    mine = [todo[t] for t in shard_by_tokens([costs[k] for k in todo], d.world_size)[d.rank]]
+    tokens = d.checked(
+        lambda: _sample_parts(
+            d, model, prompt_ids, batches, mine, settings, parts, eos_ids, pad_id, progress
+        )
     )
-    _open_parts(parts, identity)
-    tokens = _sample_parts(
-        model, prompt_ids, batches, settings, parts, eos_ids, pad_id, progress, stop_after
-    )
+    tokens_per_rank = d.all_gather(tokens)
     if stop_after is not None and stop_after < len(batches):
         return {"stopped_after": stop_after, "batches": len(batches)}
 
-    samples = _read_parts(parts, len(batches))
-    rows = _rows(prompts, prompt_ids, samples, tokenizer, verifier, settings, prompts_path)
-    manifest = {
-        "command": "rollouts sample",
-        "checkpoint": str(loaded.path),
-        "prompts": str(prompts_path.resolve()),
-        "prompts_sha256": identity["prompts_sha256"],
-        "prompts_count": len(prompts),
-        "responses": len(rows),
-        "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
-        "batches": len(batches),
-        "truncated": sum(r["truncated"] for r in rows),
-        "mean_reward": sum(r["reward"] for r in rows) / len(rows),
-        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
-        "seconds": time.perf_counter() - started,
-        "sampled_tokens_this_run": tokens,
-        "versions": library_versions(),
-    }
-    with staged_output(out) as stage:
-        write_jsonl(stage / ROLLOUTS, rows)
-        write_json(stage / MANIFEST, manifest)
-    shutil.rmtree(parts, ignore_errors=True)
-    return manifest
+    # Each rank scores a share of all the batches (its own sampled ones on a fresh run).
+    scored = shard_by_tokens(costs, d.world_size)[d.rank]
+    rewards = d.checked(
+        lambda: _rewards(
+            prompts, _read_parts(parts, scored), tokenizer, verifier, settings, prompts_path
+        )
+    )
+    gathered = d.gather(rewards)
+
+    def assemble() -> dict[str, Any] | None:
+        if not d.is_main:
+            return None
+        assert gathered is not None
+        all_rewards = {k: v for share in gathered for k, v in share.items()}
+        samples = _read_parts(parts, range(len(batches)))
+        rows = _rows(prompts, prompt_ids, samples, all_rewards, tokenizer, settings)
+        manifest = {
+            "command": "rollouts sample",
+            "checkpoint": str(loaded.path),
+            "prompts": str(prompts_path.resolve()),
+            "prompts_sha256": identity["prompts_sha256"],
+            "prompts_count": len(prompts),
+            "responses": len(rows),
+            "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
+            "batches": len(batches),
+            "truncated": sum(r["truncated"] for r in rows),
+            "mean_reward": sum(r["reward"] for r in rows) / len(rows),
+            "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+            "seconds": time.perf_counter() - started,
+            "sampled_tokens_this_run": sum(tokens_per_rank),
+            "distributed": {"world_size": d.world_size, "rank_tokens": tokens_per_rank},
+            "versions": library_versions(),
+        }
+        with staged_output(out) as stage:
+            write_jsonl(stage / ROLLOUTS, rows)
+            write_json(stage / MANIFEST, manifest)
+        shutil.rmtree(parts, ignore_errors=True)
+        return manifest
+
+    return d.checked(assemble)
+
+
+def _read_and_check(
+    prompts_path: Path, out: Path, settings: SampleSettings, verifier: Verifier, resume: bool
+) -> list[PromptRow]:
+    """The prompts, once they and OUT are fit for this run."""
+    prompts = read_prompts(prompts_path, settings.prompt_column, settings.answer_column)
+    if verifier.needs_answer:
+        missing = next((p for p in prompts if p.answer is None), None)
+        if missing is not None:
+            column = settings.answer_column or "answer"
+            raise missing.error(
+                prompts_path,
+                f"verifier '{settings.verifier}' needs an answer, and this prompt has none",
+                column,
+                "Name the answer column with --answer-column.",
+            )
+    if (out / ROLLOUTS).exists():
+        raise InputError(
+            "already holds sampled pools (rollouts.jsonl)",
+            path=out,
+            hint="Choose another --out, or remove it.",
+        )
+    if (out / PARTS).exists() and not resume:
+        raise InputError(
+            f"holds a partial run ({PARTS}/)",
+            path=out,
+            hint="Pass --resume to finish it, or choose another --out.",
+        )
+    return prompts
 
 
 def _check_lengths(
@@ -259,33 +334,34 @@ def _part(parts: Path, k: int) -> Path:
 
 
 def _sample_parts(
+    d: Dist,
     model: Any,
     prompt_ids: list[list[int]],
     batches: list[list[tuple[int, int]]],
+    mine: list[int],
     settings: SampleSettings,
     parts: Path,
     eos_ids: list[int],
     pad_id: int,
     progress: bool,
-    stop_after: int | None,
 ) -> int:
-    """Sample every batch without a part file; returns the tokens generated."""
+    """Sample the batches `mine` (this rank's share of those without a part file), one part
+    each; returns the tokens generated. Only rank 0 shows a bar: the responses of every rank,
+    counted from the parts on disk (so its rate and ETA are the job's), and its own tokens/s."""
     from tqdm.auto import tqdm
 
-    todo = [k for k in range(len(batches)) if not _part(parts, k).is_file()]
-    if stop_after is not None:
-        todo = [k for k in todo if k < stop_after]
     total = sum(len(b) for b in batches)
+    desc = "sampling" if d.world_size == 1 else f"sampling, {d.world_size} ranks"
     bar = tqdm(
         total=total,
-        initial=total - sum(len(batches[k]) for k in todo),
+        initial=_done_rows(parts, batches),
         unit="resp",
-        desc="sampling",
-        disable=not progress,
+        desc=desc,
+        disable=not (progress and d.is_main),
         dynamic_ncols=True,
     )
     generated, start = 0, time.perf_counter()
-    for k in todo:
+    for k in mine:
         pairs = batches[k]
         samples = sample_batch(
             model,
@@ -303,67 +379,101 @@ def _sample_parts(
             ],
         )
         generated += sum(len(s.response_ids) for s in samples)
-        bar.update(len(pairs))
-        bar.set_postfix(
-            prompt=pairs[-1][0] + 1, tok_s=f"{generated / (time.perf_counter() - start):.0f}"
-        )
+        if not bar.disable:
+            bar.update(_done_rows(parts, batches) - bar.n)
+            rate = f"{generated / (time.perf_counter() - start):.0f}"
+            bar.set_postfix(
+                {"prompt": pairs[-1][0] + 1, "tok/s" if d.world_size == 1 else "rank0 tok/s": rate}
+            )
     bar.close()
     return generated
 
 
-def _read_parts(parts: Path, n_batches: int) -> dict[tuple[int, int], dict[str, Any]]:
+_PART_NAME = re.compile(r"part-(\d{6})\.jsonl")
+
+
+def _done_rows(parts: Path, batches: list[list[tuple[int, int]]]) -> int:
+    """Responses in the parts written so far, by any rank."""
+    names = (_PART_NAME.fullmatch(name) for name in os.listdir(parts))
+    return sum(len(batches[int(m[1])]) for m in names if m and int(m[1]) < len(batches))
+
+
+def _read_parts(parts: Path, which: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    """The samples of the batches `which`, by (prompt, sample)."""
     samples = {}
-    for k in range(n_batches):
-        for line in _part(parts, k).read_text(encoding="utf-8").splitlines():
+    for k in which:
+        path = _part(parts, k)
+        if not path.is_file():
+            raise InputError(
+                f"batch {k}'s part is missing: another rank wrote it where this one cannot see it",
+                path=parts,
+                hint="Under torchrun on several nodes, --out must be on a shared filesystem.",
+            )
+        for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             samples[(record["prompt"], record["sample"])] = record
     return samples
+
+
+def _rewards(
+    prompts: list[PromptRow],
+    samples: dict[tuple[int, int], dict[str, Any]],
+    tokenizer: Any,
+    verifier: Verifier,
+    settings: SampleSettings,
+    path: Path,
+) -> dict[tuple[int, int], float]:
+    """The verifier's reward for each sample, in (prompt, sample) order; one that raises or
+    returns a non-finite value names the prompt and the response."""
+    rewards = {}
+    for i, j in sorted(samples):
+        prompt = prompts[i]
+        response = tokenizer.decode(samples[(i, j)]["response_ids"], skip_special_tokens=True)
+        try:
+            reward = float(verifier(prompt.text, response, prompt.answer))
+        except InputError:
+            raise
+        except Exception as err:
+            raise prompt.error(
+                path,
+                f"the verifier '{settings.verifier}' failed on response {j} of this prompt: "
+                f"{type(err).__name__}: {err}",
+                settings.answer_column or "answer",
+                "Nothing was written; the samples are kept, so fix the verifier and pass --resume.",
+            ) from None
+        if reward != reward or reward in (float("inf"), float("-inf")):
+            raise prompt.error(
+                path,
+                f"the verifier '{settings.verifier}' returned {reward} for response {j}",
+                "reward",
+            )
+        rewards[(i, j)] = reward
+    return rewards
 
 
 def _rows(
     prompts: list[PromptRow],
     prompt_ids: list[list[int]],
     samples: dict[tuple[int, int], dict[str, Any]],
+    rewards: dict[tuple[int, int], float],
     tokenizer: Any,
-    verifier: Verifier,
     settings: SampleSettings,
-    path: Path,
 ) -> list[dict[str, Any]]:
-    """The rollout rows, one group per prompt, rewards from the verifier."""
+    """The rollout rows, one group per prompt."""
     s = settings.sampling
     rows = []
     for prompt in prompts:
         for j in range(settings.n):
             sample = samples[(prompt.index, j)]
-            response = tokenizer.decode(sample["response_ids"], skip_special_tokens=True)
-            try:
-                reward = float(verifier(prompt.text, response, prompt.answer))
-            except InputError:
-                raise
-            except Exception as err:
-                raise prompt.error(
-                    path,
-                    f"the verifier '{settings.verifier}' failed on response {j} of this prompt: "
-                    f"{type(err).__name__}: {err}",
-                    settings.answer_column or "answer",
-                    "Nothing was written; the samples are kept, so fix the verifier and pass "
-                    "--resume.",
-                ) from None
-            if reward != reward or reward in (float("inf"), float("-inf")):
-                raise prompt.error(
-                    path,
-                    f"the verifier '{settings.verifier}' returned {reward} for response {j}",
-                    "reward",
-                )
             rows.append(
                 {
                     "group": f"p{prompt.index:05d}",
                     "sample": j,
                     "prompt": prompt.text,
-                    "response": response,
+                    "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
                     "prompt_ids": prompt_ids[prompt.index],
                     "response_ids": sample["response_ids"],
-                    "reward": reward,
+                    "reward": rewards[(prompt.index, j)],
                     "answer": prompt.answer,
                     "logprobs": sample["logprobs"],
                     "sum_pi2": sample["sum_pi2"],
