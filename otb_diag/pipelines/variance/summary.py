@@ -209,5 +209,11 @@ def _knee_lines(summary: dict[str, Any]) -> list[str]:
         )
     if knee["mode"] == "proxy":
         lines.append("proxy scores are noise independent of the reward: |G|² = 0, no knee.")
+    if any(r["within_share"] > 1 for r in knee["rows"]):
+        lines.append(
+            "a within share above 100 % means the between-prompt estimate came out below 0 "
+            "(its noise corrections exceed the measured spread): no between-prompt spread is "
+            "measurable there."
+        )
     lines.append(f"recommendation: {summary['noise_scale']['text']}")
     return lines
