@@ -145,10 +145,15 @@ def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
                 f"{REFERENCE} at N = {n_ref}: |G|² not resolved from zero, so no knee (at least "
                 f"{r['noise_scale_low']:.3g} prompts)"
             )
-        if np.isfinite(between):
+        if np.isfinite(between) and between > 0:
             parts.append(
                 f"between-prompt spread is {between:.0%} of {REFERENCE}'s noise at N = {n_ref}, "
-                f"so no baseline can cut its knee by more than {max(0.0, 1 - between):.0%}"
+                f"so no baseline can cut its knee by more than {1 - between:.0%}"
+            )
+        elif np.isfinite(between):  # the noise corrections exceed the measured spread
+            parts.append(
+                f"no between-prompt spread is measurable in {REFERENCE}'s noise at N = {n_ref} "
+                "(its estimate is below 0), so a baseline could act on all of it"
             )
     if n_ref != current_n:
         parts.append(f"N = {current_n} was not measured; compared at N = {n_ref}")

@@ -99,6 +99,15 @@ def test_unresolved_rows_and_true_energies_are_never_recommended() -> None:
     assert "no baseline can cut its knee by more than 75%" in advice["text"]
 
 
+def test_a_negative_between_estimate_is_not_printed_as_a_share() -> None:
+    row = knee_row("mean", 8, 300.0, True)
+    row["within_share"] = 1.02  # between came out below 0
+    advice = recommend(pd.DataFrame([row]), current_n=8)
+    assert "no between-prompt spread is measurable" in advice["text"]
+    assert "-" not in advice["text"].split("measurable")[1].split(")")[0]
+    assert advice["reference"]["between_share"] == pytest.approx(-0.02)
+
+
 def test_no_resolved_knee_claims_none_and_says_so() -> None:
     table = pd.DataFrame([knee_row("otb", 4, 150.0, False), knee_row("mean", 8, 300.0, False)])
     advice = recommend(table, current_n=8)
