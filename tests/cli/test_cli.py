@@ -101,6 +101,7 @@ WORDED_PER_COMMAND = {
     "--golden",
     "--max-new-tokens",
     "--out",
+    "--prompts-per-step",  # a training step's prompts: train sets them, variance-compare its SNR
     "--seed",
     "--temperature",
 }

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 EXPECTED = [
     "fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "fig3_sequence_energy",
     "fig4_cumulative_energy", "fig5_probability_vs_gradient", "fig_energy_by_step",
-    "variance_vs_n_head", "ratio_to_mean_head", "proxy_fidelity", "score_vs_tokens",
+    "variance_vs_n_head", "ratio_to_mean_head", "knee_tokens_head", "proxy_fidelity",
+    "score_vs_tokens",
 ]  # fmt: skip
 
 
