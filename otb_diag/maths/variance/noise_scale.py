@@ -149,7 +149,8 @@ def noise_estimates(m: PromptMoments, prompts_per_step: float | None = None) -> 
 
     def interval(name: str) -> tuple[float, float]:
         x = jack[name]
-        se = float(np.sqrt((p - 1) / p * np.square(x - x.mean()).sum()))
+        with np.errstate(invalid="ignore"):  # a degenerate pool (tr Σ = 0) gives NaN, not inf − inf
+            se = float(np.sqrt((p - 1) / p * np.square(x - x.mean()).sum()))
         return point[name] - t * se, point[name] + t * se
 
     out: dict[str, Any] = {}
