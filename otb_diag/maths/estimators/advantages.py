@@ -3,7 +3,7 @@
 call it, so a baseline means the same numbers in every command.
 
     G_t = Σ_{k≥t} r_k                           (returns_to_go)
-    W_t = Σ_{j≤t} mask_j · w_j                  (cumulative_energy; w_j·ρ_j² with weights ρ)
+    W_t = Σ_{j≤t} mask_j · w_j                  (cumulative_energy, once; w_j·ρ_j² with weights ρ)
     A_t = (G_t − B_t) · mask_t                  (the baseline's B_t, registry.py)
 
 `Estimator` holds the settings that apply to every baseline: verl's zero tail, the TIR
@@ -69,29 +69,28 @@ def token_advantages(
     returns: Tensor,
     mask: Tensor,
     group: Tensor,
-    w: Tensor | None,
+    energy: Tensor | None,
     *,
     is_weights: Tensor | None = None,
     estimator: Estimator = Estimator(),
 ) -> Tensor:
     """`[B, T]` advantages of the registry baseline `name`.
 
-    returns: `[B, T]` reward-to-go `G_t`; mask: `[B, T]`; group: `[B]` group ids; w: `[B, T]`
-    per-token energy (the proxy `w_t`, or the exact squared norms), accumulated here into `W_t`
-    for the baselines that need it; is_weights: `[B, T]` ρ or None. `estimator.tir` must be
-    decided (`Estimator.resolved`) — with None it counts as off.
+    returns: `[B, T]` reward-to-go `G_t`; mask: `[B, T]`; group: `[B]` group ids; energy:
+    `[B, T]` realized energy `W_t = cumulative_energy(w, mask)` of a per-token energy (the
+    proxy `w_t`, or the exact squared norms), accumulated once by the caller for every
+    baseline, given to those that need it; is_weights: `[B, T]` ρ or None. `estimator.tir` must
+    be decided (`Estimator.resolved`) — with None it counts as off.
     """
     entry = get_baseline(name)
-    energy = None
-    if entry.needs_energy:
-        if w is None:
-            raise ValueError(f"baseline '{name}' needs the per-token energy w")
-        energy = cumulative_energy(w, mask)  # W_t = Σ_{j≤t} mask_j·w_j
+    if entry.needs_energy and energy is None:
+        raise ValueError(f"baseline '{name}' needs the realized energy W")
     offered = estimator.keywords()
     if entry.uses_is_weights:
         offered["is_weights"] = is_weights  # the baseline weights w·ρ² before accumulating
     options = {k: v for k, v in offered.items() if k in entry.options}
-    return entry.fn(returns, mask, group, energy, **options)  # (G_t − B_t)·mask_t
+    used = energy if entry.needs_energy else None
+    return entry.fn(returns, mask, group, used, **options)  # (G_t − B_t)·mask_t
 
 
 @dataclass(frozen=True)
@@ -114,12 +113,12 @@ def batch_advantages(
     (`[B, T]`), with the rollouts' importance weights and `estimator` decided for this batch."""
     estimator = estimator.resolved(batch.mask, batch.valid)
     returns = returns_to_go(batch.token_rewards, batch.mask)  # G_t = Σ_{k≥t} r_k
+    energy = cumulative_energy(w, batch.mask)  # W_t = Σ_{j≤t} mask_j·w_j
     by_baseline = {
         name: token_advantages(
-            name, returns, batch.mask, batch.group, w,
+            name, returns, batch.mask, batch.group, energy,
             is_weights=batch.is_weights, estimator=estimator,
         )
         for name in baselines
     }  # fmt: skip
-    energy = cumulative_energy(w, batch.mask)  # W_t = Σ_{j≤t} mask_j·w_j
     return Advantages(returns, energy, by_baseline, estimator)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.advantages import Estimator, token_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
@@ -68,9 +69,11 @@ def audit_part(
     mask = batch.mask
     estimator = estimator.resolved(mask, batch.valid)
     returns = returns_to_go(batch.token_rewards, mask)  # G_t = Σ_{k≥t} r_k
+    energy = cumulative_energy(w, mask)  # W_t = Σ_{j≤t} mask_j·w_j
     registry = token_advantages(
-        baseline, returns, mask, batch.group, w, is_weights=batch.is_weights, estimator=estimator
-    )
+        baseline, returns, mask, batch.group, energy, is_weights=batch.is_weights,
+        estimator=estimator,
+    )  # fmt: skip
     on = mask.bool()
     diff = (trainer - registry).abs()[on].double()  # |A^trainer − A^registry| on mask 1
     return {

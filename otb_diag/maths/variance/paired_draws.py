@@ -55,6 +55,7 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.maths.aggregation import aggregation_weights, default_aggregations
+from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.advantages import Estimator, token_advantages
 from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.variance.intervals import (
@@ -222,7 +223,9 @@ def draw_estimates(
     pool_scores = scores[layout.clamp(max=b - 1).reshape(-1)].double()  # [P*M_max, T, k]
     pool_scores[layout.reshape(-1) == b] = 0.0
     pool_scores = pool_scores.view(prompts, -1, k)  # [P, M_max * T, k]
-    energies = {src: w.double() for src, w in energies.items()}
+    # W_t of every source over whole pool rows (row-wise, so indexing a draw's rows after the
+    # cumsum gives the same numbers as accumulating them per draw).
+    cumulative = {src: cumulative_energy(w.double(), mask) for src, w in energies.items()}
     is_weights = None if is_weights is None else is_weights.double()
     chunk = max(1, max_elements // max(b * t, 1))
     raw = {(agg, spec.label): np.empty((draws, k)) for agg in aggregations for spec in specs}
@@ -242,11 +245,12 @@ def draw_estimates(
             for agg in aggregations
         }
         for spec in specs:
-            w = energies[spec.energy][sub] if spec.energy else None
+            energy = cumulative[spec.energy][sub] if spec.energy else None
             rho = None if is_weights is None else is_weights[sub]
             adv = token_advantages(
-                spec.name, returns[sub], sub_mask, group, w, is_weights=rho, estimator=estimator
-            )
+                spec.name, returns[sub], sub_mask, group, energy, is_weights=rho,
+                estimator=estimator,
+            )  # fmt: skip
             for agg, weight in weights.items():
                 key = (agg, spec.label)
                 # Scatter c*A back onto the pool (a row appears at most once per draw; row b is
