@@ -23,9 +23,15 @@ LINESTYLES = {"loo": "--", "true": ":"}
 HATCHES = {"loo": "//", "true": ".."}
 
 
+PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would thin to none)
+
+
 def _plain_log_ticks(axis) -> None:
     """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
-    than a decade still gets labels."""
+    than a decade still gets labels; over more than `PLAIN_DECADES` decades, matplotlib's own."""
+    low, high = axis.get_view_interval()
+    if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
+        return
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FormatStrFormatter("%g"))
     axis.set_minor_formatter(NullFormatter())
@@ -203,22 +209,19 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
     rows = _rows(table, aggregation)
     sizes = sorted(rows["group_size"].unique())
     fig, ax = new_figure(height_in=2.8)
+    undrawn = False  # a resolved point whose interval could not be drawn around it
     with mpl.rc_context(STYLE):
-        finite = rows[["noise_scale_tokens_low", "noise_scale_tokens_high"]].replace(
-            math.inf, float("nan")
-        )
-        top = float(finite.max().max()) * 2
+        top = _axis_top(rows)
         for label, curve in rows.groupby("baseline", sort=False):
             curve = curve.sort_values("group_size")
             color = baseline_color(label)
             style = LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-")
             resolved = curve[curve["grad_sq_resolved"].astype(bool)]
             bound = curve[~curve["grad_sq_resolved"].astype(bool)]
-            y = resolved["noise_scale_tokens"].to_numpy()
-            high = resolved["noise_scale_tokens_high"].clip(upper=top).to_numpy()
-            low = resolved["noise_scale_tokens_low"].clip(lower=0).to_numpy()
+            y, below, above, drawn = _error_bars(resolved, top)
+            undrawn |= not drawn.all()
             ax.errorbar(
-                resolved["group_size"], y, yerr=[y - low, high - y], color=color,
+                resolved["group_size"], y, yerr=[below, above], color=color,
                 linestyle=style, marker="o", markersize=2.5, capsize=1.5,
                 label=label if len(resolved) else None,
             )  # fmt: skip
@@ -235,10 +238,37 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
         _plain_log_ticks(ax.yaxis)
         ax.set_ylabel(r"tokens per step at the knee $B\,N\,\bar L$")
         ax.set_title(f"Cost of a step at the noise scale ({aggregation})")
-        unresolved = not rows["grad_sq_resolved"].astype(bool).all()
+        notes = []
+        if not rows["grad_sq_resolved"].astype(bool).all():
+            notes.append("(≥): |G|² not resolved,\nknee at least there")
+        if undrawn:
+            notes.append("a point without bars: its\ninterval is undefined (NaN)\nor misses it")
         ax.legend(
             loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
-            title="(≥): |G|² not resolved,\nknee at least there" if unresolved else None,
-            title_fontsize=6,
+            title="\n".join(notes) or None, title_fontsize=6,
         )  # fmt: skip
     return fig
+
+
+def _axis_top(rows: pd.DataFrame) -> float:
+    """Where an interval open above ends: twice the largest finite interval end (1 when none;
+    `_error_bars` keeps it above the point)."""
+    ends = rows[["noise_scale_tokens_low", "noise_scale_tokens_high"]].to_numpy(dtype=float)
+    finite = ends[np.isfinite(ends)]
+    return float(finite.max()) * 2 if finite.size else 1.0
+
+
+def _error_bars(
+    resolved: pd.DataFrame, top: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(`y`, bar below, bar above, `drawn`) for `errorbar`, each `[n]`: the interval `[low, high]`
+    of `noise_scale_tokens` with `low` clipped at 0 and an open `high` at `top`. A row whose
+    interval is NaN or does not contain `y` gets no bars (`drawn` False), never a negative one,
+    which matplotlib refuses."""
+    y = resolved["noise_scale_tokens"].to_numpy(dtype=float)
+    low = np.clip(resolved["noise_scale_tokens_low"].to_numpy(dtype=float), 0, None)
+    high = resolved["noise_scale_tokens_high"].to_numpy(dtype=float)
+    high = np.where(np.isposinf(high), np.maximum(top, y), high)
+    with np.errstate(invalid="ignore"):  # NaN compares False, inf − inf is NaN: not drawn
+        drawn = (low <= y) & (y <= high) & np.isfinite(y) & np.isfinite(high)
+        return y, np.where(drawn, y - low, 0.0), np.where(drawn, high - y, 0.0), drawn

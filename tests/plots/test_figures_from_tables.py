@@ -4,11 +4,14 @@ dynamics table, and their axes, series and labels are compared with those tables
 tests only check that the files are saved)."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matplotlib.colors import to_hex
 
 from otb_diag.plots import dynamics as plots_dynamics
@@ -257,3 +260,67 @@ def test_save_figure_writes_png_and_pdf(tmp_path: Path) -> None:
     assert sorted(p.name for p in paths) == ["fig1.pdf", "fig1.png"]
     assert (tmp_path / "fig1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "fig1.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+BOUNDS = st.one_of(
+    st.floats(min_value=-1e12, max_value=1e12, allow_nan=False),
+    st.sampled_from([math.inf, -math.inf, math.nan, 0.0]),
+)
+
+
+@pytest.mark.filterwarnings("ignore:Data has no positive values")  # all-NaN tables: no log axis
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), BOUNDS, BOUNDS, BOUNDS, st.sampled_from([2, 4, 8])),
+        min_size=1, max_size=8,
+    )
+)  # fmt: skip
+def test_figures_with_intervals_draw_any_bounds(rows) -> None:
+    """A figure never fails a command: the knee figure and the variance figure draw arbitrary
+    finite, infinite and NaN points and bounds (matplotlib refuses a negative error bar), and
+    every bar drawn contains its point."""
+    table = pd.DataFrame(
+        [
+            {
+                "aggregation": "token-sum", "baseline": ("mean", "otb")[i % 2],
+                "group_size": n, "grad_sq_resolved": resolved,
+                "noise_scale_tokens": y, "noise_scale_tokens_low": low,
+                "noise_scale_tokens_high": high,
+                "variance": y, "ci_low": low, "ci_high": high,
+                "equivalent_mean_group_size": high,
+            }
+            for i, (resolved, y, low, high, n) in enumerate(rows)
+        ]
+    )  # fmt: skip
+    fig = plots_variance.fig_knee_tokens(table)
+    fig.canvas.draw()
+    for container in fig.axes[0].containers:  # errorbar: (line, caps, bars)
+        (bars,) = container.lines[2]
+        points = container.lines[0].get_ydata()
+        for seg, point in zip(bars.get_segments(), points, strict=True):
+            if np.isfinite(point):
+                assert seg[0, 1] <= point <= seg[1, 1]
+    with np.errstate(all="ignore"):  # numpy's own warnings on inf − inf in the variance bands
+        plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4)).canvas.draw()
+
+
+@pytest.mark.parametrize("span", [1e0, 1e8])
+def test_log_axes_keep_labelled_ticks_over_any_range(span) -> None:
+    """Within a decade ticks are plain 1-2-5 values; over many decades matplotlib's 10^n ticks
+    stay (a 1-2-5 locator thins to no labelled tick at all there)."""
+    table = pd.DataFrame(
+        {
+            "aggregation": "token-sum", "baseline": "mean", "group_size": [2, 4],
+            "noise_scale_tokens": [10.0, 10.0 * span], "grad_sq_resolved": True,
+            "noise_scale_tokens_low": [5.0, 5.0 * span],
+            "noise_scale_tokens_high": [20.0, 20.0 * span],
+        }
+    )  # fmt: skip
+    fig = plots_variance.fig_knee_tokens(table)
+    fig.canvas.draw()
+    low, high = fig.axes[0].get_ylim()
+    labels = [
+        t.get_text() for t in fig.axes[0].get_yticklabels() if low <= t.get_position()[1] <= high
+    ]
+    assert len([t for t in labels if t]) >= 2, labels

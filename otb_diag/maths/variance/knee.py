@@ -141,9 +141,14 @@ def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
         if r["grad_sq_resolved"]:
             parts.append(_knee_text(r))
         else:
+            at_least = r["noise_scale_low"]
             parts.append(
-                f"{REFERENCE} at N = {n_ref}: |G|² not resolved from zero, so no knee (at least "
-                f"{r['noise_scale_low']:.3g} prompts)"
+                f"{REFERENCE} at N = {n_ref}: |G|² not resolved from zero, so no knee "
+                + (
+                    f"(at least {at_least:.3g} prompts)"
+                    if math.isfinite(at_least)
+                    else "(no signal measurable at all: |G|² ≤ 0 across its interval)"
+                )
             )
         if np.isfinite(between) and between > 0:
             parts.append(

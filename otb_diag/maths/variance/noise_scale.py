@@ -47,6 +47,9 @@ import numpy as np
 from scipy import stats
 
 FEW_PROMPTS = 16  # below this, between-prompt terms and |G|² rest on too few samples
+# |G|² = ‖m̄‖² − S_m/P cancels two terms: within this many float64 ulps of their magnitude the
+# difference is rounding, not signal (one prompt with a signal among silent ones gives exactly 0).
+ROUNDOFF_ULPS = 64
 LEVEL = 0.95
 # Columns with a 95 % interval (`<name>_low`, `<name>_high` follow each).
 ESTIMATES = (
@@ -116,6 +119,13 @@ def decompose(
     between = spread - sum_noise / n
     total = within + between
     grad_sq = np.square(mean_c + centre).sum(1) - spread / n  # ‖m̄‖² − S_m / P
+    # Rounding of the cancellation is no signal: it would pass as a resolved |G|² with a
+    # zero-width jackknife interval and a knee at ~1e17 prompts. Its size follows the terms
+    # summed over all prompts (the leave-one-out sums subtract from them).
+    magnitude = np.square(centre).sum() + per_prompt[1].sum() / n
+    grad_sq = np.where(
+        np.abs(grad_sq) <= ROUNDOFF_ULPS * np.finfo(float).eps * magnitude, 0.0, grad_sq
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         noise_scale = np.where(grad_sq > 0, total / grad_sq, np.inf)
         signal = grad_sq / total  # 1 / B
@@ -159,6 +169,10 @@ def noise_estimates(m: PromptMoments, prompts_per_step: float | None = None) -> 
             low_inv, high_inv = interval("inverse_noise_scale")
             low = 1 / high_inv if high_inv > 0 else math.inf
             high = 1 / low_inv if low_inv > 0 else math.inf
+            # The point is tr Σ/|G|², the ends 1/(|G|²/tr Σ ± t·se): with se = 0 the two forms
+            # differ by an ulp, and an interval must hold its estimate.
+            if not math.isnan(point[name]):
+                low, high = min(low, point[name]), max(high, point[name])
         else:
             low, high = interval(name)
         out |= {name: point[name], f"{name}_low": low, f"{name}_high": high}

@@ -147,3 +147,37 @@ def test_no_signal_leaves_the_knee_unresolved() -> None:
         if not est["grad_sq_resolved"]:
             assert est["noise_scale_high"] == math.inf
     assert unresolved >= 18
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+@pytest.mark.parametrize("silent_first", [False, True])
+def test_one_signal_among_silent_prompts_is_no_resolved_knee(scale, silent_first) -> None:
+    """One prompt's draws vary, the others' are all 0 (their groups' rewards were equal): in
+    exact arithmetic `‖m̄‖² = S_m/P`, so |G|² and every jackknife replicate are 0. The float
+    difference is rounding and must not pass as a resolved |G|² with a zero-width interval (the
+    CI crash of issue 24: a knee at ~1e17 prompts whose interval missed it)."""
+    rng = np.random.default_rng(3)
+    moving = scale * rng.normal(1.0, 2.0, (20, 32))
+    draws = [moving, np.zeros((20, 32)), np.zeros((20, 32))]
+    if silent_first:
+        draws = draws[::-1]
+    est = noise_estimates(moments_of(draws, [8, 8, 8], 4))
+    assert est["grad_sq"] == 0.0 and est["grad_sq_low"] == 0.0 and est["grad_sq_high"] == 0.0
+    assert not est["grad_sq_resolved"]
+    assert est["noise_scale"] == math.inf and est["noise_scale_high"] == math.inf
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_interval_holds_its_estimate(seed) -> None:
+    """On pools from pure noise to strong signal, with 3 to 20 prompts, every estimate with an
+    interval lies inside it (NaN intervals aside: they say 'unknown')."""
+    rng = np.random.default_rng(seed)
+    moments, _ = planted_pools(
+        seed, prompts=int(rng.integers(3, 21)), draws=int(rng.integers(3, 40)),
+        signal=float(rng.choice([0.0, 1e-3, 2.25, 100.0])), between=float(rng.choice([0.0, 4.0])),
+    )  # fmt: skip
+    est = noise_estimates(moments)
+    for name in ("within", "between", "total", "grad_sq", "within_share", "noise_scale", "snr"):
+        low, point, high = est[f"{name}_low"], est[name], est[f"{name}_high"]
+        if not (math.isnan(low) or math.isnan(high)):
+            assert low <= point <= high, (name, low, point, high)
