@@ -7,8 +7,10 @@ groups (`shard_by_tokens`) and hands its results to rank 0 (`Dist.gather`), whic
 files and prints. Without torchrun `session()` is a world of one and nothing is initialised.
 
 Failure handling, so that one rank's problem never leaves the others hanging:
-- `Dist.checked(fn)` runs one phase on every rank and then agrees on the outcome: if any rank
-  raised, every rank raises the first failing rank's error (the CLI prints it on rank 0 only).
+- a phase of a command is a function decorated with `@agreed` (or one call `Dist.checked(fn)`):
+  it runs on every rank, then the ranks agree on the outcome: if any rank raised, every rank
+  raises the first failing rank's error (the CLI prints it on rank 0 only). The science inside
+  a phase never sees ranks; `Dist.share` and `Dist.gather` are the only sharding and gathering.
 - every collective has a timeout (`OTB_DIAG_DIST_TIMEOUT_S`, default 1800 s), and a lost peer
   (a killed rank) surfaces as `DistributedError`, not a hang;
 - SIGTERM (what torchrun sends to the survivors when a rank dies) raises `SystemExit`, so the
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import heapq
 import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from otb_diag.errors import InputError
 
@@ -34,6 +37,7 @@ from otb_diag.errors import InputError
 # `DistributedError`), and a plain process should not pay for torch unless it measures.
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 DEFAULT_TIMEOUT_S = 1800
 
@@ -73,6 +77,14 @@ class Dist:
         _collective(lambda: dist.all_gather_object(out, obj))
         return out
 
+    def share(self, sizes: Sequence[int]) -> list[int]:
+        """This rank's indices of `sizes` (tokens per item), `shard_by_tokens` of the world."""
+        return shard_by_tokens(sizes, self.world_size)[self.rank]
+
+    def on_main(self, fn: Callable[[], T]) -> T | None:
+        """`fn()` on rank 0 (None elsewhere), with every rank raising its error (`checked`)."""
+        return self.checked(lambda: fn() if self.is_main else None)
+
     def checked(self, fn: Callable[[], T]) -> T:
         """Run `fn` on this rank; then, on every rank, raise the first failing rank's error."""
         if self.world_size == 1:
@@ -100,6 +112,18 @@ _current: Dist | None = None
 def current() -> Dist:
     """The `Dist` of the running `session()`, or a world of one."""
     return _current or Dist()
+
+
+def agreed(fn: Callable[P, T]) -> Callable[P, T]:
+    """Make `fn` one phase of a command: every rank runs it, then every rank raises the first
+    failing rank's error (`Dist.checked` of the running `session()`). Every rank must call it,
+    in the same order: it is a collective."""
+
+    @functools.wraps(fn)
+    def phase(*args: P.args, **kwargs: P.kwargs) -> T:
+        return current().checked(lambda: fn(*args, **kwargs))
+
+    return phase
 
 
 @contextlib.contextmanager
