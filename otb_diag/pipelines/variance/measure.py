@@ -21,7 +21,7 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.fidelity import fidelity
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
-from otb_diag.runtime.torchrun import Dist
+from otb_diag.runtime.torchrun import Dist, agreed
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Measured:
     scores: dict[str, TokenScores]  # model mode -> its scores over the pool
 
 
+@agreed
 def measure(
     d: Dist,
     path: Path,
@@ -43,7 +44,8 @@ def measure(
     notify: Callable[[str], None] | None,
 ) -> tuple[Checkpoint, Measured | None]:
     """This rank's share (`mine`) measured under the checkpoint at `path`, assembled on rank 0
-    (None on the other ranks); `settings` is a `VarianceSettings`."""
+    (None on the other ranks); `settings` is a `VarianceSettings`. One phase: a failure on any
+    rank stops every rank with it."""
     ckpt, batch, _ = checkpoint_batch(path, mine, settings.load)
     stats = checkpoint_stats(
         ckpt.model,

@@ -24,6 +24,7 @@ from otb_diag.io.loading import (
     rollouts_record,
 )
 from otb_diag.io.provenance import library_versions
+from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.returns import returns_to_go
@@ -36,8 +37,8 @@ from otb_diag.maths.variance.paired_draws import (
     paired_estimates,
     variance_table,
 )
+from otb_diag.pipelines.variance.measure import Measured, full_record, measure
 from otb_diag.pipelines.variance.measure import fidelity_rows as fidelity_rows_of
-from otb_diag.pipelines.variance.measure import full_record, measure
 from otb_diag.pipelines.variance.measure import response_tokens_for_balance as balance_size
 from otb_diag.pipelines.variance.summary import (
     headline,
@@ -50,7 +51,7 @@ from otb_diag.plots.style import save_figure
 from otb_diag.policy.scores.cost import DEFAULT_BUDGET_S
 from otb_diag.policy.scores.token_scores import proxy_scores
 from otb_diag.runtime.devices import resolve_device
-from otb_diag.runtime.torchrun import Dist, require_groups, session, shard_by_tokens
+from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, session
 
 MODES = ("proxy", "head", "full")
 ENGINES = ("auto", "jvp", "vjp")
@@ -142,23 +143,12 @@ def _run(
     progress: bool,
     notify: Callable[[str], None] | None,
 ) -> dict[str, Any] | None:
+    """Per checkpoint: measure this rank's share (gathered on rank 0), then in each mode draw
+    the groups over the whole pool and accumulate the tables; rank 0 writes and summarises."""
     started = time.perf_counter()
-    rollouts = d.checked(
-        lambda: load_rollouts(
-            rollouts_path,
-            settings.temperature,
-            steps=settings.steps,
-            reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
-        )
-    )
-    groups = rollouts.groups()
-    d.checked(lambda: require_groups(len(groups), d, str(rollouts_path)))
-    sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
-    share = shard_by_tokens(sizes, d.world_size)[d.rank]
-    names = list(groups)
-    mine_rows = sorted(i for g in share for i in groups[names[g]])
-    mine = replace(rollouts, responses=[rollouts.responses[i] for i in mine_rows])
-    rank_tokens = d.all_gather(sum(sizes[g] for g in share))
+    rollouts = _load(rollouts_path, settings)
+    mine, my_tokens = _my_share(rollouts, str(rollouts_path))
+    rank_tokens = d.all_gather(my_tokens)
     model_modes = [m for m in settings.modes if m != "proxy"]
     per_ckpt = (response_tokens(mine) or 0) * (1 + len(model_modes))
     bar = tqdm(
@@ -168,106 +158,159 @@ def _run(
         desc="variance",
         disable=not (progress and d.is_main),
     )
-    tables, fidelity_rows, fidelity_tokens, records, metadata = [], [], [], [], {}
-    block_frames, noise_frames, full_info = [], [], {}
-    timings: dict[str, float] = {}
+    tables = _Tables()
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
-        ckpt, found = d.checked(lambda p=path: measure(d, p, rollouts, mine, settings, bar, notify))
+        ckpt, found = measure(d, path, rollouts, mine, settings, bar, notify)
         step = ckpt.step if ckpt.step is not None else index
-        timings[f"measure_s@{step}"] = time.perf_counter() - t0
-        if found is None:
-            continue
-        records.append(checkpoint_record(ckpt))
-        batch = found.batch
-        returns = returns_to_go(batch.token_rewards, batch.mask)
-        # The same estimator as `energy`: TIR decided on the pool, importance weights as w·ρ².
-        estimator = Estimator(settings.handle_zero_tail, settings.tir).resolved(
-            batch.mask, batch.valid
-        )
-        for mode in settings.modes:
-            t0 = time.perf_counter()
-            energies = {"proxy": found.w}
-            if mode == "proxy":
-                scores = proxy_scores(found.w, settings.sketch_dim, settings.seed)
-            else:
-                measured = found.scores[mode]
-                scores = measured.proj
-                if mode == "full":
-                    energies["true"] = measured.sq_norm
-                fidelity_rows += fidelity_rows_of(step, mode, found.w, measured, batch.mask)
-                keep = batch.mask.bool()
-                fidelity_tokens.append(
-                    pd.DataFrame(
-                        {
-                            "step": step,
-                            "mode": mode,
-                            "w": found.w[keep].numpy(),
-                            "true_sq_norm": measured.sq_norm[keep].numpy(),
-                        }
-                    )
-                )
-            paired = paired_estimates(
-                returns,
-                batch.mask,
-                batch.group,
-                scores,
-                energies,
-                specs=default_specs(settings.baselines, ["true"] if mode == "full" else []),
-                aggregations=settings.aggregations,
-                group_sizes=settings.group_sizes,
-                draws=settings.draws,
-                bootstrap=settings.bootstrap,
-                seed=settings.seed,
-                mode=mode,
-                is_weights=batch.is_weights,
-                estimator=estimator,
-            )
-            tables.append(variance_table(paired).assign(step=step))
-            mean_tokens = float(batch.length.double().mean())  # L̄: tokens sampled a response
-            noise_frames.append(
-                noise_table(paired, mean_tokens, settings.prompts_per_step).assign(step=step)
-            )
-            metadata[f"{mode}@{step}"] = paired.metadata
-            if mode == "full":
-                full_info[str(step)] = full_record(
-                    measured, projection_error(paired, measured.blocks)
-                )
-                if settings.by_block:
-                    block_frames.append(block_tables(paired, measured.blocks).assign(step=step))
-            timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
+        tables.timings[f"measure_s@{step}"] = time.perf_counter() - t0
+        if found is not None:  # rank 0
+            tables.checkpoints.append(checkpoint_record(ckpt))
+            _compare_modes(tables, step, found, settings)
     bar.close()
     if not d.is_main:
         return None
+    return _summary(tables, out, rollouts, settings, len(checkpoints), started, rank_tokens, d)
 
-    variance = pd.concat(tables, ignore_index=True)
-    noise = pd.concat(noise_frames, ignore_index=True)
+
+@agreed
+def _load(rollouts_path: Path, settings: VarianceSettings) -> Rollouts:
+    return load_rollouts(
+        rollouts_path,
+        settings.temperature,
+        steps=settings.steps,
+        reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+    )
+
+
+@agreed
+def _my_share(rollouts: Rollouts, what: str) -> tuple[Rollouts, int]:
+    """This rank's groups of `rollouts` (whole groups, balanced by tokens) and their tokens."""
+    d = current()
+    groups = rollouts.groups()
+    require_groups(len(groups), d, what)
+    sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
+    share = d.share(sizes)
+    names = list(groups)
+    rows = sorted(i for g in share for i in groups[names[g]])
+    mine = replace(rollouts, responses=[rollouts.responses[i] for i in rows])
+    return mine, sum(sizes[g] for g in share)
+
+
+@dataclass
+class _Tables:
+    """What the checkpoint × mode loop accumulates on rank 0, one entry per (checkpoint, mode)."""
+
+    variance: list[pd.DataFrame] = field(default_factory=list)
+    noise: list[pd.DataFrame] = field(default_factory=list)
+    blocks: list[pd.DataFrame] = field(default_factory=list)
+    fidelity_rows: list[dict[str, Any]] = field(default_factory=list)
+    fidelity_tokens: list[pd.DataFrame] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    draws: dict[str, Any] = field(default_factory=dict)  # "mode@step" -> paired-draw metadata
+    full: dict[str, Any] = field(default_factory=dict)  # step -> full-mode record
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _compare_modes(tables: _Tables, step: int, found: Measured, settings: VarianceSettings) -> None:
+    """The paired-draw comparison of every mode on one checkpoint's measurements, into `tables`."""
+    batch = found.batch
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    # The same estimator as `energy`: TIR decided on the pool, importance weights as w·ρ².
+    estimator = Estimator(settings.handle_zero_tail, settings.tir).resolved(batch.mask, batch.valid)
+    for mode in settings.modes:
+        t0 = time.perf_counter()
+        energies = {"proxy": found.w}
+        if mode == "proxy":
+            scores = proxy_scores(found.w, settings.sketch_dim, settings.seed)
+        else:
+            measured = found.scores[mode]
+            scores = measured.proj
+            if mode == "full":
+                energies["true"] = measured.sq_norm
+            tables.fidelity_rows += fidelity_rows_of(step, mode, found.w, measured, batch.mask)
+            keep = batch.mask.bool()
+            tables.fidelity_tokens.append(
+                pd.DataFrame(
+                    {
+                        "step": step,
+                        "mode": mode,
+                        "w": found.w[keep].numpy(),
+                        "true_sq_norm": measured.sq_norm[keep].numpy(),
+                    }
+                )
+            )
+        paired = paired_estimates(
+            returns,
+            batch.mask,
+            batch.group,
+            scores,
+            energies,
+            specs=default_specs(settings.baselines, ["true"] if mode == "full" else []),
+            aggregations=settings.aggregations,
+            group_sizes=settings.group_sizes,
+            draws=settings.draws,
+            bootstrap=settings.bootstrap,
+            seed=settings.seed,
+            mode=mode,
+            is_weights=batch.is_weights,
+            estimator=estimator,
+        )
+        tables.variance.append(variance_table(paired).assign(step=step))
+        mean_tokens = float(batch.length.double().mean())  # L̄: tokens sampled a response
+        tables.noise.append(
+            noise_table(paired, mean_tokens, settings.prompts_per_step).assign(step=step)
+        )
+        tables.draws[f"{mode}@{step}"] = paired.metadata
+        if mode == "full":
+            tables.full[str(step)] = full_record(
+                measured, projection_error(paired, measured.blocks)
+            )
+            if settings.by_block:
+                tables.blocks.append(block_tables(paired, measured.blocks).assign(step=step))
+        tables.timings[f"{mode}_s@{step}"] = time.perf_counter() - t0
+
+
+def _summary(
+    tables: _Tables,
+    out: Path,
+    rollouts: Rollouts,
+    settings: VarianceSettings,
+    n_checkpoints: int,
+    started: float,
+    rank_tokens: list[int],
+    d: Dist,
+) -> dict[str, Any]:
+    """Rank 0: the tables concatenated (a `step` column only with several checkpoints), every
+    file written into `out`, and summary.json's content."""
+
+    def stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        table = pd.concat(frames, ignore_index=True)
+        return table.drop(columns="step") if n_checkpoints == 1 else table
+
+    variance = stacked(tables.variance)
+    noise = pd.concat(tables.noise, ignore_index=True)
     last_noise = noise[noise["step"] == noise["step"].max()]
-    if len(checkpoints) == 1:
-        noise = noise.drop(columns="step")
-    if len(checkpoints) == 1:
-        variance = variance.drop(columns="step")
-    fid = pd.DataFrame(fidelity_rows)
-    blocks = pd.concat(block_frames, ignore_index=True) if block_frames else None
-    if blocks is not None and len(checkpoints) == 1:
-        blocks = blocks.drop(columns="step")
-    outputs = _write(out, variance, fid, fidelity_tokens, settings, blocks)
+    noise = noise.drop(columns="step") if n_checkpoints == 1 else noise
+    fid = pd.DataFrame(tables.fidelity_rows)
+    blocks = stacked(tables.blocks) if tables.blocks else None
+    outputs = _write(out, variance, fid, tables.fidelity_tokens, settings, blocks)
     outputs += write_noise(out, noise, last_noise)
-    timings["total_s"] = time.perf_counter() - started
+    tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return {
         "command": "variance-compare",
-        "inputs": {"rollouts": rollouts_record(rollouts), "checkpoints": records},
+        "inputs": {"rollouts": rollouts_record(rollouts), "checkpoints": tables.checkpoints},
         "settings": asdict(settings),
-        "draws": metadata,
+        "draws": tables.draws,
         "headline": rows,
         "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
         "noise_scale": recommend(last_noise, settings.current_n),
         "knee": knee_rows(last_noise),
-        "fidelity": fidelity_rows,
+        "fidelity": tables.fidelity_rows,
         "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
-        "full": full_info,
-        "timings": timings,
+        "full": tables.full,
+        "timings": tables.timings,
         "versions": library_versions(),
         "outputs": [*outputs, "summary.json"],
     }
