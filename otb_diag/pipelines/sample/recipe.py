@@ -17,12 +17,12 @@ format (docs/sampling.md).
 
 Under torchrun (`otb_diag/runtime/torchrun.py`) every rank reads the prompts, loads the model and
 makes the same plan; the batches still to sample are split across the ranks by their padded size
-(`shard_by_tokens`), so each prompt's responses come from the same batches, seeds and padding as
+(`Dist.share`), so each prompt's responses come from the same batches, seeds and padding as
 in one process and the pools are byte-identical to its. A rank writes only the parts of its own
 batches (a part is named by its batch), and scores them with the verifier; rank 0 waits for all
-(`Dist.checked`: an error on any rank stops every rank with it), reads every part and writes
-`rollouts.jsonl` and `manifest.json` as one process would. OUT must be on a filesystem that every
-rank sees (any folder, on one node).
+(each step is an `@agreed` phase: an error on any rank stops every rank with it), reads every
+part and writes `rollouts.jsonl` and `manifest.json` as one process would. OUT must be on a
+filesystem that every rank sees (any folder, on one node).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from otb_diag.io.provenance import file_sha256, library_versions
 from otb_diag.pipelines.sample.verifiers import Verifier, get_verifier, require_math_verify
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 from otb_diag.runtime.devices import resolve_device
-from otb_diag.runtime.torchrun import Dist, session, shard_by_tokens
+from otb_diag.runtime.torchrun import Dist, agreed, session
 
 PARTS = ".sample-parts"
 ROLLOUTS = "rollouts.jsonl"
@@ -162,94 +162,142 @@ def _run(
 ) -> dict[str, Any] | None:
     started = time.perf_counter()
     parts = out / PARTS
-    # Every rank checks OUT before rank 0 creates the parts folder (`checked` waits for all).
-    prompts = d.checked(lambda: _read_and_check(prompts_path, out, settings, verifier, resume))
-    loaded = d.checked(lambda: settings.load.load(ckpt))
-    tokenizer, model = loaded.tokenizer, loaded.model
-
-    def tokenize() -> list[list[int]]:
-        ids = [tokenize_prompt(tokenizer, p, settings.chat_template, prompts_path) for p in prompts]
-        _check_lengths(prompts, ids, model, settings.sampling.max_new_tokens, prompts_path)
-        return ids
-
-    prompt_ids = d.checked(tokenize)
-    eos_ids = d.checked(lambda: _eos_ids(tokenizer, model))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    # Every rank checks OUT before rank 0 creates the parts folder (a phase waits for all).
+    prompts = _read_and_check(prompts_path, out, settings, verifier, resume)
+    job = _prepare(ckpt, prompts, prompts_path, settings)
     if not settings.sampling.from_policy and d.is_main:
         say(
             "note: --top-k/--top-p truncate the policy; logprobs and sum_pi2 are those of the "
             "untruncated softmax(z/τ), and the variance theory assumes samples from it "
             "(manifest: from_policy false)"
         )
-
-    identity = {
-        **settings.identity(),
-        "prompts_sha256": file_sha256(prompts_path) if prompts_path.is_file() else None,
-        "checkpoint": str(loaded.path),
-    }
-    max_new = settings.sampling.max_new_tokens
-    batches = plan_batches([len(p) for p in prompt_ids], settings.n, max_new, settings.batch_tokens)
-    # A batch's cost is its padded size: rows · (longest prompt + max_new_tokens).
-    costs = [len(b) * (max(len(prompt_ids[i]) for i, _ in b) + max_new) for b in batches]
-    d.checked(lambda: _open_parts(parts, identity) if d.is_main else None)
+    d.on_main(lambda: _open_parts(parts, job.identity))
     # What is left to sample, as rank 0 sees it (every rank must split the same list).
     todo = d.all_gather(
-        [k for k in range(len(batches)) if not _part(parts, k).is_file()] if d.is_main else None
+        [k for k, _ in enumerate(job.batches) if not _part(parts, k).is_file()]
+        if d.is_main
+        else None
     )[0]
     if stop_after is not None:
         todo = [k for k in todo if k < stop_after]
-    mine = [todo[t] for t in shard_by_tokens([costs[k] for k in todo], d.world_size)[d.rank]]
-    tokens = d.checked(
-        lambda: _sample_parts(
-            d, model, prompt_ids, batches, mine, settings, parts, eos_ids, pad_id, progress
-        )
-    )
+    mine = [todo[t] for t in d.share([job.costs[k] for k in todo])]
+    tokens = _sample_parts(
+        d, job.model, job.prompt_ids, job.batches, mine, settings, parts, job.eos_ids,
+        job.pad_id, progress,
+    )  # fmt: skip
     tokens_per_rank = d.all_gather(tokens)
-    if stop_after is not None and stop_after < len(batches):
-        return {"stopped_after": stop_after, "batches": len(batches)}
-
+    if stop_after is not None and stop_after < len(job.batches):
+        return {"stopped_after": stop_after, "batches": len(job.batches)}
     # Each rank scores a share of all the batches (its own sampled ones on a fresh run).
-    scored = shard_by_tokens(costs, d.world_size)[d.rank]
-    rewards = d.checked(
-        lambda: _rewards(
-            prompts, _read_parts(parts, scored), tokenizer, verifier, settings, prompts_path
+    rewards = _score(parts, d.share(job.costs), job, verifier, settings, prompts_path)
+    gathered = d.gather(rewards)
+    return d.on_main(
+        lambda: _assemble(
+            out, prompts_path, job, gathered or [], settings, tokens_per_rank, started, d
         )
     )
-    gathered = d.gather(rewards)
 
-    def assemble() -> dict[str, Any] | None:
-        if not d.is_main:
-            return None
-        assert gathered is not None
-        all_rewards = {k: v for share in gathered for k, v in share.items()}
-        samples = _read_parts(parts, range(len(batches)))
-        rows = _rows(prompts, prompt_ids, samples, all_rewards, tokenizer, settings)
-        manifest = {
-            "command": "rollouts sample",
+
+@dataclass(frozen=True)
+class _Job:
+    """What every rank holds before sampling: the prompts tokenized for the loaded model, and
+    the plan (batches and their padded costs), identical on every rank."""
+
+    prompts: list[PromptRow]
+    prompt_ids: list[list[int]]
+    tokenizer: Any
+    model: Any
+    eos_ids: list[int]
+    pad_id: int
+    batches: list[list[tuple[int, int]]]
+    costs: list[int]  # a batch's padded size: rows · (longest prompt + max_new_tokens)
+    identity: dict[str, Any]  # what a resumed run must share with this one
+
+
+@agreed
+def _prepare(
+    ckpt: Path, prompts: list[PromptRow], prompts_path: Path, settings: SampleSettings
+) -> _Job:
+    """Load the checkpoint, tokenize and check every prompt, and plan the batches."""
+    loaded = settings.load.load(ckpt)
+    tokenizer, model = loaded.tokenizer, loaded.model
+    ids = [tokenize_prompt(tokenizer, p, settings.chat_template, prompts_path) for p in prompts]
+    max_new = settings.sampling.max_new_tokens
+    _check_lengths(prompts, ids, model, max_new, prompts_path)
+    eos_ids = _eos_ids(tokenizer, model)
+    batches = plan_batches([len(p) for p in ids], settings.n, max_new, settings.batch_tokens)
+    return _Job(
+        prompts=prompts,
+        prompt_ids=ids,
+        tokenizer=tokenizer,
+        model=model,
+        eos_ids=eos_ids,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0],
+        batches=batches,
+        costs=[len(b) * (max(len(ids[i]) for i, _ in b) + max_new) for b in batches],
+        identity={
+            **settings.identity(),
+            "prompts_sha256": file_sha256(prompts_path) if prompts_path.is_file() else None,
             "checkpoint": str(loaded.path),
-            "prompts": str(prompts_path.resolve()),
-            "prompts_sha256": identity["prompts_sha256"],
-            "prompts_count": len(prompts),
-            "responses": len(rows),
-            "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
-            "batches": len(batches),
-            "truncated": sum(r["truncated"] for r in rows),
-            "mean_reward": sum(r["reward"] for r in rows) / len(rows),
-            "generated_tokens": sum(len(r["response_ids"]) for r in rows),
-            "seconds": time.perf_counter() - started,
-            "sampled_tokens_this_run": sum(tokens_per_rank),
-            "distributed": {"world_size": d.world_size, "rank_tokens": tokens_per_rank},
-            "versions": library_versions(),
-        }
-        with staged_output(out) as stage:
-            write_jsonl(stage / ROLLOUTS, rows)
-            write_json(stage / MANIFEST, manifest)
-        shutil.rmtree(parts, ignore_errors=True)
-        return manifest
-
-    return d.checked(assemble)
+        },
+    )
 
 
+@agreed
+def _score(
+    parts: Path,
+    batches: list[int],
+    job: _Job,
+    verifier: Verifier,
+    settings: SampleSettings,
+    prompts_path: Path,
+) -> dict[tuple[int, int], float]:
+    """The verifier's rewards of the samples of `batches`, read from their parts."""
+    samples = _read_parts(parts, batches)
+    return _rewards(job.prompts, samples, job.tokenizer, verifier, settings, prompts_path)
+
+
+def _assemble(
+    out: Path,
+    prompts_path: Path,
+    job: _Job,
+    gathered: list[dict[tuple[int, int], float]],
+    settings: SampleSettings,
+    tokens_per_rank: list[int],
+    started: float,
+    d: Dist,
+) -> dict[str, Any]:
+    """Rank 0: every part read back in order, the rows with their rewards, and rollouts.jsonl
+    and manifest.json moved into `out` together; the parts go. Returns the manifest."""
+    all_rewards = {k: v for share in gathered for k, v in share.items()}
+    parts = out / PARTS
+    samples = _read_parts(parts, range(len(job.batches)))
+    rows = _rows(job.prompts, job.prompt_ids, samples, all_rewards, job.tokenizer, settings)
+    manifest = {
+        "command": "rollouts sample",
+        "checkpoint": job.identity["checkpoint"],
+        "prompts": str(prompts_path.resolve()),
+        "prompts_sha256": job.identity["prompts_sha256"],
+        "prompts_count": len(job.prompts),
+        "responses": len(rows),
+        "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
+        "batches": len(job.batches),
+        "truncated": sum(r["truncated"] for r in rows),
+        "mean_reward": sum(r["reward"] for r in rows) / len(rows),
+        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
+        "seconds": time.perf_counter() - started,
+        "sampled_tokens_this_run": sum(tokens_per_rank),
+        "distributed": {"world_size": d.world_size, "rank_tokens": tokens_per_rank},
+        "versions": library_versions(),
+    }
+    with staged_output(out) as stage:
+        write_jsonl(stage / ROLLOUTS, rows)
+        write_json(stage / MANIFEST, manifest)
+    shutil.rmtree(parts, ignore_errors=True)
+    return manifest
+
+
+@agreed
 def _read_and_check(
     prompts_path: Path, out: Path, settings: SampleSettings, verifier: Verifier, resume: bool
 ) -> list[PromptRow]:
@@ -333,6 +381,7 @@ def _part(parts: Path, k: int) -> Path:
     return parts / f"part-{k:06d}.jsonl"
 
 
+@agreed
 def _sample_parts(
     d: Dist,
     model: Any,
