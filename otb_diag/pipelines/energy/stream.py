@@ -14,7 +14,7 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from otb_diag.plots import energy as plots
 from otb_diag.plots.style import save_figure
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.runtime.devices import torch_threads
-from otb_diag.runtime.torchrun import Dist, require_groups, shard_by_tokens
+from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, shard_by_tokens
 
 # Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
 # tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
@@ -116,15 +116,7 @@ def measure_and_write(
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
     (rank 0: the caller's staging directory); returns None on the other ranks."""
     started = time.perf_counter()
-    index = d.checked(
-        lambda: index_rollouts(
-            rollouts_path,
-            steps=parse_steps(settings.steps),
-            reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
-            validate=False,  # every row is validated when `stream_chunks` reads it
-        )
-    )
-    d.checked(lambda: _check_inputs(index, checkpoints, d, settings.temperature))
+    index = _index(rollouts_path, checkpoints, settings)
     chunks = chunk_groups(index.group_tokens(), CHUNK_TOKENS)
     shares, rank_tokens = _plan(index, chunks, d.world_size)
     tir = index.tool_output if settings.tir is None else settings.tir
@@ -145,50 +137,89 @@ def measure_and_write(
         tokens_path = out / "tokens.parquet"
         writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
-            ckpt = None if path is None else d.checked(lambda p=path: settings.load.load(p))
+            ckpt = None if path is None else _load(settings, path)
             t0 = time.perf_counter()
             step = i if ckpt is None or ckpt.step is None else ckpt.step
-            several = len(checkpoints) > 1
-            stream = stream_chunks(index, shares[d.rank])
+            # fig5's token sample is kept for the last step only
             acc = _Accumulator(stride if i == max(0, len(checkpoints) - 1) else 0)
+            stream = stream_chunks(index, shares[d.rank])
             for _ in chunks:
-                rollouts = d.checked(
-                    lambda s=stream: with_temperature(next(s), settings.temperature)
-                )
-                part = d.checked(lambda r=rollouts, c=ckpt: _measure(r, c, settings, tir))
+                part = _measure_next(stream, ckpt, settings, tir)
                 parts = d.gather(part)
-                if parts is None:
-                    continue
-                present = [p for p in parts if p is not None]
-                merged = _merge([p.tables for p in present], index)
-                writer.write(merged.tokens.assign(step=step) if several else merged.tokens)
-                acc.add(merged, present, index.format)
-                bar.update(len(merged.tokens))
+                if parts is not None:  # rank 0
+                    present = [p for p in parts if p is not None]
+                    merged = _merge([p.tables for p in present], index)
+                    several = len(checkpoints) > 1
+                    writer.write(merged.tokens.assign(step=step) if several else merged.tokens)
+                    acc.add(merged, present, index.format)
+                    bar.update(len(merged.tokens))
             timings["measure_s"] += time.perf_counter() - t0
             if d.is_main:
                 results.append(acc.result(step, ckpt))
         bar.close()
         if not d.is_main:
             return None
-        group = settings.group if settings.group is not None else pick_group(results[-1].groups)
-        if group not in set(results[-1].groups["group"]):
-            known_groups = ", ".join(list(results[-1].groups["group"])[:8])
-            raise InputError(
-                f"no group '{group}' in the rollouts (groups: {known_groups}, ...).",
-                path=rollouts_path,
-                field="group",
-            )
         t0 = time.perf_counter()
-        writer.close()
-        # The figure's group, from its chunk of the last step (the last len(chunks) written).
-        position = index.group_names.index(group)
-        chunk = next(c for c, groups in enumerate(chunks) if position in groups)
-        fig4_tokens = read_group(writer.path, group, writer.chunks[chunk - len(chunks)])
-        outputs = ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
+        group, outputs = _write_outputs(
+            out, index, chunks, results, writer, settings, rollouts_path
+        )
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     clamped = index.clamped if index.clamped is not None else results[-1].clamped
     return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped)
+
+
+@agreed
+def _index(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutIndex:
+    """The validated index of the rollouts, once they fit the run (every rank, one phase)."""
+    index = index_rollouts(
+        rollouts_path,
+        steps=parse_steps(settings.steps),
+        reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
+        validate=False,  # every row is validated when `stream_chunks` reads it
+    )
+    _check_inputs(index, checkpoints, current(), settings.temperature)
+    return index
+
+
+@agreed
+def _load(settings: Any, path: Path) -> Checkpoint:
+    return settings.load.load(path)
+
+
+@agreed
+def _measure_next(
+    stream: Iterator[Rollouts], ckpt: Checkpoint | None, settings: Any, tir: bool
+) -> _Part | None:
+    """This rank's share of the next chunk, read and measured (one phase)."""
+    return _measure(with_temperature(next(stream), settings.temperature), ckpt, settings, tir)
+
+
+def _write_outputs(
+    out: Path,
+    index: RolloutIndex,
+    chunks: list[list[int]],
+    results: list[StepResult],
+    writer: TokenWriter,
+    settings: Any,
+    rollouts_path: Path,
+) -> tuple[str, list[str]]:
+    """Rank 0: close tokens.parquet, then the tables and figures of the figures' group (named,
+    or picked); returns the group and the files written."""
+    group = settings.group if settings.group is not None else pick_group(results[-1].groups)
+    if group not in set(results[-1].groups["group"]):
+        known_groups = ", ".join(list(results[-1].groups["group"])[:8])
+        raise InputError(
+            f"no group '{group}' in the rollouts (groups: {known_groups}, ...).",
+            path=rollouts_path,
+            field="group",
+        )
+    writer.close()
+    # The figure's group, from its chunk of the last step (the last len(chunks) written).
+    position = index.group_names.index(group)
+    chunk = next(c for c, groups in enumerate(chunks) if position in groups)
+    fig4_tokens = read_group(writer.path, group, writer.chunks[chunk - len(chunks)])
+    return group, ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
 
 
 def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: float | None) -> None:
