@@ -70,16 +70,11 @@ def inspect_rollouts(
     stops them too); they return None, and the output is one process's.
     """
     with session("cpu") as d:
-        result = d.checked(
-            lambda: (
-                _inspect(
-                    path, load_tokenizer, always_tokenizer, steps, reward_columns, chat_template
-                )
-                if d.is_main
-                else None
+        return d.on_main(
+            lambda: _inspect(
+                path, load_tokenizer, always_tokenizer, steps, reward_columns, chat_template
             )
         )
-    return result
 
 
 def _inspect(
