@@ -34,7 +34,6 @@ from otb_diag.io.rollouts.readers import (
     prompts_without_template,
     tokenize_rollouts,
 )
-from otb_diag.io.rollouts.sources import parse_steps
 from otb_diag.io.rollouts.stream import (
     CHUNK_TOKENS,
     RolloutIndex,
@@ -119,7 +118,7 @@ def measure_and_write(
     index = d.checked(
         lambda: index_rollouts(
             rollouts_path,
-            steps=parse_steps(settings.steps),
+            steps=settings.steps,
             reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
             validate=False,  # every row is validated when `stream_chunks` reads it
         )
