@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.policy.forward_pass import pack_by_tokens, pad_batch, stats_for_sequences
 
@@ -108,7 +108,7 @@ def time_case(case: str, model: nn.Module, rows: Rows, reps: int) -> TimeResult:
 def toy_case(reps: int) -> TimeResult:
     """The embedded default: its final checkpoint and the rollouts sampled from it."""
     model = load_checkpoint(default_checkpoint(), dtype="float32").model
-    rollouts = read_rollouts(DEFAULT_ROLLOUTS).responses
+    rollouts = load_rollouts(DEFAULT_ROLLOUTS).responses
     rows = ([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts])
     n_params = sum(p.numel() for p in model.parameters())
     n_tokens = sum(len(r) for r in rows[1])

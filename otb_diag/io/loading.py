@@ -12,7 +12,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
 from otb_diag.io.provenance import directory_sha256, file_sha256
 from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
-from otb_diag.io.rollouts.sources import parse_steps, read_rollout_set
+from otb_diag.io.rollouts.stream import read_set
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.runtime.devices import device_map_kwargs, resolve_device
@@ -58,9 +58,10 @@ def load_rollouts(
     reward_columns: list[str] | None = None,
 ) -> Rollouts:
     """Read and validate rollouts (a file, a directory or a glob; rows with a step in `steps`,
-    "A-B"); `temperature`, when given, overrides every row's τ."""
-    rollouts = read_rollout_set(path, steps=parse_steps(steps), reward_columns=reward_columns)
-    return with_temperature(rollouts, temperature)
+    "A-B") through the streaming index, whole (`otb_diag/io/rollouts/stream.py:read_set`);
+    `reward_columns` names a TRL completion log's reward columns; `temperature`, when given,
+    overrides every row's τ."""
+    return with_temperature(read_set(path, steps=steps, reward_columns=reward_columns), temperature)
 
 
 def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:

@@ -1,25 +1,19 @@
 """Training logs of RL runs read into one tidy table per run (docs/theory.md §5).
 
-Three sources are recognised from the file's name and keys:
+Three sources are recognised from the file's name and keys; what a trainer's log looks like is
+declared in its module under `otb_diag/io/trainers/` (its signature and key map):
 
 - `otb-diag`: our own `metrics.jsonl` (`otb-diag train`): flat keys `step, mean_reward,
   grad_norm, proxy2_total_power, proxy3_pure_noise, mean_response_length, tokens_sampled`, and
   optionally `baseline`, `group_size`. `tokens_sampled` is read as the running total.
-- `verl`: verl's metrics as JSONL, either flat dicts or its file logger's
-  `{"step": n, "data": {...}}` rows, or as CSV (a W&B export, whose columns may carry a run-name
-  prefix, `run-1 - actor/grad_norm`; the `__MIN`/`__MAX` band columns are dropped). Keys
-  `actor/grad_norm`, `critic/score/mean`, `response_length/mean`,
-  `variance_proxy/proxy{2,3}_*`, step from `training/global_step`, `step`, `_step` or `Step`.
-  verl's `perf/total_num_tokens` is the tokens of one step's batch (prompt + response,
-  `sum(batch.meta_info["global_token_num"])` in `compute_throughout_metrics`), so
-  `tokens_sampled` is its running sum over the logged rows: an export that skips steps
-  undercounts.
-- `trl`: a Hugging Face / TRL `trainer_state.json`: the `log_history` entries that carry
-  `grad_norm` (evaluation entries and the final summary are skipped); score from `reward`, else
-  the sum of the `rewards/<fn>/mean` (or older `rewards/<fn>`) keys, which is how TRL's
-  `reward` is formed with unit weights; length from `completions/mean_length` or
-  `completion_length`; `tokens_sampled` from `num_tokens` (TRL's running count of prompt and
-  completion tokens seen).
+- `verl` (`otb_diag/io/trainers/verl.py:VERL`): verl's metrics as JSONL, either flat dicts or
+  its file logger's `{"step": n, "data": {...}}` rows, or as CSV (a W&B export, whose columns may
+  carry a run-name prefix, `run-1 - actor/grad_norm`; the `__MIN`/`__MAX` band columns are
+  dropped). Its per-step `perf/total_num_tokens` becomes `tokens_sampled` as a running sum over
+  the logged rows: an export that skips steps undercounts.
+- `trl` (`otb_diag/io/trainers/trl.py:TRL`): a Hugging Face / TRL `trainer_state.json`: the
+  `log_history` entries that carry `grad_norm` (evaluation entries and the final summary are
+  skipped), the score summed from the reward functions' keys when `reward` is absent.
 
 Every run becomes a DataFrame with the columns of `COLUMNS`, NaN (or None) where the log has
 no such key, sorted by step; a step logged twice (a resumed run) keeps its last row.
@@ -46,6 +40,8 @@ import numpy as np
 import pandas as pd
 
 from otb_diag.errors import InputError
+from otb_diag.io.trainers import log_trainer
+from otb_diag.io.trainers.trl import REWARD_KEY, TRL, trainer_state
 from otb_diag.maths.estimators.registry import families
 
 COLUMNS = (
@@ -62,7 +58,8 @@ COLUMNS = (
 )
 REQUIRED = ("step", "grad_norm", "score")
 
-# Canonical field -> keys accepted for it, in order of preference, per source.
+# Canonical field -> keys accepted for it, in order of preference, in our own log (a trainer's
+# are its `Trainer.log_keys`).
 _OURS: dict[str, tuple[str, ...]] = {
     "step": ("step",),
     "grad_norm": ("grad_norm",),
@@ -72,25 +69,7 @@ _OURS: dict[str, tuple[str, ...]] = {
     "proxy3": ("proxy3_pure_noise",),
     "tokens_total": ("tokens_sampled",),
 }
-_VERL: dict[str, tuple[str, ...]] = {
-    "step": ("training/global_step", "step", "_step", "Step"),
-    "grad_norm": ("actor/grad_norm",),
-    "score": ("critic/score/mean", "critic/rewards/mean"),
-    "response_length": ("response_length/mean",),
-    "proxy2": ("variance_proxy/proxy2_total_power",),
-    "proxy3": ("variance_proxy/proxy3_pure_noise",),
-    "tokens_per_step": ("perf/total_num_tokens",),
-}
-_TRL: dict[str, tuple[str, ...]] = {
-    "step": ("step",),
-    "grad_norm": ("grad_norm",),
-    "score": ("reward",),
-    "response_length": ("completions/mean_length", "completion_length"),
-    "tokens_total": ("num_tokens",),
-}
-_VERL_SIGNATURE = ("actor/grad_norm", "critic/score/mean", "critic/rewards/mean")
 _OURS_SIGNATURE = ("mean_reward",)
-_TRL_REWARD_KEY = re.compile(r"^rewards/[^/]+(/mean)?$")
 # W&B CSV exports name columns "<run name> - <metric>" and add "__MIN"/"__MAX" band columns.
 _WANDB_PREFIX = re.compile(r"^(?P<run>.+?) - (?P<key>.+)$")
 _WANDB_BAND = ("__MIN", "__MAX")
@@ -114,13 +93,14 @@ def read_training_log(path: str | Path) -> TrainingLog:
         raw, where = _read_csv(path), "row"
     else:
         text = path.read_text(encoding="utf-8")
-        state = _trainer_state(text)
+        state = trainer_state(text)
         if state is not None:
-            return TrainingLog(path, "trl", _trl_frame(path, state))
+            return TrainingLog(path, TRL.name, _trl_frame(path, state))
         raw, where = _read_jsonl(path, text), "line"
     keys = set(raw.columns) - {"_line"}
-    if any(k in keys for k in _VERL_SIGNATURE):
-        return TrainingLog(path, "verl", _tidy(path, raw, _VERL, where))
+    trainer = log_trainer(keys)
+    if trainer is not None:
+        return TrainingLog(path, trainer.name, _tidy(path, raw, trainer.log_keys, where))
     if any(k in keys for k in _OURS_SIGNATURE):
         return TrainingLog(path, "otb-diag", _tidy(path, raw, _OURS, where))
     raise InputError(
@@ -133,17 +113,6 @@ def read_training_log(path: str | Path) -> TrainingLog:
 
 def _listing(keys: set[str] | list[str]) -> str:
     return ", ".join(sorted(keys)) if keys else "(none)"
-
-
-def _trainer_state(text: str) -> dict[str, Any] | None:
-    """The parsed file when it is one JSON object with a `log_history` list, else None."""
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None  # several JSON objects: a JSONL file
-    return data if isinstance(data, dict) and "log_history" in data else None
 
 
 def _read_jsonl(path: Path, text: str) -> pd.DataFrame:
@@ -316,12 +285,12 @@ def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:
         )
     raw = pd.DataFrame(entries)
     if "reward" not in raw.columns:
-        parts = [c for c in raw.columns if _TRL_REWARD_KEY.match(str(c))]
+        parts = [c for c in raw.columns if REWARD_KEY.match(str(c))]
         if parts:
             raw["reward"] = (
                 raw[parts].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=len(parts))
             )
-    return _tidy(path, raw, _TRL, "row")
+    return _tidy(path, raw, TRL.log_keys, "row")
 
 
 _LABEL_GROUP_SIZE = re.compile(r"(?:^|[^a-z0-9])n\s*=?\s*(\d+)(?![0-9])", re.IGNORECASE)

@@ -11,7 +11,7 @@ updates, `checkpoint-<s>` holds the weights after update s):
 2. sample `group_size` responses per prompt at `temperature` (all groups in one padded batch),
    score them with the verifier, and
    write them as the project's rollout rows to `rollouts/step-<s>.jsonl`; that file, read back with
-   `read_rollouts` and `make_batch`, is the batch, so the trainer sees exactly what
+   `load_rollouts` and `make_batch`, is the batch, so the trainer sees exactly what
    `otb-diag energy` / `variance-compare` would;
 3. per-token statistics (w, entropy) of the batch under the sampling policy (`checkpoint_stats`),
    `W_t = Σ_{j≤t} mask_j w_j`, `G_t`, and the advantages `A` of `baseline`;
@@ -53,8 +53,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import load_checkpoint, no_transformers_progress_bars
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.provenance import library_versions
-from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import check_scenario
 from otb_diag.lab.build import SCENARIOS, LabConfig
@@ -240,7 +240,7 @@ def train(
                     step=step, together=True,
                 ),
             )  # fmt: skip
-            batch = make_batch(read_rollouts(rows_path))
+            batch = make_batch(load_rollouts(rows_path))
 
             stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
             advantages = batch_advantages(batch, stats.w, [settings.baseline]).by_baseline[

@@ -10,7 +10,7 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy
@@ -78,7 +78,7 @@ def test_gradient_is_that_of_the_documented_surrogate(
         tmp_path, "--updates", "1", "--aggregation", aggregation, "--temperature", str(temperature)
     )
     model = load_checkpoint(default_checkpoint(), dtype="float32").model  # the sampling policy
-    batch = make_batch(read_rollouts(tmp_path / "rollouts" / "step-1.jsonl"))
+    batch = make_batch(load_rollouts(tmp_path / "rollouts" / "step-1.jsonl"))
     adv = otb_advantages(model, batch)
     expected = loop_gradient(model, batch, adv, aggregation)
     norm = torch.cat([g.flatten() for g in expected.values()]).norm().item()
@@ -118,7 +118,7 @@ def test_metrics_have_every_documented_key(seed0: tuple[Path, list[dict]]) -> No
     lengths = [
         len(r.response_ids)
         for s in (1, 2)
-        for r in read_rollouts(out / "rollouts" / f"step-{s}.jsonl").responses
+        for r in load_rollouts(out / "rollouts" / f"step-{s}.jsonl").responses
     ]
     assert metrics[-1]["tokens_sampled"] == sum(lengths)  # cumulative over both steps
 
@@ -129,7 +129,7 @@ def test_checkpoints_and_rollouts_are_written(seed0: tuple[Path, list[dict]]) ->
         ckpt = load_checkpoint(out / f"checkpoint-{step}")
         assert ckpt.step == step
         assert (out / f"checkpoint-{step}" / "model.safetensors").is_file()
-        rollouts = read_rollouts(out / "rollouts" / f"step-{step}.jsonl")
+        rollouts = load_rollouts(out / "rollouts" / f"step-{step}.jsonl")
         assert len(rollouts.responses) == 16 and len(rollouts.groups()) == 4
         assert {(r.step, r.temperature) for r in rollouts.responses} == {(step, 1.0)}
     # The first update moved the weights.

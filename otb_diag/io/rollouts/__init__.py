@@ -1,5 +1,6 @@
-"""Rollout files: readers by suffix and the validated `Rollouts` (`readers`), one raw row and
-its field aliases (`rows`), line or batch iterators (`records`), the Parquet column scan
-(`scan`), directories, globs and `--steps` (`sources`), streaming by groups (`stream`), the
-physical checks of logged probabilities (`probability_checks`), TRL completion logs
-(`trl_completions`) and the `[B, T]` tensors (`to_batch`)."""
+"""Rollout files, read through one path (`stream`): the index pass (`stream.index_rollouts`)
+scans the set (`scan`: the files `--rollouts` names, `sources`; `--steps`), each file's rows
+validated into `Response`s (`readers`) from its raw records (`records`, a trainer's dump mapped
+by `otb_diag/io/trainers/`), one row at a time (`rows`), with the physical checks of logged
+probabilities (`probability_checks`); then chunks of groups (`stream.stream_chunks`) or the
+whole set (`stream.read_set`); the `[B, T]` tensors (`to_batch`)."""

@@ -1,16 +1,17 @@
 """Reading and validating rollout files: one row per sampled response, grouped by prompt.
 
-A rollout file is JSON Lines (`.jsonl`, `.json`) or Parquet (`.parquet`). Each row carries a
-group id, the prompt and response as text and/or token ids, and an outcome `reward` and/or
-per-token `token_rewards`; optional per-token fields (`mask`, `logprobs`, `sum_pi2`,
-`is_weights`) and `step`, `temperature`, `trainer_advantage`. Extra keys are ignored. verl
-rollout dumps (`input`, `output`, `score`, `step`) and TRL completion logs (`step`, `prompt`,
-`completion`, reward columns, `advantage`; `trl_completions.py`) are recognised from their keys.
-Logged probabilities are checked for physical consistency (`probability_checks.py`). Several
-files (a directory, a glob) are read by `sources.read_rollout_set`.
+A rollout file is JSON Lines (`.jsonl`, `.json`) or Parquet (`.parquet`; `records.py`). Each row
+carries a group id, the prompt and response as text and/or token ids, and an outcome `reward`
+and/or per-token `token_rewards`; optional per-token fields (`mask`, `logprobs`, `sum_pi2`,
+`is_weights`) and `step`, `temperature`, `trainer_advantage`. Extra keys are ignored. A trainer's
+dump (verl's rollout dumps, TRL's completion logs) is recognised from its keys and mapped by its
+module under `otb_diag/io/trainers/`. Logged probabilities are checked for physical consistency
+(`probability_checks.py`). Sets of files (a directory, a glob) are read by the index pass of
+`stream.py`, which every command goes through.
 
-Everything that can be checked without a tokenizer is checked by `read_rollouts`; every problem is
-an `InputError` naming the file, the line (JSONL, 1-based) or row (Parquet, 0-based) and the field.
+Everything that can be checked without a tokenizer is checked by `iter_responses`; every problem
+is an `InputError` naming the file, the line (JSONL, 1-based) or row (Parquet, 0-based) and the
+field.
 `tokenize_rollouts` fills in missing token ids with the checkpoint's tokenizer and `check_vocab`
 checks them against the checkpoint's vocabulary.
 """
@@ -20,50 +21,19 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS, check_probabilities
-from otb_diag.io.rollouts.records import Record, first_keys, jsonl_records, parquet_records
-from otb_diag.io.rollouts.rows import KEYS, VERL_KEYS, VERL_SIGNATURE, RawRow, Response
-from otb_diag.io.rollouts.trl_completions import TRL_KEYS, is_trl_record, trl_record
+from otb_diag.io.rollouts.records import READERS, open_records
+from otb_diag.io.rollouts.rows import KEYS, RawRow, Response
+from otb_diag.io.trainers import dump_trainer
 
 if TYPE_CHECKING:
     import pandas as pd
 
-
-class RolloutReader(NamedTuple):
-    """How one kind of rollout file is read."""
-
-    kind: str  # "jsonl" or "parquet": `Rollouts.format`, and whether messages say line or row
-    records: Callable[[Path, Callable[[int], bool] | None], Iterator[Record]]
-
-
-_JSONL = RolloutReader("jsonl", jsonl_records)
-_PARQUET = RolloutReader("parquet", parquet_records)
-
-# File suffix (lower case) -> its reader: the one list of readable rollout files. `sources.py`
-# picks the files of a directory or a glob by these suffixes; a new format is one entry here.
-READERS: dict[str, RolloutReader] = {".jsonl": _JSONL, ".json": _JSONL, ".parquet": _PARQUET}
-
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
-
-
-def file_kind(path: Path) -> str:
-    """The reader's kind ("jsonl" or "parquet") for a readable rollout file, else `InputError`."""
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise InputError(
-            f"unknown rollout file type '{path.suffix}'",
-            path=path,
-            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
-        )
-    if not path.exists():
-        raise InputError("file does not exist", path=path)
-    if not path.is_file():
-        raise InputError("not a file", path=path)
-    return reader.kind
 
 
 @dataclass
@@ -146,16 +116,6 @@ class TextTokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def read_rollouts(path: str | Path, reward_columns: list[str] | None = None) -> Rollouts:
-    """Read and validate a rollout file; raise `InputError` on the first bad row.
-
-    `reward_columns` names the reward columns of a TRL completion log (default: every numeric
-    reward-function column)."""
-    rollouts, rows = iter_responses(path, reward_columns=reward_columns)
-    rollouts.responses = _number_samples([response for _, response in rows])
-    return rollouts
-
-
 def iter_responses(
     path: str | Path,
     keep: Callable[[int], bool] | None = None,
@@ -166,29 +126,28 @@ def iter_responses(
     one row at a time, in file order (errors too: a bad line 2 before a malformed line 3).
 
     Rows that `keep(index)` rejects are not decoded. Sample numbers are not set (they need the
-    rows before); rows of trainer dumps (verl, TRL) without a group id are grouped by
-    (step, prompt) as they come. Logged probabilities are checked as rows come, and the values
-    clamped onto a consistency rule are counted in `rollouts.clamped`.
+    rows before); rows of trainer dumps (`otb_diag/io/trainers/`) without a group id are grouped
+    by (step, prompt) as they come. `reward_columns` names the reward columns of a TRL
+    completion log (default: every numeric reward-function column). Logged probabilities are
+    checked as rows come, and the values clamped onto a consistency rule are counted in
+    `rollouts.clamped`.
     """
     path = Path(path)
-    kind = file_kind(path)
-    keys = first_keys(path, kind)
-    if keys is None:
-        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
-    trainer = trainer_of(keys)
-    verl, trl = trainer == "verl", trainer == "trl"
-    rollouts = Rollouts(path, f"{trainer}-{kind}" if trainer else kind, [])
-    row_keys = VERL_KEYS if verl else TRL_KEYS if trl else KEYS
+    kind, keys, records = open_records(path, keep)
+    trainer = dump_trainer(keys)
+    rollouts = Rollouts(path, f"{trainer.name}-{kind}" if trainer else kind, [])
+    row_keys = trainer.dump_keys if trainer else KEYS
+    prepare = trainer.prepare if trainer else None
 
     def rows() -> Iterator[tuple[int, Response]]:
         step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)
-        for index, source_row, record in READERS[path.suffix.lower()].records(path, keep):
+        for index, source_row, record in records:
 
             def fail(name: str, message: str, hint: str | None, at: int = source_row) -> InputError:
                 return rollouts.error(at, message, field=name, hint=hint)
 
-            if trl:
-                record = trl_record(record, reward_columns, fail)
+            if prepare is not None:
+                record = prepare(record, reward_columns, fail)
             row = RawRow(rollouts.error, source_row, record, row_keys)
             response = row.parse(step_groups if trainer else None, str(path))
             _check_token_fields(rollouts, response, row.key)
@@ -198,14 +157,6 @@ def iter_responses(
             yield index, response
 
     return rollouts, rows()
-
-
-def trainer_of(keys: Collection[str]) -> str | None:
-    """ "verl" or "trl" when a file's first row (Parquet: its columns) has these keys, else None
-    (the plain format of the README)."""
-    if all(key in keys for key in VERL_SIGNATURE):
-        return "verl"
-    return "trl" if is_trl_record(keys) else None
 
 
 def tokenize_rollouts(
@@ -340,13 +291,3 @@ def _check_token_fields(
                 "response token.",
                 field=key(name),
             )
-
-
-def _number_samples(responses: list[Response]) -> list[Response]:
-    """Set each response's 0-based position within its group, in file order."""
-    seen: dict[str, int] = {}
-    out = []
-    for r in responses:
-        out.append(replace(r, sample=seen.get(r.group, 0)))
-        seen[r.group] = out[-1].sample + 1
-    return out

@@ -1,18 +1,20 @@
 """The raw records of a rollout file, read a batch at a time so that memory is set by the batch and
 never by the file: JSON Lines one line at a time, Parquet through pyarrow record batches.
 
-`jsonl_records(path, keep)` and `parquet_records(path, keep)` yield `(index, source_row, record)` in
-file order: `index` counts rows from 0, `source_row` is what error messages name (JSONL line,
-1-based; Parquet row, 0-based). Which suffix is read by which is `readers.py:READERS`.
-Rows that `keep(index)` rejects are skipped before they are decoded: a rank that measures a share
-of the groups, or a pass that wants one chunk, pays little for the rest of the file."""
+`open_records(path, keep)` checks the file, reads its first row's keys (Parquet: its columns) and
+hands over its records lazily. `jsonl_records(path, keep)` and `parquet_records(path, keep)` yield
+`(index, source_row, record)` in file order: `index` counts rows from 0, `source_row` is what
+error messages name (JSONL line, 1-based; Parquet row, 0-based). Which suffix is read by which is
+`READERS`. Rows that `keep(index)` rejects are skipped before they are decoded: a rank that
+measures a share of the groups, or a pass that wants one chunk, pays little for the rest of the
+file."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.rows import describe
@@ -21,6 +23,24 @@ from otb_diag.io.rollouts.rows import describe
 PARQUET_BATCH_ROWS = 1024
 
 Record = tuple[int, int, dict[str, Any]]
+
+
+class RecordFile(NamedTuple):
+    """One rollout file opened: its reader's kind, its first row's keys, its records (lazy)."""
+
+    kind: str  # "jsonl" or "parquet": `Rollouts.format`, and whether messages say line or row
+    keys: set[str]
+    records: Iterator[Record]
+
+
+def open_records(path: Path, keep: Callable[[int], bool] | None = None) -> RecordFile:
+    """The file's kind and first row's keys, and its records that `keep` accepts (all when None);
+    an unreadable or empty file is an `InputError`."""
+    kind = file_kind(path)
+    keys = first_keys(path, kind)
+    if keys is None:
+        raise InputError("the file has no rows", path=path, hint="Expected one row per response.")
+    return RecordFile(kind, keys, READERS[path.suffix.lower()].records(path, keep))
 
 
 def first_keys(path: Path, kind: str) -> set[str] | None:
@@ -100,3 +120,34 @@ def parquet_file(path: Path):  # -> pyarrow.parquet.ParquetFile
         return pq.ParquetFile(path, pre_buffer=False)
     except (pa.ArrowException, OSError) as err:
         raise InputError(f"not a readable Parquet file ({err})", path=path) from None
+
+
+class RolloutReader(NamedTuple):
+    """How one kind of rollout file is read."""
+
+    kind: str  # "jsonl" or "parquet"
+    records: Callable[[Path, Callable[[int], bool] | None], Iterator[Record]]
+
+
+_JSONL = RolloutReader("jsonl", jsonl_records)
+_PARQUET = RolloutReader("parquet", parquet_records)
+
+# File suffix (lower case) -> its reader: the one list of readable rollout files. `sources.py`
+# picks the files of a directory or a glob by these suffixes; a new format is one entry here.
+READERS: dict[str, RolloutReader] = {".jsonl": _JSONL, ".json": _JSONL, ".parquet": _PARQUET}
+
+
+def file_kind(path: Path) -> str:
+    """The reader's kind ("jsonl" or "parquet") for a readable rollout file, else `InputError`."""
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise InputError(
+            f"unknown rollout file type '{path.suffix}'",
+            path=path,
+            hint="Use .jsonl (or .json, read as JSON Lines) or .parquet.",
+        )
+    if not path.exists():
+        raise InputError("file does not exist", path=path)
+    if not path.is_file():
+        raise InputError("not a file", path=path)
+    return reader.kind

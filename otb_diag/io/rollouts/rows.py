@@ -32,15 +32,6 @@ KEYS: dict[str, tuple[str, ...]] = {
     "temperature": ("temperature",),
     "trainer_advantage": ("trainer_advantage",),
 }
-# verl dumps name the text and the score differently and group by `uid` when they have one.
-VERL_KEYS = {
-    **KEYS,
-    "group": ("uid",),
-    "prompt": ("input",),
-    "response": ("output",),
-    "reward": ("score",),
-}
-VERL_SIGNATURE = ("input", "output", "score")
 
 # Each entry is one requirement, satisfied by any of its fields.
 _REQUIRED = (("group",), ("prompt", "prompt_ids"), ("response", "response_ids"))
@@ -111,14 +102,15 @@ class RawRow:
         return self.error(self.source_row, message, field=self.key(name), hint=hint)
 
     def parse(
-        self, verl_groups: dict[tuple[int, str], str] | None, source_path: str | None = None
+        self, step_groups: dict[tuple[int, str], str] | None, source_path: str | None = None
     ) -> Response:
         """Validate every field and build the `Response` (sample numbers are filled in later).
 
-        `verl_groups` is given for verl dumps: it maps (step, input) to the group id, shared
-        across rows, for rows without a `uid`. `source_path` is the file's path, for messages.
+        `step_groups` is given for trainer dumps (`otb_diag/io/trainers/`): it maps (step,
+        prompt) to the group id, shared across rows, for rows without one. `source_path` is the
+        file's path, for messages.
         """
-        required = _REQUIRED if verl_groups is None else _REQUIRED[1:]
+        required = _REQUIRED if step_groups is None else _REQUIRED[1:]
         for alternatives in (*required, _REQUIRED_REWARD):
             self.require(alternatives)
         fields: dict[str, Any] = {
@@ -144,8 +136,8 @@ class RawRow:
             else self.parse_scalar("trainer_advantage", _finite)
         )
         group = self.parse_scalar("group", _group_id)
-        if group is None:  # a verl row without uid: group by (step, input)
-            group = self.verl_group(verl_groups, fields["step"])
+        if group is None:  # a trainer dump's row without one: group by (step, prompt)
+            group = self.step_group(step_groups, fields["step"])
         return Response(
             group=group,
             sample=0,
@@ -203,10 +195,10 @@ class RawRow:
                 raise self.fail(name, f"entry {i}: {err}.") from None
         return out
 
-    def verl_group(self, verl_groups: dict[tuple[int, str], str] | None, step: int | None) -> str:
+    def step_group(self, step_groups: dict[tuple[int, str], str] | None, step: int | None) -> str:
         """`s{step}:{k}`, k counting the distinct prompts of that step in order of appearance
         (verl dumps without `uid`, TRL completion logs)."""
-        assert verl_groups is not None  # only rows of trainer dumps may lack a group
+        assert step_groups is not None  # only rows of trainer dumps may lack a group
         if step is None:
             raise self.fail(
                 "step",
@@ -214,10 +206,10 @@ class RawRow:
                 hint="Trainer dumps without 'uid' group responses by (step, prompt).",
             )
         key = (step, self.value("prompt"))
-        if key not in verl_groups:
-            k = sum(1 for s, _ in verl_groups if s == step)
-            verl_groups[key] = f"s{step}:{k}"
-        return verl_groups[key]
+        if key not in step_groups:
+            k = sum(1 for s, _ in step_groups if s == step)
+            step_groups[key] = f"s{step}:{k}"
+        return step_groups[key]
 
 
 # Value checks: return the clean value or raise ValueError saying what is wrong.

@@ -1,7 +1,10 @@
-"""What the index pass of `rollout_stream` learns from each row, two ways.
+"""What the index pass of `stream.index_rollouts` learns from each row of the set `--rollouts`
+names (`sources.expand_rollouts`), with `--steps A-B` applied (`StepRange`), two ways.
 
-`scan_rows` decodes and validates every row (`iter_responses`): the errors of `read_rollouts`
-come out in file order, before anything is measured, and the clamped round-off is counted.
+`scan_rows` decodes and validates every row (`iter_responses`): the errors come out in file
+order, before anything is measured, and the clamped round-off is counted; a caller that wants
+every row as it is read (`rollouts inspect`, the whole-set view `stream.read_set`) gets it
+through `on_row`, so the set is decoded once.
 `scan_columns` reads four columns of a plain Parquet set (no trainer dump) as Arrow arrays, a
 batch at a time, without decoding rows: the group id (`group`, else `uid`), the response's size
 (the length of `response_ids`, else of `response`), whether `prompt_ids` and `response_ids` are
@@ -13,25 +16,64 @@ the rows, which names the problem."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
-from otb_diag.io.rollouts.readers import Rollouts, file_kind, iter_responses, trainer_of
-from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS, first_keys, parquet_file
-from otb_diag.io.rollouts.rows import KEYS
-from otb_diag.io.rollouts.sources import StepRange
+from otb_diag.io.rollouts.readers import Rollouts, iter_responses
+from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS, file_kind, first_keys, parquet_file
+from otb_diag.io.rollouts.rows import KEYS, Response
+from otb_diag.io.rollouts.sources import expand_rollouts
+from otb_diag.io.trainers import dump_trainer
+
+# Called with `(file position, the file's Rollouts without responses, row)` for every kept row,
+# in set order, as the index pass reads it (one tuple: `list.append` collects them).
+OnRow = Callable[[tuple[int, Rollouts, Response]], None]
+
+
+@dataclass(frozen=True)
+class StepRange:
+    """Inclusive range of training steps `first..last` (`--steps A-B`, or `A` alone)."""
+
+    first: int
+    last: int
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self.first <= step <= self.last
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
+def parse_steps(text: str | None) -> StepRange | None:
+    """`"A-B"` or `"A"` as a `StepRange`; None for None. Bad text is an `InputError`."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise InputError(
+            f"expected a step range such as 100-200 (or one step, 150), got {text!r}",
+            field="--steps",
+        )
+    first = int(match[1])
+    last = int(match[2]) if match[2] is not None else first
+    if last < first:
+        raise InputError(f"the range {text!r} ends before it starts", field="--steps")
+    return StepRange(first, last)
 
 
 @dataclass
 class RowScan:
-    """Per row of the set, in order: `(file position, index in its file, group id, size,
-    whether its step is wanted)`; and over the wanted rows, whether all have token ids and
-    whether some response holds tool output (mask 0). `clamped` is None when the rows were not
-    decoded (their round-off is then counted by the pass that decodes them)."""
+    """The set's files; per row of the set, in order: `(file position, index in its file, group
+    id, size, whether its step is wanted)`; and over the wanted rows, whether all have token ids
+    and whether some response holds tool output (mask 0). `clamped` is None when the rows were
+    not decoded (their round-off is then counted by the pass that decodes them)."""
 
+    files: list[Path]
     rows: list[tuple[int, int, str, int, bool]]
     has_ids: bool
     tool_output: bool
@@ -39,18 +81,47 @@ class RowScan:
     clamped: dict[str, int] | None
 
 
-def scan_rows(
-    files: list[Path], steps: StepRange | None, reward_columns: list[str] | None
+def scan_set(
+    spec: str | Path,
+    steps: str | None,
+    reward_columns: list[str] | None,
+    *,
+    validate: bool = True,
+    on_row: OnRow | None = None,
 ) -> RowScan:
-    """Every row decoded and validated, in file order (see `set_rows`)."""
+    """The scan of the set `spec` names, keeping the rows whose step lies in `steps` ("A-B"; all
+    rows when None; none is an `InputError`). The rows are decoded and validated (`scan_rows`)
+    unless `validate` is False, no `steps` or `on_row` is given and the set is plain Parquet
+    (`scan_columns`)."""
+    wanted = parse_steps(steps)
+    files = expand_rollouts(spec)
+    columns = not validate and wanted is None and on_row is None
+    scan = scan_columns(files) if columns else None
+    if scan is None:
+        scan = scan_rows(files, wanted, reward_columns, on_row)
+        if wanted is not None and not any(row[4] for row in scan.rows):
+            raise InputError(f"no rollout row has a step in {wanted}", path=Path(spec))
+    return scan
+
+
+def scan_rows(
+    files: list[Path],
+    steps: StepRange | None,
+    reward_columns: list[str] | None,
+    on_row: OnRow | None = None,
+) -> RowScan:
+    """Every row decoded and validated, in file order (see `set_rows`); each wanted row is
+    handed to `on_row` as it is read."""
     shells: list[Rollouts] = []
-    scan = RowScan([], True, False, set(), None)
+    scan = RowScan(files, [], True, False, set(), None)
     for f, local, r, wanted in set_rows(files, shells, steps=steps, reward_columns=reward_columns):
         size = len(r.response_ids) if r.response_ids is not None else len(r.response or "")
         scan.rows.append((f, local, r.group, size, wanted))
         if wanted:
             scan.has_ids = scan.has_ids and r.response_ids is not None and r.prompt_ids is not None
             scan.tool_output = scan.tool_output or (r.mask is not None and 0 in r.mask)
+            if on_row is not None:
+                on_row((f, shells[f], r))
     scan.formats = {shell.format for shell in shells}
     scan.clamped = {k: sum(shell.clamped[k] for shell in shells) for k in CLAMPED_FIELDS}
     return scan
@@ -80,12 +151,12 @@ def set_rows(
 
 def scan_columns(files: list[Path]) -> RowScan | None:
     """The scan of a plain Parquet set from its columns (every row wanted), or None."""
-    scan = RowScan([], True, False, {"parquet"}, None)
+    scan = RowScan(files, [], True, False, {"parquet"}, None)
     for f, path in enumerate(files):
         if file_kind(path) != "parquet":
             return None
         keys = first_keys(path, "parquet")
-        if keys is None or trainer_of(keys) is not None:
+        if keys is None or dump_trainer(keys) is not None:
             return None
         groups = [k for k in KEYS["group"] if k in keys]
         if not groups:

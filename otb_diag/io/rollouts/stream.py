@@ -1,17 +1,19 @@
-"""Rollouts larger than memory: one pass indexes the groups, later passes hand the responses over
-a chunk of groups at a time.
+"""The one way in for rollouts: one pass indexes the groups, later passes hand the responses over
+a chunk of groups at a time; a command that needs every row at once reads the index pass's rows.
 
 The rollouts are a set of files (`sources.expand_rollouts`: a file, a directory or a
-glob), read in step order. The index pass validates every row (the errors of `read_rollouts`,
-in file order; or, for a caller that validates while reading, only reads a few columns of a
-plain Parquet set: `scan.py`), applies `--steps`, and keeps a few numbers per row: its
-file, its group, its sample number and its token count. Groups need not be contiguous in a
-file; a group id used in more than one file is qualified by its file's name (`12/g0`), as
-`read_rollout_set` does.
+glob), read in step order. The index pass (`index_rollouts`) validates every row (in file
+order; or, for a caller that validates while reading, only reads a few columns of a plain
+Parquet set: `scan.py`), applies `--steps`, and keeps a few numbers per row: its file, its
+group, its sample number and its token count. Groups need not be contiguous in a file; a group
+id used in more than one file is qualified by its file's name (`12/g0`).
 `chunk_groups` cuts the groups, in order of first appearance, into chunks of about
 `CHUNK_TOKENS` response tokens; `stream_chunks` reads the files once more and yields each
 chunk's `Rollouts` as soon as all of its rows have been seen, so peak memory is one chunk (plus
-the rows of later chunks interleaved with it), not the set."""
+the rows of later chunks interleaved with it), not the set (`energy`). `read_set` is the whole
+set as one `Rollouts`, the rows the index pass decoded named as the index names them
+(`variance-compare`, the API, `otb_diag/io/loading.py:load_rollouts`); `rollouts inspect` sees
+each row as the index pass reads it."""
 
 from __future__ import annotations
 
@@ -22,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
 from otb_diag.io.rollouts.readers import Rollouts, iter_responses
-from otb_diag.io.rollouts.scan import scan_columns, scan_rows
-from otb_diag.io.rollouts.sources import StepRange, expand_rollouts
+from otb_diag.io.rollouts.rows import Response
+from otb_diag.io.rollouts.scan import OnRow, scan_set
 
 # Response tokens per chunk: bounds the per-token tables held at once (~0.1 GB at this size).
 CHUNK_TOKENS = 1 << 18
@@ -73,21 +74,22 @@ class RolloutIndex:
 def index_rollouts(
     spec: str | Path,
     *,
-    steps: StepRange | None = None,
+    steps: str | None = None,
     reward_columns: list[str] | None = None,
     validate: bool = True,
+    on_row: OnRow | None = None,
 ) -> RolloutIndex:
     """Validate every row of the set `spec` names and index the rows whose step lies in
-    `steps` (all rows when None; see `RolloutIndex`).
+    `steps` ("A-B" or "A"; all rows when None; see `RolloutIndex`); `on_row((file position,
+    file, row))` sees each kept row as it is read, in set order (before its group is qualified
+    and its sample numbered: `named`).
 
     `validate=False` is for a caller that decodes every row later (`stream_chunks` validates
-    each row it reads): without `steps`, a plain Parquet set is then indexed from four of its
-    columns (`scan.scan_columns`), and the clamped round-off is left to that pass
+    each row it reads): without `steps` and `on_row`, a plain Parquet set is then indexed from
+    four of its columns (`scan.scan_columns`), and the clamped round-off is left to that pass
     (`clamped` is None)."""
-    files = expand_rollouts(spec)
-    scan = None if validate or steps is not None else scan_columns(files)
-    if scan is None:
-        scan = scan_rows(files, steps, reward_columns)
+    scan = scan_set(spec, steps, reward_columns, validate=validate, on_row=on_row)
+    files = scan.files
     position: dict[tuple[int, str], int] = {}  # (file, group id) -> group position
     counts: list[int] = []
     kept: list[tuple[int, int, int, int, int]] = []  # file, local, group, sample, tokens
@@ -98,8 +100,6 @@ def index_rollouts(
         counts[g] += 1  # samples are numbered before the --steps filter, as read_rollouts does
         if wanted:
             kept.append((f, local, g, counts[g] - 1, size))
-    if steps is not None and not kept:
-        raise InputError(f"no rollout row has a step in {steps}", path=Path(spec))
     table = np.asarray(kept, dtype=np.int64).reshape(-1, 5)
     used = np.unique(table[:, 2])  # groups with a kept row, renumbered in order
     renumber = np.full(len(position), -1, dtype=np.int64)
@@ -123,9 +123,27 @@ def index_rollouts(
     )
 
 
+def read_set(
+    spec: str | Path, *, steps: str | None = None, reward_columns: list[str] | None = None
+) -> Rollouts:
+    """Every kept row of the set `spec` names (see `index_rollouts`) as one `Rollouts`, in set
+    order, decoded once: the rows of the index pass, named by the index. `clamped` counts the
+    values clamped in every row of the set."""
+    rows: list[tuple[int, Rollouts, Response]] = []
+    index = index_rollouts(spec, steps=steps, reward_columns=reward_columns, on_row=rows.append)
+    return replace(index.shell, responses=[named(index, i, r) for i, (_, _, r) in enumerate(rows)])
+
+
+def named(index: RolloutIndex, i: int, response: Response) -> Response:
+    """Row `i` of the index with its group's name and its sample number in the group."""
+    return replace(
+        response, group=index.group_names[index.row_group[i]], sample=int(index.row_sample[i])
+    )
+
+
 def group_names(keys: list[tuple[int, str]], files: list[Path]) -> list[str]:
     """The names of groups keyed by `(file position, group id)`: the id, qualified by its
-    file's name (`12/g0`) when the id is used in more than one file (`read_rollout_set`)."""
+    file's name (`12/g0`) when the id is used in more than one file."""
     owners = Counter(group for _, group in keys)
     return [f"{files[f].stem}/{group}" if owners[group] > 1 else group for (f, group) in keys]
 
@@ -184,10 +202,5 @@ def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Itera
             i = int(local[j])
             clamped.setdefault(int(row_chunk[i]), Counter()).update(Counter(shell.clamped) - seen)
             seen = Counter(shell.clamped)
-            named = replace(
-                response,
-                group=index.group_names[index.row_group[i]],
-                sample=int(index.row_sample[i]),
-            )
-            pending.setdefault(int(row_chunk[i]), []).append(named)
+            pending.setdefault(int(row_chunk[i]), []).append(named(index, i, response))
             yield from complete()

@@ -34,7 +34,6 @@ from otb_diag.io.rollouts.readers import (
     prompts_without_template,
     tokenize_rollouts,
 )
-from otb_diag.io.rollouts.sources import parse_steps
 from otb_diag.io.rollouts.stream import (
     CHUNK_TOKENS,
     RolloutIndex,
@@ -174,7 +173,7 @@ def _index(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> Rollo
     """The validated index of the rollouts, once they fit the run (every rank, one phase)."""
     index = index_rollouts(
         rollouts_path,
-        steps=parse_steps(settings.steps),
+        steps=settings.steps,
         reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
         validate=False,  # every row is validated when `stream_chunks` reads it
     )

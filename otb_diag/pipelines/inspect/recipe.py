@@ -1,10 +1,11 @@
 """What `otb-diag rollouts inspect` reports: the first things to check in rollouts.
 
-`inspect_rollouts` streams the rollout files (one row at a time: memory is set by a row, not the
-files),
-tokenizes text-only rows and checks ids against a checkpoint's vocabulary when asked, and
-summarizes the per-row facts of `facts.RowFacts`; `summarize` does the same for
-`Rollouts` already in memory. `format_summary` renders the summary for the terminal (pure).
+`inspect_rollouts` streams the rollout files through the index pass
+(`otb_diag/io/rollouts/stream.py:index_rollouts`, one row at a time: memory is set by a row and
+the index, not the files), tokenizes text-only rows and checks ids against a checkpoint's
+vocabulary when asked, and summarizes the per-row facts of `facts.RowFacts`; `summarize` does
+the same for `Rollouts` already in memory. `format_summary` renders the summary for the terminal
+(pure).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from otb_diag.errors import InputError
 from otb_diag.io.rollouts.readers import (
     Rollouts,
     RoundTripIssue,
@@ -23,8 +23,8 @@ from otb_diag.io.rollouts.readers import (
     prompts_without_template,
     tokenize_rollouts,
 )
-from otb_diag.io.rollouts.scan import set_rows
-from otb_diag.io.rollouts.sources import expand_rollouts, parse_steps
+from otb_diag.io.rollouts.rows import Response
+from otb_diag.io.rollouts.stream import index_rollouts
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
 from otb_diag.runtime.torchrun import session
 
@@ -85,39 +85,30 @@ def _inspect(
     reward_columns: list[str] | None,
     chat_template: bool,
 ) -> Inspected:
-    files = expand_rollouts(path)
-    shells: list[Rollouts] = []
-    range_ = parse_steps(steps)
-    rows = set_rows(files, shells, steps=range_, reward_columns=reward_columns)
-    tokenizer = load_tokenizer() if always_tokenizer else None
+    tokenizer: tuple[TextTokenizer, int] | None = None
     facts = RowFacts()
     issues: list[RoundTripIssue] = []
     untemplated = 0
-    for f, _, r, wanted in rows:
-        if not wanted:
-            continue
-        if tokenizer is None and (r.response_ids is None or r.prompt_ids is None):
+
+    def add(row: tuple[int, Rollouts, Response]) -> None:
+        nonlocal tokenizer, untemplated
+        f, file, r = row
+        if tokenizer is None and (
+            always_tokenizer or r.response_ids is None or r.prompt_ids is None
+        ):
             tokenizer = load_tokenizer()
         if tokenizer is not None:
-            one = replace(shells[f], responses=[r])
+            one = replace(file, responses=[r])
             if not chat_template:
                 untemplated += prompts_without_template(one, tokenizer[0])
             one, found = tokenize_rollouts(one, tokenizer[0], chat_template=chat_template)
             check_vocab(one, tokenizer[1])
-            issues += found
+            issues.extend(found)
             r = one.responses[0]
         facts.add(r, f)
-    if range_ is not None and not facts.row_group:
-        raise InputError(f"no rollout row has a step in {range_}", path=Path(path))
-    formats = {shell.format for shell in shells}
-    shell = Rollouts(
-        Path(path),
-        formats.pop() if len(formats) == 1 else "mixed",
-        [],
-        clamped={k: sum(s.clamped[k] for s in shells) for k in shells[0].clamped},
-        files=files,
-    )
-    return Inspected(facts.summary(shell), issues, untemplated)
+
+    index = index_rollouts(path, steps=steps, reward_columns=reward_columns, on_row=add)
+    return Inspected(facts.summary(index.shell), issues, untemplated)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

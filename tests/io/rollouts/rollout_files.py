@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, processors
 from transformers import PreTrainedTokenizerFast
 
 from otb_diag.errors import InputError
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 
 
 def good_row(**changes: Any) -> dict[str, Any]:
@@ -76,5 +76,5 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 def read_error(path: Path) -> str:
     with pytest.raises(InputError) as info:
-        read_rollouts(path)
+        load_rollouts(path)
     return str(info.value)

@@ -13,15 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollout_files import good_row, read_error, text_row, write_jsonl, write_parquet
 
-from otb_diag.io.rollouts.readers import TOKEN_FIELDS, Response, read_rollouts
+from otb_diag.io.loading import load_rollouts
+from otb_diag.io.rollouts.readers import TOKEN_FIELDS, Response
 
 # --- good input -----------------------------------------------------------------------------
 
 
 def test_jsonl_and_parquet_read_the_same_responses(tmp_path: Path) -> None:
     rows = [good_row(), good_row(group="h"), text_row()]
-    from_jsonl = read_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
-    from_parquet = read_rollouts(write_parquet(tmp_path / "r.parquet", rows))
+    from_jsonl = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
+    from_parquet = load_rollouts(write_parquet(tmp_path / "r.parquet", rows))
     assert (from_jsonl.format, from_parquet.format) == ("jsonl", "parquet")
     assert [r.source_row for r in from_jsonl.responses] == [1, 2, 3]
     assert [r.source_row for r in from_parquet.responses] == [0, 1, 2]
@@ -49,29 +50,29 @@ def test_jsonl_and_parquet_read_the_same_responses(tmp_path: Path) -> None:
 
 def test_boolean_mask_reads_as_0_and_1(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "r.parquet", [good_row(mask=[True, False, True])])
-    assert read_rollouts(path).responses[0].mask == [1, 0, 1]
+    assert load_rollouts(path).responses[0].mask == [1, 0, 1]
 
 
 def test_json_suffix_reads_as_json_lines(tmp_path: Path) -> None:
-    assert read_rollouts(write_jsonl(tmp_path / "r.json", [text_row()])).format == "jsonl"
+    assert load_rollouts(write_jsonl(tmp_path / "r.json", [text_row()])).format == "jsonl"
 
 
 def test_unicode_line_separators_inside_strings_do_not_split_lines(tmp_path: Path) -> None:
     text = "a\u2028b\x85c\rd"  # str.splitlines() would break the line at each of these
     path = write_jsonl(tmp_path / "r.jsonl", [text_row(response=text), text_row()])
-    assert [r.response for r in read_rollouts(path).responses] == [text, "cab"]
+    assert [r.response for r in load_rollouts(path).responses] == [text, "cab"]
 
 
 def test_groups_and_samples_follow_file_order(tmp_path: Path) -> None:
     rows = [text_row(group="b"), text_row(group="a"), text_row(group="b"), text_row(group=7)]
-    rollouts = read_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
+    rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
     assert rollouts.groups() == {"b": [0, 2], "a": [1], "7": [3]}
     assert [r.sample for r in rollouts.responses] == [0, 0, 1, 0]
 
 
 def test_defaults_blank_lines_and_extra_keys(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [text_row(extra={"x": 1}), "", text_row()])
-    rollouts = read_rollouts(path)
+    rollouts = load_rollouts(path)
     assert [r.source_row for r in rollouts.responses] == [1, 3]
     assert rollouts.responses[0].temperature == 1.0
     assert rollouts.responses[0].step is None
@@ -80,7 +81,7 @@ def test_defaults_blank_lines_and_extra_keys(tmp_path: Path) -> None:
 def test_aliases(tmp_path: Path) -> None:
     row = good_row(group=None, logprobs=None, sum_pi2=None)
     row.update(uid="u1", old_log_probs=[-1.0, -2.0, -3.0], sum_pi_squared=[0.2, 0.2, 0.3])
-    (r,) = read_rollouts(write_jsonl(tmp_path / "r.jsonl", [row])).responses
+    (r,) = load_rollouts(write_jsonl(tmp_path / "r.jsonl", [row])).responses
     assert (r.group, r.logprobs, r.sum_pi2) == ("u1", [-1.0, -2.0, -3.0], [0.2, 0.2, 0.3])
 
 
@@ -92,7 +93,7 @@ def test_alias_errors_name_the_key_the_file_used(tmp_path: Path) -> None:
 
 
 def test_token_rewards_alone_satisfy_the_reward_requirement(tmp_path: Path) -> None:
-    (r,) = read_rollouts(write_jsonl(tmp_path / "r.jsonl", [good_row(reward=None)])).responses
+    (r,) = load_rollouts(write_jsonl(tmp_path / "r.jsonl", [good_row(reward=None)])).responses
     assert r.reward is None and r.token_rewards == [0.0, 0.0, 1.0]
 
 
@@ -108,7 +109,7 @@ VERL_ROWS = [
 def test_verl_dump_groups_by_step_and_input(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"dump{suffix}"
     (write_jsonl if suffix == ".jsonl" else write_parquet)(path, VERL_ROWS)
-    rollouts = read_rollouts(path)
+    rollouts = load_rollouts(path)
     assert rollouts.format == f"verl-{suffix[1:]}"
     assert rollouts.groups() == {"s1:0": [0, 2], "s1:1": [1], "s2:0": [3]}
     first = rollouts.responses[0]
@@ -118,7 +119,7 @@ def test_verl_dump_groups_by_step_and_input(tmp_path: Path, suffix: str) -> None
 
 def test_verl_dump_uses_uid_when_present(tmp_path: Path) -> None:
     rows = [{**row, "uid": f"u{i % 2}"} for i, row in enumerate(VERL_ROWS)]
-    rollouts = read_rollouts(write_jsonl(tmp_path / "dump.jsonl", rows))
+    rollouts = load_rollouts(write_jsonl(tmp_path / "dump.jsonl", rows))
     assert rollouts.groups() == {"u0": [0, 2], "u1": [1, 3]}
 
 
@@ -135,7 +136,7 @@ def test_verl_dump_without_step_or_uid_is_an_error(tmp_path: Path) -> None:
 
 
 def test_to_frame_has_one_row_per_response(tmp_path: Path) -> None:
-    rollouts = read_rollouts(write_jsonl(tmp_path / "r.jsonl", [good_row(), text_row()]))
+    rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", [good_row(), text_row()]))
     frame = rollouts.to_frame()
     assert len(frame) == 2
     assert frame.loc[0, "response_ids"] == [3, 1, 2]
@@ -202,5 +203,5 @@ def test_written_rows_read_back_unchanged(tmp_path: Path, rows: list[dict[str, A
         write_jsonl(tmp_path / "p.jsonl", rows),
         write_parquet(tmp_path / "p.parquet", rows),
     ):
-        got = read_rollouts(path).responses
+        got = load_rollouts(path).responses
         assert [dataclasses.replace(r, source_row=0) for r in got] == expected

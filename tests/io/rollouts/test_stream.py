@@ -1,4 +1,4 @@
-"""The index pass of streamed rollouts (`io/rollout_stream.py`, `io/rollout_scan.py`): the
+"""The index pass of streamed rollouts (`io/rollouts/stream.py`, `io/rollouts/scan.py`): the
 column scan of a plain Parquet set indexes exactly what the row scan does, defers to it on
 anything it cannot settle, and `energy` over many chunks of such a set writes what it writes for
 the same rows as JSON Lines (which the row scan reads), clamped round-off counts included; a

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 
 
@@ -26,7 +26,7 @@ def test_batch_tensors_hand_case(tmp_path: Path) -> None:
             "mask": [1, 0, 0, 1, 0],
         },
     ]
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
     assert batch.group_names == ["b", "a"]
     assert batch.group.tolist() == [0, 1, 0]
     assert batch.sample.tolist() == [0, 0, 1]
@@ -66,7 +66,7 @@ def test_token_rewards_win_and_optional_fields_pad(tmp_path: Path) -> None:
             "is_weights": [0.8],
         },
     ]
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
     assert batch.token_rewards.tolist() == [[0.25, 0.5], [3.0, 0.0]]
     assert batch.reward.tolist() == [0.75, 3.0]
     assert torch.allclose(batch.logprobs, torch.tensor([[-1.0, -1.2], [-0.9, 0.0]]))
@@ -77,4 +77,4 @@ def test_token_rewards_win_and_optional_fields_pad(tmp_path: Path) -> None:
 def test_untokenized_rows_are_refused(tmp_path: Path) -> None:
     rows = [{"group": 0, "prompt": "a", "response": "b", "reward": 1.0}]
     with pytest.raises(ValueError, match="tokenize_rollouts"):
-        make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+        make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))

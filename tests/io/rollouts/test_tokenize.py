@@ -9,19 +9,20 @@ import pytest
 from rollout_files import char_tokenizer, good_row, text_row, write_jsonl, write_parquet
 
 from otb_diag.errors import InputError
-from otb_diag.io.rollouts.readers import check_vocab, read_rollouts, tokenize_rollouts
+from otb_diag.io.loading import load_rollouts
+from otb_diag.io.rollouts.readers import check_vocab, tokenize_rollouts
 
 
 def test_text_and_ids_disagreeing_keeps_the_ids(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [good_row(response="something else")])
-    rollouts, issues = tokenize_rollouts(read_rollouts(path), char_tokenizer())
+    rollouts, issues = tokenize_rollouts(load_rollouts(path), char_tokenizer())
     assert rollouts.responses[0].response_ids == [3, 1, 2]
     assert issues == []
 
 
 def test_token_id_outside_the_vocabulary(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [good_row(), good_row(response_ids=[3, 11, 2])])
-    rollouts = read_rollouts(path)
+    rollouts = load_rollouts(path)
     check_vocab(rollouts, 12)
     with pytest.raises(InputError) as info:
         check_vocab(rollouts, 11)
@@ -33,7 +34,7 @@ def test_token_id_outside_the_vocabulary(tmp_path: Path) -> None:
 def test_token_id_outside_the_vocabulary_names_the_parquet_row(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "r.parquet", [good_row(prompt_ids=[1, 40])])
     with pytest.raises(InputError, match=r"row 0, field 'prompt_ids': token id 40 "):
-        check_vocab(read_rollouts(path), 12)
+        check_vocab(load_rollouts(path), 12)
 
 
 # --- tokenizing -----------------------------------------------------------------------------
@@ -42,7 +43,7 @@ def test_token_id_outside_the_vocabulary_names_the_parquet_row(tmp_path: Path) -
 def test_tokenize_fills_ids_from_text(tmp_path: Path) -> None:
     tok = char_tokenizer()
     path = write_jsonl(tmp_path / "r.jsonl", [text_row(prompt="x:=", response="a b"), good_row()])
-    rollouts, issues = tokenize_rollouts(read_rollouts(path), tok)
+    rollouts, issues = tokenize_rollouts(load_rollouts(path), tok)
     assert issues == []
     filled, given = rollouts.responses
     bos, x, colon, eq, a, space, b = tok.convert_tokens_to_ids(["<s>", *"x:=a b"])
@@ -54,7 +55,7 @@ def test_tokenize_fills_ids_from_text(tmp_path: Path) -> None:
 
 def test_tokenize_reports_texts_that_do_not_round_trip(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [text_row(), text_row(response="abé")])
-    rollouts, issues = tokenize_rollouts(read_rollouts(path), char_tokenizer())
+    rollouts, issues = tokenize_rollouts(load_rollouts(path), char_tokenizer())
     (issue,) = issues
     assert (issue.location, issue.field, issue.sample) == ("line 2", "response", 1)
     assert issue.text == "abé" and issue.decoded == "ab<unk>"
@@ -64,7 +65,7 @@ def test_tokenize_reports_texts_that_do_not_round_trip(tmp_path: Path) -> None:
 
 def test_tokenized_length_mismatch_names_line_and_field(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [text_row(), text_row(mask=[1, 1])])
-    rollouts = read_rollouts(path)  # no ids yet: the length cannot be checked
+    rollouts = load_rollouts(path)  # no ids yet: the length cannot be checked
     with pytest.raises(InputError) as info:
         tokenize_rollouts(rollouts, char_tokenizer())
     message = str(info.value)

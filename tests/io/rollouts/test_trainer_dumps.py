@@ -25,9 +25,11 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.io.rollouts.readers import check_vocab, read_rollouts
-from otb_diag.io.rollouts.sources import expand_rollouts, parse_steps, read_rollout_set
+from otb_diag.io.rollouts.readers import check_vocab
+from otb_diag.io.rollouts.scan import parse_steps
+from otb_diag.io.rollouts.sources import expand_rollouts
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS
 
 runner = CliRunner()
@@ -109,7 +111,7 @@ def test_verl_rollout_data_dir_is_read_in_step_order(tmp_path: Path) -> None:
     written = write_verl_dump(dump, steps=[10, 9, 2])  # written out of order on purpose
     files = expand_rollouts(dump)
     assert [f.name for f in files] == ["2.jsonl", "9.jsonl", "10.jsonl"]  # numeric order
-    rollouts = read_rollout_set(dump)
+    rollouts = load_rollouts(dump)
     assert rollouts.format == "verl-jsonl"
     assert [r.step for r in rollouts.responses] == [2] * 8 + [9] * 8 + [10] * 8
     # A group is one (step, input): groups never span two steps.
@@ -127,13 +129,13 @@ def test_verl_rollout_data_dir_is_read_in_step_order(tmp_path: Path) -> None:
 def test_glob_and_steps_filter(tmp_path: Path) -> None:
     dump = tmp_path / "rollout_data"
     write_verl_dump(dump, steps=[1, 2, 3, 4])
-    rollouts = read_rollout_set(str(dump / "*.jsonl"), steps=parse_steps("2-3"))
+    rollouts = load_rollouts(str(dump / "*.jsonl"), steps="2-3")
     assert sorted({r.step for r in rollouts.responses}) == [2, 3]
     assert len(rollouts.files) == 4
     with pytest.raises(InputError, match="no rollout row has a step in 7-9"):
-        read_rollout_set(dump, steps=parse_steps("7-9"))
+        load_rollouts(dump, steps="7-9")
     with pytest.raises(InputError, match="matches no rollout file"):
-        read_rollout_set(str(tmp_path / "nothing-*.jsonl"))
+        load_rollouts(str(tmp_path / "nothing-*.jsonl"))
     for bad in ("3-1", "a-b", "1-2-3"):
         with pytest.raises(InputError, match="--steps"):
             parse_steps(bad)
@@ -143,7 +145,7 @@ def test_same_group_ids_in_two_files_stay_apart(tmp_path: Path) -> None:
     rows = [{"group": "g0", "prompt_ids": [1], "response_ids": [2], "reward": 1.0}] * 2
     for name in ("step-1.jsonl", "step-2.jsonl"):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rollouts = read_rollout_set(tmp_path)
+    rollouts = load_rollouts(tmp_path)
     assert list(rollouts.groups()) == ["step-1/g0", "step-2/g0"]
 
 
@@ -154,7 +156,7 @@ def test_trl_completion_logs_are_recognised(tmp_path: Path) -> None:
     """Measured failure 4: TRL's completions parquet failed with "missing required field
     'group'"."""
     folder = write_trl_completions(tmp_path / "run", steps=[1, 2])
-    rollouts = read_rollout_set(tmp_path / "run")  # the output_dir: completions/ is found
+    rollouts = load_rollouts(tmp_path / "run")  # the output_dir: completions/ is found
     assert rollouts.format == "trl-parquet"
     assert len(rollouts.responses) == 16 and len(rollouts.groups()) == 4
     frame = pd.concat([pd.read_parquet(p) for p in sorted(folder.iterdir())])
@@ -165,10 +167,10 @@ def test_trl_completion_logs_are_recognised(tmp_path: Path) -> None:
     )
     assert [r.response for r in rollouts.responses] == frame["completion"].tolist()
 
-    only = read_rollouts(folder / "completions_00001.parquet", ["accuracy_reward"])
+    only = load_rollouts(folder / "completions_00001.parquet", reward_columns=["accuracy_reward"])
     assert [r.reward for r in only.responses] == frame["accuracy_reward"].tolist()[:8]
     with pytest.raises(InputError, match="no column 'nope'"):
-        read_rollouts(folder / "completions_00001.parquet", ["nope"])
+        load_rollouts(folder / "completions_00001.parquet", reward_columns=["nope"])
 
 
 def test_trl_conversational_prompt_and_chat_template(tmp_path: Path) -> None:
@@ -189,7 +191,7 @@ def test_trl_conversational_prompt_and_chat_template(tmp_path: Path) -> None:
     }
     path = tmp_path / "completions_00001.parquet"
     pd.DataFrame(table).to_parquet(path)
-    rollouts = read_rollouts(path)
+    rollouts = load_rollouts(path)
     assert [r.prompt for r in rollouts.responses] == ["ab", "ab"]
     assert [r.response for r in rollouts.responses] == ["c", "d"]
     tok = char_tokenizer()
@@ -319,7 +321,7 @@ def test_round_off_within_tolerance_is_clamped_and_counted(tmp_path: Path) -> No
     row = model_free_row(logprobs=[small, -1.0, -0.1], sum_pi2=[1 + small, 0.3, 0.9])
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(row) + "\n" + json.dumps(model_free_row()) + "\n")
-    (r, _) = read_rollouts(path).responses
+    (r, _) = load_rollouts(path).responses
     assert r.logprobs[0] == 0.0 and r.sum_pi2[0] == 1.0
     summary, _ = energy_summary(["--model-free", "--rollouts", str(path)], tmp_path)
     assert summary["consistency"] == {
@@ -344,7 +346,7 @@ def test_out_of_vocab_rows_with_logged_stats_suggest_model_free(tmp_path: Path) 
     assert result.exit_code == 2, result.output
     assert "line 1, field 'response_ids'" in result.stderr
     assert "--model-free" in result.stderr and "--ckpt" in result.stderr
-    plain = read_rollouts(path)
+    plain = load_rollouts(path)
     with pytest.raises(InputError) as err:
         check_vocab(type(plain)(plain.path, plain.format, [plain.responses[0]]), 22)
     assert "--model-free" in str(err.value)

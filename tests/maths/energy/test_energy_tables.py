@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.errors import InputError
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.energy.tables import energy_tables, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
@@ -64,7 +64,7 @@ def write(path: Path, rows: list[dict]) -> Path:
 
 
 def test_tables_are_consistent(model, tmp_path: Path) -> None:
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", make_rows())))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", make_rows())))
     stats = checkpoint_stats(model, batch, batch_tokens=40, chunk_size=7)
     tables = energy_tables(batch, stats)
     tokens, seqs = tables.tokens, tables.sequences
@@ -91,13 +91,13 @@ def test_tables_are_consistent(model, tmp_path: Path) -> None:
 
 def test_model_free_equals_model_mode_on_the_models_own_numbers(model, tmp_path: Path) -> None:
     rows = make_rows(seed=1)
-    batch = make_batch(read_rollouts(write(tmp_path / "a.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "a.jsonl", rows)))
     stats = checkpoint_stats(model, batch)
     for i, row in enumerate(rows):  # log the model's numbers into the rollouts, as verl can
         n = len(row["response_ids"])
         row["logprobs"] = stats.logprob[i, :n].tolist()
         row["sum_pi2"] = stats.sum_pi2[i, :n].tolist()
-    logged = make_batch(read_rollouts(write(tmp_path / "b.jsonl", rows)))
+    logged = make_batch(load_rollouts(write(tmp_path / "b.jsonl", rows)))
     free = logged_stats(logged)
     torch.testing.assert_close(free.w, stats.w, rtol=1e-4, atol=1e-5)
     a = energy_tables(batch, stats).tokens
@@ -111,25 +111,25 @@ def test_model_free_without_sum_pi2_names_the_field(tmp_path: Path) -> None:
     rows = make_rows()
     for row in rows:
         row["logprobs"] = [-1.0] * len(row["response_ids"])
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
     with pytest.raises(InputError, match="sum_pi2"):
         logged_stats(batch, path=str(tmp_path / "r.jsonl"))
 
 
 def test_tool_masks_switch_on_tir(tmp_path: Path) -> None:
     rows = make_rows()
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
     assert not has_tool_output(batch.mask, batch.valid)
     rows[0]["mask"] = [1] + [0] * (len(rows[0]["response_ids"]) - 1)
     rows[0]["response_ids"] = rows[0]["response_ids"] + [3]
     rows[0]["mask"] = rows[0]["mask"] + [1]
-    tir = make_batch(read_rollouts(write(tmp_path / "t.jsonl", rows)))
+    tir = make_batch(load_rollouts(write(tmp_path / "t.jsonl", rows)))
     assert has_tool_output(tir.mask, tir.valid)
 
 
 def test_importance_weights_reach_otb(model, tmp_path: Path) -> None:
     rows = make_rows(seed=2)
-    batch = make_batch(read_rollouts(write(tmp_path / "r.jsonl", rows)))
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
     stats = checkpoint_stats(model, batch)
     plain = energy_tables(batch, stats, ["otb"]).tokens["adv_otb"].to_numpy()
     rho = torch.where(batch.valid, 0.5, 1.0)

@@ -24,7 +24,7 @@ from small_runs import invoke
 
 from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.io.rollouts.readers import read_rollouts
+from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import DEFAULT_TIR_ROLLOUTS, default_checkpoint
 from otb_diag.maths.aggregation import aggregation_weights
@@ -51,7 +51,7 @@ def tir_batch():
     """Two groups of the shipped tool-use rollouts (g04's tool outputs shift the time axis, so
     TIR changes its OTB; g00's do not), with seeded importance weights ρ ∈ [0.5, 1.5], and
     their statistics under the embedded checkpoint."""
-    rollouts = read_rollouts(DEFAULT_TIR_ROLLOUTS)
+    rollouts = load_rollouts(DEFAULT_TIR_ROLLOUTS)
     keep = {"g00", "g04"}
     rollouts = replace(rollouts, responses=[r for r in rollouts.responses if r.group in keep])
     batch = make_batch(rollouts)

@@ -1,49 +1,46 @@
-"""TRL's completion logs as rollout rows.
+"""TRL's files.
 
-`GRPOTrainer` with `log_completions=True` writes, at every logging step,
+Completion logs: `GRPOTrainer` with `log_completions=True` writes, at every logging step,
 `output_dir/completions/completions_{step:05d}.parquet` with the columns `step`, `prompt`,
 `completion`, one column per reward function (named after it), any `log_extra` columns, and
 `advantage` (the trainer's advantage of each completion, one number per completion). Prompts
 and completions are text, or lists of `{role, content}` messages for conversational data; the
 text was decoded with `skip_special_tokens=True`.
 
-Each record becomes a row of the project's format: a group is one (step, prompt) pair, the
-response is `completion`, the reward is the sum of the reward-function columns (TRL's
+Each record becomes a row of the project's format (`trl_record`): a group is one (step, prompt)
+pair, the response is `completion`, the reward is the sum of the reward-function columns (TRL's
 `reward_weights` default to 1; a function returning None is NaN and left out of the sum, as
 TRL's `nansum` does) unless `reward_columns` names the ones to sum, and `advantage` is kept as
 `trainer_advantage`. Reward-function columns are told apart from extra columns by being
 numeric; `--reward-column` settles any doubt.
+
+Training logs: a `trainer_state.json` (one JSON object with a `log_history` list,
+`trainer_state`): the entries that carry `grad_norm`; score from `reward`, else the sum of the
+`rewards/<fn>/mean` (or older `rewards/<fn>`) keys (`REWARD_KEY`), which is how TRL's `reward`
+is formed with unit weights; length from `completions/mean_length` or `completion_length`;
+`tokens_sampled` from `num_tokens` (TRL's running count of prompt and completion tokens seen).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Collection, Sequence
+import re
+from collections.abc import Sequence
 from typing import Any
 
-from otb_diag.errors import InputError
 from otb_diag.io.rollouts.rows import KEYS
+from otb_diag.io.trainers.trainer import Fail, Trainer
 
-TRL_SIGNATURE = ("step", "prompt", "completion")
-TRL_KEYS = {
-    **KEYS,
-    "group": ("uid",),  # TRL logs none: groups are (step, prompt)
-    "response": ("completion",),
-    "reward": ("reward",),
-    "trainer_advantage": ("advantage",),
-}
 _NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image", "images"}
-
-
-def is_trl_record(keys: Collection[str]) -> bool:
-    """Whether a record with these keys (or a Parquet file with these columns) is TRL's."""
-    return all(key in keys for key in TRL_SIGNATURE) and "input" not in keys
+# A reward function's key in `log_history`: `rewards/<fn>/mean` (older TRL: `rewards/<fn>`).
+REWARD_KEY = re.compile(r"^rewards/[^/]+(/mean)?$")
 
 
 def trl_record(
     record: dict[str, Any],
     reward_columns: Sequence[str] | None,
-    fail: Callable[[str, str, str | None], InputError],
+    fail: Fail,
 ) -> dict[str, Any]:
     """The record with `reward` (the summed reward columns) and text `prompt`/`completion`
     (the content of their messages when conversational; the prompt's messages are kept as
@@ -95,9 +92,42 @@ def _reward_columns(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def _message_text(
-    messages: list[Any], field: str, fail: Callable[[str, str, str | None], InputError]
-) -> str:
+def _message_text(messages: list[Any], field: str, fail: Fail) -> str:
     if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
         raise fail(field, "expected text or a list of {role, content} messages.", None)
     return "".join(m["content"] for m in messages)
+
+
+def trainer_state(text: str) -> dict[str, Any] | None:
+    """The parsed file when it is one JSON object with a `log_history` list, else None."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # several JSON objects: a JSONL file
+    return data if isinstance(data, dict) and "log_history" in data else None
+
+
+TRL = Trainer(
+    name="trl",
+    dump_signature=("step", "prompt", "completion"),
+    dump_excludes=("input",),  # a verl dump with a `prompt` column is still verl's
+    dump_keys={
+        **KEYS,
+        "group": ("uid",),  # TRL logs none: groups are (step, prompt)
+        "response": ("completion",),
+        "reward": ("reward",),
+        "trainer_advantage": ("advantage",),
+    },
+    prepare=trl_record,
+    dump_dir="completions",  # `output_dir/completions/` (GRPOConfig.log_completions)
+    log_signature=(),  # recognised by `trainer_state`, not by a key
+    log_keys={
+        "step": ("step",),
+        "grad_norm": ("grad_norm",),
+        "score": ("reward",),
+        "response_length": ("completions/mean_length", "completion_length"),
+        "tokens_total": ("num_tokens",),
+    },
+)

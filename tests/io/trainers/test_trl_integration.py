@@ -103,9 +103,9 @@ def test_exact_ids_recipe_keeps_the_end_token(trl_run: Path) -> None:
     """The text TRL logs lost the end marker (skip_special_tokens); the logged ids have it."""
     from transformers import AutoTokenizer
 
-    from otb_diag.io.rollouts.sources import read_rollout_set
+    from otb_diag.io.loading import load_rollouts
 
-    rollouts = read_rollout_set(trl_run)
+    rollouts = load_rollouts(trl_run)
     tokenizer = AutoTokenizer.from_pretrained(default_checkpoint())
     eos = tokenizer.eos_token_id
     ended = [r for r in rollouts.responses if r.response_ids and r.response_ids[-1] == eos]

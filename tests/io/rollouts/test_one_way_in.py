@@ -1,0 +1,144 @@
+"""One way in for rollouts (`otb_diag/io/rollouts/stream.py`): the whole set that
+`variance-compare`, `rollouts inspect` and the API read is the streamed set, row for row, and
+following a path from `otb_diag/io/loading.py:load_rollouts` down through io/ enters each module
+once (ARCHITECTURE.md, "Data flow")."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_stream import rows, write_parquet
+
+from otb_diag.io.loading import load_rollouts
+from otb_diag.io.rollouts.stream import chunk_groups, index_rollouts, read_set, stream_chunks
+
+_LAZY = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
+
+
+def io_entries(call: Callable[[], Any]) -> list[str]:
+    """The io/ modules `call` enters, in order: a module is entered when one of its functions
+    runs for the first time, called from another module; consecutive entries into one module
+    are one stay. Pulling the next item from an iterator a module handed over is not a call
+    (generator bodies are not counted), nor is code Python generates (a dataclass's
+    `__init__`)."""
+    entries: list[str] = []
+    seen: set[Any] = set()
+
+    def module(frame: FrameType) -> str:
+        return frame.f_globals.get("__name__", "")
+
+    def profile(frame: FrameType, event: str, _: Any) -> None:
+        code = frame.f_code
+        if event != "call" or code in seen or code.co_flags & _LAZY:
+            return
+        if not code.co_filename.endswith(".py") or not module(frame).startswith("otb_diag.io"):
+            return
+        seen.add(code)
+        caller = frame.f_back
+        while caller is not None and not caller.f_code.co_filename.endswith(".py"):
+            caller = caller.f_back  # generated code stands in for the function that called it
+        name = module(frame)
+        if (caller is None or module(caller) != name) and (not entries or entries[-1] != name):
+            entries.append(name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entries
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def trl_dump(folder: Path) -> Path:
+    """A TRL output directory with two completion logs (two steps, two prompts of three)."""
+    (folder / "completions").mkdir(parents=True)
+    for step in (1, 2):
+        table = [
+            {
+                "step": step,
+                "prompt": f"p{g}",
+                "completion": f"c{k}",
+                "accuracy_reward": float(k % 2),
+                "advantage": 0.5 * k - 0.5,
+            }
+            for g in range(2)
+            for k in range(3)
+        ]
+        pd.DataFrame(table).to_parquet(folder / "completions" / f"completions_{step:05d}.parquet")
+    return folder
+
+
+LOAD_PATH = [
+    "otb_diag.io.loading",
+    "otb_diag.io.rollouts.stream",
+    "otb_diag.io.rollouts.scan",
+    "otb_diag.io.rollouts.sources",
+    "otb_diag.io.rollouts.readers",
+    "otb_diag.io.rollouts.records",
+    "otb_diag.io.trainers",
+    "otb_diag.io.trainers.trl",
+    "otb_diag.io.rollouts.rows",
+    "otb_diag.io.rollouts.probability_checks",
+]
+
+
+def test_the_load_path_enters_each_module_once(tmp_path: Path) -> None:
+    """The trace written down in ARCHITECTURE.md, for a TRL dump (the longest path)."""
+    run = trl_dump(tmp_path / "run")
+    assert io_entries(lambda: load_rollouts(run, steps="2")) == LOAD_PATH
+
+
+@pytest.mark.parametrize("kind", ["plain-jsonl", "plain-parquet", "verl-jsonl", "two-files"])
+def test_no_module_is_returned_to(tmp_path: Path, kind: str) -> None:
+    """Whatever the set, the path goes down through io/ once: no module is entered again after
+    another one was."""
+    plain = rows(0, 3, 4)
+    verl = [{"input": f"p{k % 2}", "output": "o", "score": 1.0, "step": 3} for k in range(6)]
+    spec: Path = tmp_path
+    if kind == "plain-jsonl":
+        spec = write_jsonl(tmp_path / "r.jsonl", plain)
+    elif kind == "plain-parquet":
+        spec = write_parquet(tmp_path / "r.parquet", plain)
+    elif kind == "verl-jsonl":
+        spec = write_jsonl(tmp_path / "3.jsonl", verl)
+    else:  # a directory of a JSON Lines file and a Parquet file
+        write_jsonl(tmp_path / "1.jsonl", plain)
+        write_parquet(tmp_path / "2.parquet", plain)
+    entries = io_entries(lambda: load_rollouts(spec, 0.7))
+    assert len(entries) == len(set(entries)), entries
+    assert [m for m in LOAD_PATH if m in entries] == entries  # the order of the one path
+
+
+@pytest.mark.parametrize("steps", [None, "1-2"])
+def test_the_whole_set_is_the_streamed_set(tmp_path: Path, steps: str | None) -> None:
+    """`read_set` gives, row for row, what `stream_chunks` hands over chunk by chunk (group
+    names qualified across files, sample numbers, every field), and the clamped round-off of
+    every row of the set."""
+    for step, name in ((1, "1.jsonl"), (2, "2.jsonl"), (3, "3.jsonl")):
+        write_jsonl(tmp_path / name, [{**r, "step": step} for r in rows(step, 3, 4)])
+    whole = read_set(tmp_path, steps=steps)
+    index = index_rollouts(tmp_path, steps=steps)
+    chunks = list(stream_chunks(index, chunk_groups(index.group_tokens(), budget=60)))
+    assert len(chunks) > 3  # the comparison crosses chunks
+    streamed = [r for chunk in chunks for r in chunk.responses]
+    by_key = {(r.group, r.sample): r for r in streamed}
+    assert len(by_key) == len(streamed) == len(whole.responses)
+    assert all(by_key[(r.group, r.sample)] == r for r in whole.responses)
+    assert [r.step for r in whole.responses] == sorted(r.step for r in whole.responses)
+    assert set(whole.groups()) == set(index.group_names)
+    assert "2/q0" in whole.groups()  # q0 is in every file: qualified by the file's name
+    assert whole.clamped == index.clamped and sum(whole.clamped.values()) > 0
+    assert (whole.format, whole.files) == ("jsonl", index.files)
