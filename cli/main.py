@@ -19,7 +19,7 @@ from otb_diag.cli import (
     train,
     variance,
 )
-from otb_diag.cli.common import DEBUG_ENV
+from otb_diag.cli.common import DEBUG_ENV, register
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -36,13 +36,13 @@ app = typer.Typer(
 )
 app.add_typer(rollouts.app, name="rollouts")
 app.add_typer(lab.app, name="lab")
-app.command("energy")(energy.energy)
-app.command("variance-compare")(variance.variance_compare)
-app.command("figures")(figures.figures)
-app.command("regress")(regress.regress)
-app.command("dynamics")(dynamics.dynamics)
-app.command("train")(train.train)
-app.command("report")(report.report)
+register(app, "energy", energy.energy)
+register(app, "variance-compare", variance.variance_compare)
+register(app, "figures", figures.figures)
+register(app, "regress", regress.regress)
+register(app, "dynamics", dynamics.dynamics)
+register(app, "train", train.train)
+register(app, "report", report.report)
 
 
 def _version(value: bool) -> None:

@@ -68,6 +68,19 @@ def verifier_names() -> tuple[str, ...]:
     return tuple(VERIFIERS)
 
 
+def verifier_usage() -> str:
+    """How `--verifier` is spelled, from the registry: `exact, last-number[:TOL], regex:PATTERN,
+    ... or a function file.py:fn / module:fn`."""
+    specs = [
+        e.name + (f":{e.arg.upper()}" if e.arg_required else f"[:{e.arg.upper()}]" if e.arg else "")
+        for e in VERIFIERS.values()
+    ]
+    return (
+        f"{', '.join(specs)}, or a function file.py:fn / module:fn called as "
+        "fn(prompt, response, answer) -> float"
+    )
+
+
 @dataclass(frozen=True)
 class Verifier:
     """A resolved spec: `verifier(prompt, response, answer) -> float`."""
