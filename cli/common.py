@@ -104,19 +104,9 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def or_default(value: Path | None, default: Callable[[], Path], what: str) -> Path:
-    """`value`, or the embedded default with a note saying it was used. `default` is called
-    only then: finding a scenario's files fails when it is not shipped, which must not matter
-    to a user who named their own."""
-    if value is not None:
-        return value
-    path = default()
-    note(f"no {what} given: using the embedded default {path}")
-    return path
-
-
-def print_json(data: Any) -> None:
-    typer.echo(json_text(data))
+def show(data: Any, as_json: bool, text: Callable[[], str]) -> None:
+    """`data` as JSON on stdout with --json, else its `text`."""
+    typer.echo(json_text(data) if as_json else text())
 
 
 # Options of the commands themselves (not of a library setting) that several commands share:
@@ -297,35 +287,3 @@ def _build(cls: Any, prefix: str, values: dict[str, Any], skip: tuple[str, ...])
                 continue  # the registry's default
             kwargs[field.name] = spec.parse(value) if spec.parse and value is not None else value
     return cls(**kwargs)
-
-
-def checkpoint_dirs(ckpt: list[Path] | None, scenario: str = "default") -> list[Path]:
-    """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
-    the scenario's embedded final checkpoint, with a note, when none is given."""
-    from otb_diag.io.checkpoint import find_checkpoints
-    from otb_diag.io.scenarios import default_checkpoint
-
-    dirs = ckpt or [or_default(None, lambda: default_checkpoint(scenario), "--ckpt")]
-    return [c for d in dirs for c in find_checkpoints(d)]
-
-
-def one_checkpoint(ckpt: list[Path] | None, why: str) -> Path | None:
-    """The single --ckpt a command that uses one checkpoint was given (None when omitted); more
-    than one is an `InputError` that says why only one is meaningful."""
-    if ckpt and len(ckpt) > 1:
-        names = ", ".join(str(c) for c in ckpt)
-        raise InputError(
-            f"{len(ckpt)} --ckpt given ({names}), but {why}: give one --ckpt", field="--ckpt"
-        )
-    return ckpt[0] if ckpt else None
-
-
-def one_rollouts(positional: Path | None, option: Path | None) -> Path | None:
-    """The rollouts named either positionally or by --rollouts (an alias); both, naming
-    different paths, is an `InputError`."""
-    if positional is not None and option is not None and positional != option:
-        raise InputError(
-            f"rollouts given twice, as {positional} and as --rollouts {option}: give one",
-            field="--rollouts",
-        )
-    return option if option is not None else positional

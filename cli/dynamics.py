@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-from otb_diag.cli.common import JSON, OUT_DIR, command, print_json
+from otb_diag.cli.common import JSON, OUT_DIR, command, show
 
 from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.knobs import knob
@@ -55,7 +54,4 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
     from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
 
     report = run_dynamics(run.log, run.label or default_names(run.log), run.out, rule, run.target)
-    if run.as_json:
-        print_json(report)
-    else:
-        typer.echo(format_summary(report))
+    show(report, run.as_json, lambda: format_summary(report))

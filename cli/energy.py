@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
 from otb_diag.cli.common import (
     OUT_DIR,
     Measuring,
-    checkpoint_dirs,
     command,
     note,
-    or_default,
-    print_json,
+    show,
 )
 
 from otb_diag.knobs import knob
@@ -40,13 +37,13 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
-    from otb_diag.io.scenarios import default_rollouts
     from otb_diag.pipelines.energy.recipe import format_summary, run_energy
+    from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
 
-    rollouts_path = or_default(run.rollouts, lambda: default_rollouts(run.scenario), "--rollouts")
+    rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
     if run.model_free and run.ckpt:
         note("--model-free given: ignoring --ckpt")
-    checkpoints = [] if run.model_free else checkpoint_dirs(run.ckpt, run.scenario)
+    checkpoints = [] if run.model_free else checkpoint_dirs(run.ckpt, run.scenario, note)
     summary = run_energy(checkpoints, rollouts_path, run.out, settings, progress=not run.quiet)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
@@ -57,7 +54,4 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
             "trainers dump text without special tokens, so if the trainer applied the template, "
             "pass --chat-template (or dump exact ids: see the README)"
         )
-    if run.as_json:
-        print_json(summary)
-    else:
-        typer.echo(format_summary(summary))
+    show(summary, run.as_json, lambda: format_summary(summary))

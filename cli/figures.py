@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, print_json
+from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, show
 
 from otb_diag.knobs import knob
 
@@ -48,9 +47,6 @@ def figures(run: FiguresRun) -> None:
         scenario=run.scenario,
         jobs=run.jobs,
     )
-    if run.as_json:
-        print_json(record)
-    else:
-        for name, made_by in record["figures"].items():
-            typer.echo(f"{name:<36} {made_by}")
-        typer.echo(f"wrote {len(record['figures'])} figures to {run.out}")
+    lines = [f"{name:<36} {made_by}" for name, made_by in record["figures"].items()]
+    lines.append(f"wrote {len(record['figures'])} figures to {run.out}")
+    show(record, run.as_json, lambda: "\n".join(lines))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, print_json, register
+from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, register, show
 
 from otb_diag.knobs import knob
 
@@ -45,10 +45,7 @@ def build(run: BuildRun) -> None:
 
     config = SCENARIOS[check_scenario(run.scenario)]
     manifest = build_lab(run.out, seed=run.seed, config=config, progress=not run.quiet)
-    if run.as_json:
-        print_json(manifest)
-    else:
-        typer.echo(format_lab(manifest, run.out))
+    show(manifest, run.as_json, lambda: format_lab(manifest, run.out))
 
 
 register(app, "build", build)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import typer
-from otb_diag.cli.common import JSON, command, note, print_json
+from otb_diag.cli.common import JSON, command, note, show
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.regress.settings import RegressSettings
@@ -43,9 +43,7 @@ def regress(settings: RegressSettings, run: RegressRun) -> None:
     outcome = run_regress(settings)
     for line in outcome.notes:
         note(line)
-    if run.as_json and outcome.rows is not None:
-        print_json(outcome.to_json())
-    else:
-        typer.echo(outcome.format(every=run.every))
+    as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote
+    show(outcome.to_json(), as_json, lambda: outcome.format(every=run.every))
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-from otb_diag.cli.common import JSON, OUT_FILE, command, print_json
+from otb_diag.cli.common import JSON, OUT_FILE, command, show
 
 from otb_diag.knobs import knob
 
@@ -50,7 +49,4 @@ def report(run: ReportRun) -> None:
     from otb_diag.pipelines.report.recipe import write_report
 
     summary = write_report(run.run_dirs, run.out, run.golden)
-    if run.as_json:
-        print_json(summary)
-    else:
-        typer.echo(f"wrote {summary['out']}")
+    show(summary, run.as_json, lambda: f"wrote {summary['out']}")

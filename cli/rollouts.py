@@ -16,11 +16,8 @@ from otb_diag.cli.common import (
     SCENARIO,
     command,
     note,
-    one_checkpoint,
-    one_rollouts,
-    or_default,
-    print_json,
     register,
+    show,
 )
 
 from otb_diag.io.load_options import LoadOptions
@@ -65,7 +62,12 @@ def inspect(run: InspectRun) -> None:
 
     (the same: otb-diag rollouts inspect --rollouts rollouts.jsonl --ckpt ./checkpoint-200 --json)
     """
-    from otb_diag.io.scenarios import default_checkpoint, default_rollouts
+    from otb_diag.pipelines.inputs import (
+        checkpoint_or_default,
+        one_checkpoint,
+        one_rollouts,
+        rollouts_or_default,
+    )
     from otb_diag.pipelines.inspect.recipe import format_summary, inspect_rollouts
 
     given_ckpt = one_checkpoint(run.ckpt, "inspect reads one tokenizer")
@@ -74,10 +76,10 @@ def inspect(run: InspectRun) -> None:
     def tokenizer() -> tuple[Any, int]:
         from otb_diag.io.checkpoint import load_tokenizer
 
-        ckpt_dir = or_default(given_ckpt, lambda: default_checkpoint(run.scenario), "checkpoint")
+        ckpt_dir = checkpoint_or_default(given_ckpt, run.scenario, note, "checkpoint")
         return load_tokenizer(ckpt_dir, trust_remote_code=run.load.trust_remote_code)
 
-    path = or_default(given_rollouts, lambda: default_rollouts(run.scenario), "rollouts file")
+    path = rollouts_or_default(given_rollouts, run.scenario, note, "rollouts file")
     result = inspect_rollouts(
         path,
         tokenizer,
@@ -95,10 +97,9 @@ def inspect(run: InspectRun) -> None:
             "template; pass --chat-template if the trainer applied it"
         )
     summary["round_trip_issues"] = [str(issue) for issue in issues]
+    show(summary, run.as_json, lambda: format_summary(summary))
     if run.as_json:
-        print_json(summary)
         return
-    typer.echo(format_summary(summary))
     for issue in issues[:10]:
         note(f"round trip: {issue}")
     if len(issues) > 10:
@@ -136,25 +137,17 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     Example: otb-diag rollouts sample --ckpt ./checkpoint-200 --prompts prompts.jsonl --n 64
     --max-new-tokens 128 --verifier math --out pools/
     """
-    from otb_diag.io.scenarios import default_checkpoint
-    from otb_diag.pipelines.sample.recipe import run_sample
+    from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
+    from otb_diag.pipelines.sample.recipe import format_manifest, run_sample
 
     given = one_checkpoint(run.ckpt, "sample draws from one policy")
-    path = or_default(given, lambda: default_checkpoint("default"), "--ckpt")
+    path = checkpoint_or_default(given, "default", note)
     manifest = run_sample(
         path, run.prompts, run.out, settings, resume=run.resume, progress=not run.quiet, say=note
     )
     if manifest is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    if run.as_json:
-        print_json(manifest)
-        return
-    typer.echo(
-        f"sampled {manifest['responses']} responses to {manifest['prompts_count']} prompts "
-        f"({manifest['generated_tokens']} tokens, {manifest['truncated']} truncated) in "
-        f"{manifest['seconds']:.1f} s; mean reward {manifest['mean_reward']:.3f}\n"
-        f"wrote {run.out / 'rollouts.jsonl'} and {run.out / 'manifest.json'}"
-    )
+    show(manifest, run.as_json, lambda: format_manifest(manifest, run.out))
 
 
 register(app, "sample", sample)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import typer
 from otb_diag.cli.common import (
     CKPT,
     JSON,
@@ -13,9 +12,8 @@ from otb_diag.cli.common import (
     QUIET,
     SCENARIO,
     command,
-    one_checkpoint,
-    or_default,
-    print_json,
+    note,
+    show,
 )
 
 from otb_diag.knobs import knob
@@ -53,16 +51,13 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
 
     Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
-    from otb_diag.io.scenarios import default_checkpoint
+    from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
     from otb_diag.pipelines.rl_training import format_summary, scenario_settings
     from otb_diag.pipelines.rl_training import train as run_training
 
     lab = scenario_settings(run.scenario, max_new_tokens=run.max_new_tokens)
     settings = replace(settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens)
     given = one_checkpoint(run.ckpt, "training starts from one checkpoint")
-    start = or_default(given, lambda: default_checkpoint(run.scenario), "--ckpt")
+    start = checkpoint_or_default(given, run.scenario, note)
     summary = run_training(start, run.out, settings, progress=not run.quiet)
-    if run.as_json:
-        print_json(summary)
-    else:
-        typer.echo(format_summary(summary))
+    show(summary, run.as_json, lambda: format_summary(summary))

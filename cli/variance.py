@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
 from otb_diag.cli.common import (
     OUT_DIR,
     Measuring,
-    checkpoint_dirs,
     command,
     note,
-    or_default,
-    print_json,
+    show,
 )
 
 from otb_diag.knobs import knob
@@ -45,14 +42,14 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
 
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
-    from otb_diag.io.scenarios import default_rollouts
+    from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
     from otb_diag.pipelines.variance.recipe import run_variance
     from otb_diag.pipelines.variance.summary import format_summary
 
-    rollouts_path = or_default(run.rollouts, lambda: default_rollouts(run.scenario), "--rollouts")
+    rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
     settings.check()  # before the default checkpoint is looked up
     summary = run_variance(
-        checkpoint_dirs(run.ckpt, run.scenario),
+        checkpoint_dirs(run.ckpt, run.scenario, note),
         rollouts_path,
         run.out,
         settings,
@@ -61,7 +58,4 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
     )
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    if run.as_json:
-        print_json(summary)
-    else:
-        typer.echo(format_summary(summary))
+    show(summary, run.as_json, lambda: format_summary(summary))

@@ -54,6 +54,16 @@ ROLLOUTS = "rollouts.jsonl"
 MANIFEST = "manifest.json"
 
 
+def format_manifest(manifest: dict[str, Any], out: Path) -> str:
+    """The lines `rollouts sample` prints: what was sampled, how fast, and where it went."""
+    return (
+        f"sampled {manifest['responses']} responses to {manifest['prompts_count']} prompts "
+        f"({manifest['generated_tokens']} tokens, {manifest['truncated']} truncated) in "
+        f"{manifest['seconds']:.1f} s; mean reward {manifest['mean_reward']:.3f}\n"
+        f"wrote {out / ROLLOUTS} and {out / MANIFEST}"
+    )
+
+
 def plan_batches(
     prompt_lengths: list[int], n: int, max_new: int, budget: int
 ) -> list[list[tuple[int, int]]]:

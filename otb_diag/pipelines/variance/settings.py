@@ -60,8 +60,8 @@ def duration(value: float) -> str:
     """The inverse of `seconds`: 7200 -> `2h`, 90 -> `90s`."""
     for unit in ("h", "m"):
         if value % _UNITS[unit] == 0:
-            return f"{value / _UNITS[unit]:g}{unit}"
-    return f"{value:g}s"
+            return f"{value / _UNITS[unit]:.15g}{unit}"
+    return f"{value:.15g}s"
 
 
 @dataclass(frozen=True)
