@@ -173,7 +173,12 @@ class Command:
         hints = typing.get_type_hints(fn)
         self.parts = [(name, hints[name]) for name in inspect.signature(fn).parameters]
         self.skip = skip
-        self.run = friendly_errors(fn)
+
+        @functools.wraps(fn)
+        def run(**values: Any) -> None:  # a value the parsers refuse is bad input too
+            fn(**{name: _build(cls, "", values, skip) for name, cls in self.parts})
+
+        self.run = friendly_errors(run)
 
     def options(self) -> list[Option]:
         """Every option, in the order of the parts and their fields."""
@@ -204,7 +209,7 @@ class Command:
         return type("KnobCommand", (KnobCommand,), {"lazy": lazy})
 
     def __call__(self, **values: Any) -> None:
-        self.run(**{name: _build(cls, "", values, self.skip) for name, cls in self.parts})
+        self.run(**values)
 
 
 class KnobCommand(TyperCommand):

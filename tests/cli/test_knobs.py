@@ -198,3 +198,27 @@ def test_duration_by_hand() -> None:
     )
     with pytest.raises(InputError, match="budget must look like 90s"):
         seconds("soon")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["variance-compare", "--group-sizes", "2,x"], "group sizes must be integers, got '2,x'"),
+        (["variance-compare", "--budget", "soon"], "budget must look like 90s, 30m or 2h"),
+    ],
+)
+def test_a_value_its_parser_refuses_is_bad_input(args: list[str], message: str) -> None:
+    """Parsing happens inside the error handling: one paragraph, exit 2, no traceback."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output + result.stderr
+
+
+def test_the_z_score_history_follows_a_short_window() -> None:
+    """`dynamics --window 5` needs min_points ≤ 5: the rule's own default, min(10, window)."""
+    from otb_diag.dynamics.detection_rule import DetectionRule
+
+    assert DetectionRule().min_points == 10
+    assert DetectionRule(window=5).min_points == 5
+    assert DetectionRule(window=40, min_points=12).min_points == 12
