@@ -137,10 +137,10 @@ def test_a_newly_registered_verifier_shows_in_the_help(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(verifiers, "VERIFIERS", dict(verifiers.VERIFIERS))
     before = help_text("rollouts", "sample")
-    assert "Reward: exact, contains, last-number[:TOL], boxed, regex:PATTERN, math" in before
+    assert "boxed, regex:PATTERN, math (needs otb-diag[math]), or a function" in before
     assert "shout-check" not in before
     verifiers.register_verifier("shout-check", arg="word")(lambda p, r, a, arg: 1.0)
-    assert "math, shout-check[:WORD], or a function file.py:fn" in help_text("rollouts", "sample")
+    assert "otb-diag[math]), shout-check[:WORD], or a function" in help_text("rollouts", "sample")
 
 
 def test_a_newly_registered_baseline_shows_in_the_help(monkeypatch: pytest.MonkeyPatch) -> None:

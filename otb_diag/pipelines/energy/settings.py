@@ -18,6 +18,26 @@ from otb_diag.pipelines.measure_knobs import (
     default_baselines,
 )
 
+SYMBOLS = {"eps": "ε"}  # how the help writes a baseline's option
+
+
+def _trainer_help() -> str:
+    from otb_diag.maths.estimators.registry import BASELINES, trainer_baseline
+
+    verl = ", ".join(name for entry in BASELINES.values() for name in entry.verl)
+    trl = trainer_baseline("trl")
+    default = (
+        f" Default for TRL completion logs: {trl[0]} with "
+        + ", ".join(f"{SYMBOLS.get(key, key)} = {value:g}" for key, value in trl[1].items())
+        + "."
+        if trl
+        else ""
+    )
+    return (
+        "Audit the advantages the rollouts carry (trainer_advantage; TRL's advantage) against "
+        f"this registry baseline, or verl's algorithm.adv_estimator name ({verl}).{default}"
+    )
+
 
 @dataclass(frozen=True)
 class EnergySettings:
@@ -39,14 +59,7 @@ class EnergySettings:
     load: LoadOptions = LoadOptions()
     steps: str | None = knob(None, STEPS)
     reward_columns: tuple[str, ...] | None = knob(None, REWARD_COLUMNS)
-    trainer_baseline: str | None = knob(
-        None,
-        metavar="NAME",
-        help="Audit the advantages the rollouts carry (trainer_advantage; TRL's advantage) "
-        "against this registry baseline, or verl's algorithm.adv_estimator name (grpo, rloo, "
-        "optimal_token_baseline, tir_optimal_token_baseline). Default for TRL completion logs: "
-        "grpo with ε = 1e-4, TRL's GRPO.",
-    )
+    trainer_baseline: str | None = knob(None, metavar="NAME", help=_trainer_help)
 
     def check(self) -> None:
         """Raise `InputError` now, before anything is read or written, for a baseline the
