@@ -23,6 +23,7 @@ from typer.core import TyperCommand
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import json_text
+from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import KEY, Knob, knob
 from otb_diag.runtime.torchrun import DistributedError
 
@@ -128,11 +129,6 @@ OUT_DIR = Knob(flag="--out", metavar="DIR", help="Output directory (created).")
 OUT_FILE = Knob(flag="--out", metavar="FILE", help="File to write.")
 JSON = Knob(flag="--json", help="Print the summary as JSON on stdout instead of the text.")
 QUIET = Knob(help="No progress bar.")
-SCENARIO = Knob(
-    help="Embedded scenario, which also supplies an omitted --ckpt / --rollouts: default (copy, "
-    "reverse, sort digits; responses of 4-45 tokens) or long (running sums with a written "
-    "scratchpad; responses of 20-400 tokens, 16 prompts x 128).",
-)
 
 
 @dataclass(frozen=True)
@@ -143,7 +139,7 @@ class Measuring:
     rollouts: Path | None = knob(None, ROLLOUTS)
     as_json: bool = knob(False, JSON)
     quiet: bool = knob(False, QUIET)
-    scenario: str = knob("default", SCENARIO)
+    scenario: str = scenario_knob()
 
 
 def command(fn: Callable[..., None] | None = None, *, skip: tuple[str, ...] = ()) -> Any:

@@ -5,24 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, show
+from otb_diag.cli.common import JSON, OUT_DIR, QUIET, command, show
 
 from otb_diag.knobs import knob
+from otb_diag.pipelines.figures.settings import FiguresSettings
 
 
 @dataclass(frozen=True)
 class FiguresRun:
     out: Path = knob(Path("figures"), OUT_DIR)
-    quick: bool = knob(False, help="Fewer steps and draws (a CI smoke run).")
-    seed: int = knob(0, help="Seed of every run.")
     as_json: bool = knob(False, JSON)
     quiet: bool = knob(False, QUIET)
-    scenario: str = knob("default", SCENARIO)
-    jobs: int = knob(1, help="Trainings run at once (processes of one thread each).")
 
 
 @command
-def figures(run: FiguresRun) -> None:
+def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     """Regenerate every figure from an embedded scenario: fig1–fig5, variance against N, ratio
     to the mean baseline, proxy fidelity, score against tokens sampled. Runs energy,
     variance-compare, toy trainings and dynamics; working outputs go under OUT/runs/, figures
@@ -39,14 +36,7 @@ def figures(run: FiguresRun) -> None:
     """
     from otb_diag.pipelines.figures.recipe import run_figures
 
-    record = run_figures(
-        run.out,
-        quick=run.quick,
-        seed=run.seed,
-        progress=not run.quiet,
-        scenario=run.scenario,
-        jobs=run.jobs,
-    )
+    record = run_figures(run.out, settings, progress=not run.quiet)
     lines = [f"{name:<36} {made_by}" for name, made_by in record["figures"].items()]
     lines.append(f"wrote {len(record['figures'])} figures to {run.out}")
     show(record, run.as_json, lambda: "\n".join(lines))

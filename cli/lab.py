@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, SCENARIO, command, register, show
+from otb_diag.cli.common import JSON, OUT_DIR, QUIET, command, register, show
 
+from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 
 app = typer.Typer(
@@ -22,7 +23,7 @@ class BuildRun:
     out: Path = knob(spec=OUT_DIR)
     seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
     quiet: bool = knob(False, QUIET)
-    scenario: str = knob("default", SCENARIO)
+    scenario: str = scenario_knob()
     as_json: bool = knob(False, JSON)
 
 

@@ -13,7 +13,6 @@ from otb_diag.cli.common import (
     OUT_DIR,
     QUIET,
     ROLLOUTS,
-    SCENARIO,
     command,
     note,
     register,
@@ -21,6 +20,7 @@ from otb_diag.cli.common import (
 )
 
 from otb_diag.io.load_options import LoadOptions
+from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 from otb_diag.pipelines.measure_knobs import REWARD_COLUMNS, STEPS
 from otb_diag.pipelines.sample.settings import SampleSettings
@@ -47,7 +47,7 @@ class InspectRun:
     load: LoadOptions = LoadOptions()  # --trust-remote-code and --chat-template
     steps: str | None = knob(None, STEPS)
     reward_columns: tuple[str, ...] | None = knob(None, REWARD_COLUMNS)
-    scenario: str = knob("default", SCENARIO)
+    scenario: str = scenario_knob()
 
 
 @command(skip=("load.device", "load.dtype", "load.allow_pickle", "load.device_map"))

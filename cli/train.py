@@ -10,12 +10,12 @@ from otb_diag.cli.common import (
     JSON,
     OUT_DIR,
     QUIET,
-    SCENARIO,
     command,
     note,
     show,
 )
 
+from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 from otb_diag.pipelines.train_settings import TrainSettings
 
@@ -29,7 +29,7 @@ class TrainRun:
     out: Path = knob(Path("otb-train"), OUT_DIR)
     as_json: bool = knob(False, JSON)
     quiet: bool = knob(False, QUIET)
-    scenario: str = knob("default", SCENARIO)
+    scenario: str = scenario_knob()
 
 
 @command
