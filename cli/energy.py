@@ -5,13 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.cli.common import (
-    OUT_DIR,
-    Measuring,
-    command,
-    note,
-    show,
-)
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import OUT_DIR, Measuring, command
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.energy.settings import EnergySettings

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, command, show
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.figures.settings import FiguresSettings

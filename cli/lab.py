@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from otb_diag.cli.common import JSON, OUT_DIR, QUIET, command, register, show
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
 
 from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob

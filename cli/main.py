@@ -19,7 +19,8 @@ from otb_diag.cli import (
     train,
     variance,
 )
-from otb_diag.cli.common import DEBUG_ENV, register
+from otb_diag.cli.common import DEBUG_ENV
+from otb_diag.cli.options import register
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import typer
-from otb_diag.cli.common import JSON, command, note, show
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import JSON, command
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.regress.settings import RegressSettings

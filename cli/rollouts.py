@@ -7,17 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from otb_diag.cli.common import (
-    CKPT,
-    JSON,
-    OUT_DIR,
-    QUIET,
-    ROLLOUTS,
-    command,
-    note,
-    register,
-    show,
-)
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, ROLLOUTS, command, register
 
 from otb_diag.io.load_options import LoadOptions
 from otb_diag.io.scenarios import scenario_knob

@@ -5,15 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from otb_diag.cli.common import (
-    CKPT,
-    JSON,
-    OUT_DIR,
-    QUIET,
-    command,
-    note,
-    show,
-)
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, command
 
 from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob

@@ -13,8 +13,8 @@ import pytest
 import typer.main
 from hypothesis import given
 from hypothesis import strategies as st
-from otb_diag.cli.common import Command, _build
 from otb_diag.cli.main import app
+from otb_diag.cli.options import Command, instance
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
@@ -129,7 +129,7 @@ def test_the_command_line_default_is_the_dataclass_default(name: str, cmd: Comma
     for _, cls in cmd.parts:
         required = [f for _, f in fields_of(cls) if f.default is f.default_factory]  # both MISSING
         if not required:
-            assert _build(cls, "", values, cmd.skip) == cls(), cls.__name__
+            assert instance(cls, "", values, cmd.skip) == cls(), cls.__name__
 
 
 def test_a_newly_registered_verifier_shows_in_the_help(monkeypatch: pytest.MonkeyPatch) -> None:
