@@ -222,3 +222,24 @@ def test_the_z_score_history_follows_a_short_window() -> None:
     assert DetectionRule().min_points == 10
     assert DetectionRule(window=5).min_points == 5
     assert DetectionRule(window=40, min_points=12).min_points == 12
+
+
+@pytest.mark.parametrize("scenario", ["default", "long"])
+def test_train_with_no_options_trains_the_scenarios_settings(
+    scenario: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scenario supplies the prompts and the response budget; every other knob is
+    TrainSettings' own default, exactly what `scenario_settings` gives the API."""
+    from otb_diag.pipelines import rl_training
+
+    seen = {}
+
+    def fake_train(start, out, settings, progress):
+        seen["settings"] = settings
+        return {}
+
+    monkeypatch.setattr(rl_training, "train", fake_train)
+    monkeypatch.setattr(rl_training, "format_summary", lambda summary: "")
+    result = runner.invoke(app, ["train", "--scenario", scenario, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen["settings"] == rl_training.scenario_settings(scenario)
