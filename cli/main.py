@@ -1,6 +1,7 @@
 """`otb-diag`: the Typer app. Parses options, calls `otb_diag`, prints and writes; no maths here.
 
-Heavy imports (torch, transformers) happen inside the commands so `--help` stays instant."""
+Heavy imports (torch, transformers) happen inside the commands so `--help` stays instant; only
+the help of an option listing a registry's names (or taking its default) imports it, when shown."""
 
 from __future__ import annotations
 
