@@ -2,59 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-import typer
-from otb_diag.cli.common import JsonOption, OutOption, friendly_errors, print_json
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_DIR, command
+
+from otb_diag.dynamics.detection_rule import DetectionRule
+from otb_diag.knobs import knob
 
 
-@friendly_errors
-def dynamics(
-    log: Annotated[
-        list[Path],
-        typer.Option(
-            "--log",
-            metavar="FILE",
-            help="Training log, repeatable: otb-diag metrics.jsonl, verl metrics (JSONL, or a "
-            "W&B CSV export of one run) or a HF/TRL trainer_state.json.",
-        ),
-    ],
-    label: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--label",
-            metavar="NAME",
-            help="Run name, one per --log in order. A registry baseline family (e.g. mean, "
-            "otb) and 'N=4' in it fill what the log does not record. Default: the file name.",
-        ),
-    ] = None,
-    out: OutOption = Path("otb-dynamics"),
-    target: Annotated[
-        float | None,
-        typer.Option("--target", help="Score whose first crossing gives tokens-to-target."),
-    ] = None,
-    window: Annotated[
-        int, typer.Option("--window", min=5, help="Trailing logged points of the z-score.")
-    ] = 30,
-    threshold: Annotated[
-        float, typer.Option("--threshold", min=0.0, help="Robust z of a gradient-norm surge.")
-    ] = 6.0,
-    persist: Annotated[
-        int, typer.Option("--persist", min=1, help="Consecutive points an alarm must last.")
-    ] = 3,
-    lead_threshold: Annotated[
-        float, typer.Option("--lead-threshold", min=0.0, help="Robust z of a variance rise.")
-    ] = 3.0,
-    lead_horizon: Annotated[
-        int,
-        typer.Option("--lead-horizon", min=1, help="Points before a collapse searched for it."),
-    ] = 50,
-    smooth: Annotated[
-        int, typer.Option("--smooth", min=1, help="Trailing points averaged for the score.")
-    ] = 5,
-    as_json: JsonOption = False,
-) -> None:
+@dataclass(frozen=True)
+class DynamicsRun:
+    log: list[Path] = knob(
+        metavar="FILE",
+        help="Training log, repeatable: otb-diag metrics.jsonl, verl metrics (JSONL, or a W&B "
+        "CSV export of one run) or a HF/TRL trainer_state.json.",
+    )
+    label: list[str] | None = knob(
+        None,
+        metavar="NAME",
+        help="Run name, one per --log in order. A registry baseline family (e.g. mean, otb) and "
+        "'N=4' in it fill what the log does not record. Default: the file name.",
+    )
+    out: Path = knob(Path("otb-dynamics"), OUT_DIR)
+    target: float | None = knob(None, help="Score whose first crossing gives tokens-to-target.")
+    as_json: bool = knob(False, JSON)
+
+
+@command
+def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
     """Detect training collapse in RL logs and measure how early the gradient variance warned.
 
     A collapse is a lasting surge of the gradient norm: the robust z-score of log grad_norm
@@ -75,20 +52,7 @@ def dynamics(
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.dynamics.collapse import DetectionRule
     from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
 
-    rule = DetectionRule(
-        window=window,
-        min_points=min(10, window),  # the z-score needs this much history
-        threshold=threshold,
-        persist=persist,
-        lead_threshold=lead_threshold,
-        lead_horizon=lead_horizon,
-        smooth=smooth,
-    )
-    report = run_dynamics(log, label or default_names(log), out, rule, target)
-    if as_json:
-        print_json(report)
-    else:
-        typer.echo(format_summary(report))
+    report = run_dynamics(run.log, run.label or default_names(run.log), run.out, rule, run.target)
+    show(report, run.as_json, lambda: format_summary(report))

@@ -2,88 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-import typer
-from otb_diag.cli.common import (
-    AllowPickleOption,
-    BatchTokensOption,
-    ChatTemplateOption,
-    ChunkSizeOption,
-    CkptOption,
-    DeviceMapOption,
-    DeviceOption,
-    DtypeOption,
-    JsonOption,
-    OutOption,
-    QuietOption,
-    RemoteCodeOption,
-    RewardColumnOption,
-    RolloutsOption,
-    ScenarioOption,
-    StepsOption,
-    TemperatureOption,
-    ZeroTailOption,
-    checkpoint_dirs,
-    friendly_errors,
-    note,
-    or_default,
-    print_json,
-)
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import OUT_DIR, Measuring, command
+
+from otb_diag.knobs import knob
+from otb_diag.pipelines.energy.settings import EnergySettings
 
 
-@friendly_errors
-def energy(
-    ckpt: CkptOption = None,
-    rollouts: RolloutsOption = None,
-    out: OutOption = Path("otb-energy"),
-    baselines: Annotated[
-        str | None,
-        typer.Option(
-            "--baselines",
-            help="Comma-separated registry baselines, e.g. none,mean,otb,otb-loo. Default: the "
-            "registry's defaults (an unknown name lists every registered one).",
-        ),
-    ] = None,
-    temperature: TemperatureOption = None,
-    model_free: Annotated[
-        bool,
-        typer.Option(
-            "--model-free",
-            help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable).",
-        ),
-    ] = False,
-    device: DeviceOption = "auto",
-    device_map: DeviceMapOption = None,
-    dtype: DtypeOption = "auto",
-    batch_tokens: BatchTokensOption = 16384,
-    chunk_size: ChunkSizeOption = 256,
-    group: Annotated[
-        str | None,
-        typer.Option("--group", help="Group shown in fig3/fig4. Default: most heterogeneous."),
-    ] = None,
-    handle_zero_tail: ZeroTailOption = True,
-    steps: StepsOption = None,
-    reward_column: RewardColumnOption = None,
-    chat_template: ChatTemplateOption = False,
-    trainer_baseline: Annotated[
-        str | None,
-        typer.Option(
-            "--trainer-baseline",
-            metavar="NAME",
-            help="Audit the advantages the rollouts carry (trainer_advantage; TRL's advantage) "
-            "against this registry baseline, or verl's algorithm.adv_estimator name (grpo, "
-            "rloo, optimal_token_baseline, tir_optimal_token_baseline). Default for TRL "
-            "completion logs: grpo with ε = 1e-4, TRL's GRPO.",
-        ),
-    ] = None,
-    allow_pickle: AllowPickleOption = False,
-    trust_remote_code: RemoteCodeOption = False,
-    as_json: JsonOption = False,
-    quiet: QuietOption = False,
-    scenario: ScenarioOption = "default",
-) -> None:
+@dataclass(frozen=True)
+class EnergyRun(Measuring):
+    out: Path = knob(Path("otb-energy"), OUT_DIR)
+    model_free: bool = knob(
+        False, help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable)."
+    )
+
+
+@command
+def energy(run: EnergyRun, settings: EnergySettings) -> None:
     """Realized energy of every response token: log-prob, Σπ², entropy, the logit-gradient
     proxy w = 1 − 2p + Σπ² (÷τ²) and its running sum W_t; the advantages each baseline gives;
     the forward-only variance proxies; and figures 3–5 of the OTB paper.
@@ -94,34 +32,14 @@ def energy(
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
-    from otb_diag.io.loading import LoadOptions
-    from otb_diag.io.scenarios import default_rollouts
-    from otb_diag.pipelines.energy.recipe import EnergySettings, format_summary, run_energy
+    from otb_diag.pipelines.energy.recipe import format_summary, run_energy
+    from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
 
-    rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
-    if model_free:
-        if ckpt:
-            note("--model-free given: ignoring --ckpt")
-        checkpoints: list[Path] = []
-    else:
-        checkpoints = checkpoint_dirs(ckpt, scenario)
-    settings = EnergySettings(
-        **(
-            {"baselines": tuple(b.strip() for b in baselines.split(",") if b.strip())}
-            if baselines
-            else {}
-        ),
-        temperature=temperature,
-        batch_tokens=batch_tokens,
-        chunk_size=chunk_size,
-        group=group,
-        handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, chat_template, device_map),
-        steps=steps,
-        reward_columns=tuple(reward_column) if reward_column else None,
-        trainer_baseline=trainer_baseline,
-    )
-    summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
+    if run.model_free and run.ckpt:
+        note("--model-free given: ignoring --ckpt")
+    checkpoints = [] if run.model_free else checkpoint_dirs(run.ckpt, run.scenario, note)
+    summary = run_energy(checkpoints, rollouts_path, run.out, settings, progress=not run.quiet)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     untemplated = summary["totals"]["prompts_without_chat_template"]
@@ -131,7 +49,4 @@ def energy(
             "trainers dump text without special tokens, so if the trainer applied the template, "
             "pass --chat-template (or dump exact ids: see the README)"
         )
-    if as_json:
-        print_json(summary)
-    else:
-        typer.echo(format_summary(summary))
+    show(summary, run.as_json, lambda: format_summary(summary))

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-import typer
-from otb_diag.cli.common import (
-    JsonOption,
-    OutOption,
-    QuietOption,
-    ScenarioOption,
-    friendly_errors,
-    print_json,
-)
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command
+
+from otb_diag.knobs import knob
+from otb_diag.pipelines.figures.settings import FiguresSettings
 
 
-@friendly_errors
-def figures(
-    out: OutOption = Path("figures"),
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer steps and draws (a CI smoke run).")
-    ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of every run.")] = 0,
-    as_json: JsonOption = False,
-    quiet: QuietOption = False,
-    scenario: ScenarioOption = "default",
-    jobs: Annotated[
-        int,
-        typer.Option("--jobs", help="Trainings run at once (processes of one thread each)."),
-    ] = 1,
-) -> None:
+@dataclass(frozen=True)
+class FiguresRun:
+    out: Path = knob(Path("figures"), OUT_DIR)
+    as_json: bool = knob(False, JSON)
+    quiet: bool = knob(False, QUIET)
+
+
+@command
+def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     """Regenerate every figure from an embedded scenario: fig1–fig5, variance against N, ratio
     to the mean baseline, proxy fidelity, score against tokens sampled. Runs energy,
     variance-compare, toy trainings and dynamics; working outputs go under OUT/runs/, figures
@@ -47,12 +37,7 @@ def figures(
     """
     from otb_diag.pipelines.figures.recipe import run_figures
 
-    record = run_figures(
-        out, quick=quick, seed=seed, progress=not quiet, scenario=scenario, jobs=jobs
-    )
-    if as_json:
-        print_json(record)
-    else:
-        for name, command in record["figures"].items():
-            typer.echo(f"{name:<36} {command}")
-        typer.echo(f"wrote {len(record['figures'])} figures to {out}")
+    record = run_figures(run.out, settings, progress=not run.quiet)
+    lines = [f"{name:<36} {made_by}" for name, made_by in record["figures"].items()]
+    lines.append(f"wrote {len(record['figures'])} figures to {run.out}")
+    show(record, run.as_json, lambda: "\n".join(lines))

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
 
 import typer
-from otb_diag.cli.common import (
-    JsonOption,
-    OutOption,
-    QuietOption,
-    ScenarioOption,
-    friendly_errors,
-    print_json,
-)
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
+
+from otb_diag.io.scenarios import scenario_knob
+from otb_diag.knobs import knob
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -22,17 +19,17 @@ app = typer.Typer(
 )
 
 
-@app.command("build")
-@friendly_errors
-def build(
-    out: OutOption,
-    seed: Annotated[
-        int, typer.Option("--seed", help="Seed of every random draw: same seed, same lab.")
-    ] = 0,
-    quiet: QuietOption = False,
-    scenario: ScenarioOption = "default",
-    as_json: JsonOption = False,
-) -> None:
+@dataclass(frozen=True)
+class BuildRun:
+    out: Path = knob(spec=OUT_DIR)
+    seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
+    quiet: bool = knob(False, QUIET)
+    scenario: str = scenario_knob()
+    as_json: bool = knob(False, JSON)
+
+
+@command
+def build(run: BuildRun) -> None:
     """Rebuild a toy lab deterministically: a character-level tokenizer, a small GPT-2-style
     model trained by SFT on the scenario's task, checkpoints along the run, and rollouts sampled
     from the final checkpoint and scored by the verifier. The default scenario: copy / reverse /
@@ -46,34 +43,11 @@ def build(
     """
     from otb_diag.io.scenarios import check_scenario
     from otb_diag.lab.build import SCENARIOS, build_lab
+    from otb_diag.lab.summary import format_lab
 
-    config = SCENARIOS[check_scenario(scenario)]
-    manifest = build_lab(out, seed=seed, config=config, progress=not quiet)
-    if as_json:
-        print_json(manifest)
-    else:
-        typer.echo(format_lab(manifest, out))
+    config = SCENARIOS[check_scenario(run.scenario)]
+    manifest = build_lab(run.out, seed=run.seed, config=config, progress=not run.quiet)
+    show(manifest, run.as_json, lambda: format_lab(manifest, run.out))
 
 
-def format_lab(manifest: dict[str, Any], out: Path) -> str:
-    """The short text `lab build` prints: parameters, checkpoints, rollouts, time."""
-    steps = ", ".join(str(c["step"]) for c in manifest["checkpoints"])
-    lines = [
-        f"built a {manifest['n_params']:,}-parameter lab in {out} (seed {manifest['seed']})",
-        f"checkpoints  steps {steps}",
-    ]
-    for key in ("rollouts", "rollouts_tir"):
-        if key in manifest:
-            lines.append(f"{key:<12} {_group_line(manifest[key])}")
-    took = manifest["timings"].get("total_s", 0)
-    lines.append(f"took         {took:.0f} s; lab.json holds it all")
-    return "\n".join(lines)
-
-
-def _group_line(stats: dict[str, Any]) -> str:
-    tokens = stats["response_tokens"]
-    return (
-        f"{stats['rows']} rows in {stats['groups']} groups ({stats['mixed_groups']} with mixed "
-        f"rewards), mean reward {stats['mean_reward']:.3f}, responses of {tokens['min']}-"
-        f"{tokens['max']} tokens"
-    )
+register(app, "build", build)

@@ -1,6 +1,7 @@
 """`otb-diag`: the Typer app. Parses options, calls `otb_diag`, prints and writes; no maths here.
 
-Heavy imports (torch, transformers) happen inside the commands so `--help` stays instant."""
+Heavy imports (torch, transformers) happen inside the commands so `--help` stays instant; only
+the help of an option listing a registry's names (or taking its default) imports it, when shown."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from otb_diag.cli import (
     variance,
 )
 from otb_diag.cli.common import DEBUG_ENV
+from otb_diag.cli.options import register
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -36,13 +38,13 @@ app = typer.Typer(
 )
 app.add_typer(rollouts.app, name="rollouts")
 app.add_typer(lab.app, name="lab")
-app.command("energy")(energy.energy)
-app.command("variance-compare")(variance.variance_compare)
-app.command("figures")(figures.figures)
-app.command("regress")(regress.regress)
-app.command("dynamics")(dynamics.dynamics)
-app.command("train")(train.train)
-app.command("report")(report.report)
+register(app, "energy", energy.energy)
+register(app, "variance-compare", variance.variance_compare)
+register(app, "figures", figures.figures)
+register(app, "regress", regress.regress)
+register(app, "dynamics", dynamics.dynamics)
+register(app, "train", train.train)
+register(app, "report", report.report)
 
 
 def _version(value: bool) -> None:

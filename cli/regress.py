@@ -2,49 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass
 
 import typer
-from otb_diag.cli.common import JsonOption, friendly_errors, note, print_json
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import JSON, command
 
-EXIT_REGRESSION = 1
+from otb_diag.knobs import knob
+from otb_diag.pipelines.regress.settings import RegressSettings
 
 
-@friendly_errors
-def regress(
-    golden: Annotated[
-        Path, typer.Option("--golden", help="Golden JSON file (written by --update).")
-    ],
-    current: Annotated[
-        Path,
-        typer.Option(
-            "--current",
-            help="Run directory of `otb-diag energy` / `variance-compare`, or a directory "
-            "holding several (metric names are prefixed with each run's sub-directory).",
-        ),
-    ],
-    update: Annotated[
-        bool,
-        typer.Option("--update", help="Rewrite the golden file from --current; print changes."),
-    ] = False,
-    junit: Annotated[
-        Path | None,
-        typer.Option("--junit", help="Also write a JUnit XML report (one testcase per metric)."),
-    ] = None,
-    tolerances: Annotated[
-        Path | None,
-        typer.Option(
-            "--tolerances",
-            help='JSON {"fnmatch pattern": {"rel": .., "abs": ..}} for deterministic metrics; '
-            "the last matching pattern wins. Default rel 1e-4, abs 1e-6.",
-        ),
-    ] = None,
-    as_json: JsonOption = False,
-    every: Annotated[
-        bool, typer.Option("--all", help="Print every metric, not only the failing ones.")
-    ] = False,
-) -> None:
+@dataclass(frozen=True)
+class RegressRun:
+    as_json: bool = knob(False, JSON)
+    every: bool = knob(False, flag="--all", help="Print every metric, not only the failing ones.")
+
+
+@command
+def regress(settings: RegressSettings, run: RegressRun) -> None:
     """Compare a run's variance numbers with a golden file and exit 1 if any moved.
 
     Deterministic metrics (energies, variance proxies, advantage statistics, sequence energy,
@@ -64,39 +39,12 @@ def regress(
 
         otb-diag regress --golden golden.json --current runs --junit report.xml
     """
-    from otb_diag.pipelines.regress import recipe as lib
-    from otb_diag.pipelines.regress.run_metrics import collect_metrics
+    from otb_diag.pipelines.regress.check import run_regress
 
-    metrics = collect_metrics(current)
-    if update:
-        if junit is not None:
-            note("--update compares nothing: no --junit report written")
-        old = lib.load_golden(golden) if golden.exists() else None
-        lib.write_golden(golden, metrics, lib.run_provenance(current))
-        if old is None:
-            typer.echo(f"created {golden} with {len(metrics)} metrics")
-            return
-        changes = lib.golden_changes(old, metrics)
-        if changes:
-            typer.echo(lib.format_changes(changes))
-        typer.echo(f"updated {golden}: {len(metrics)} metrics, {len(changes)} changed")
-        return
-
-    rows = lib.compare(
-        lib.load_golden(golden),
-        metrics,
-        lib.load_tolerances(tolerances) if tolerances is not None else (),
-    )
-    if junit is not None:
-        lib.write_junit(junit, rows)
-    if rows and all(r.status in ("missing", "extra") for r in rows):
-        note(
-            "no metric name in common: names carry the path below --current "
-            "(energy/proxies/...), so point --current at the level the golden was made from"
-        )
-    if as_json:
-        print_json({"counts": lib.counts(rows), "rows": [r.to_json() for r in rows]})
-    else:
-        typer.echo(lib.format_rows(rows, every=every))
-    if any(r.status != "pass" for r in rows):
-        raise typer.Exit(EXIT_REGRESSION)
+    outcome = run_regress(settings)
+    for line in outcome.notes:
+        note(line)
+    as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote
+    show(outcome.to_json(), as_json, lambda: outcome.format(every=run.every))
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)

@@ -2,35 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-import typer
-from otb_diag.cli.common import JsonOption, OutFileOption, friendly_errors, print_json
+from otb_diag.cli.common import show
+from otb_diag.cli.options import JSON, OUT_FILE, command
+
+from otb_diag.knobs import knob
 
 
-@friendly_errors
-def report(
-    run_dirs: Annotated[
-        list[Path],
-        typer.Argument(
-            metavar="RUN_DIR",
-            help="Output directories of energy, variance-compare, dynamics, train (or a "
-            "regress --junit file's directory), or directories holding several.",
-        ),
-    ],
-    out: OutFileOption = Path("report.html"),
-    golden: Annotated[
-        Path | None,
-        typer.Option(
-            "--golden",
-            metavar="FILE",
-            help="Golden file of `otb-diag regress`: adds the regression status of the "
-            "energy/variance-compare runs (names relative to each RUN_DIR).",
-        ),
-    ] = None,
-    as_json: JsonOption = False,
-) -> None:
+@dataclass(frozen=True)
+class ReportRun:
+    run_dirs: list[Path] = knob(
+        argument=True,
+        metavar="RUN_DIR",
+        help="Output directories of energy, variance-compare, dynamics, train (or a regress "
+        "--junit file's directory), or directories holding several.",
+    )
+    out: Path = knob(Path("report.html"), OUT_FILE)
+    golden: Path | None = knob(
+        None,
+        metavar="FILE",
+        help="Golden file of `otb-diag regress`: adds the regression status of the "
+        "energy/variance-compare runs (names relative to each RUN_DIR).",
+    )
+    as_json: bool = knob(False, JSON)
+
+
+@command
+def report(run: ReportRun) -> None:
     """Write one HTML page that opens offline: the verdicts first (OTB's mean-equivalent
     group size and token saving per mode, the paper-claim verdict, proxy fidelity, collapse
     and lead time per run, the regression status), then the figures with captions, the
@@ -49,8 +49,5 @@ def report(
     """
     from otb_diag.pipelines.report.recipe import write_report
 
-    summary = write_report(run_dirs, out, golden)
-    if as_json:
-        print_json(summary)
-    else:
-        typer.echo(f"wrote {summary['out']}")
+    summary = write_report(run.run_dirs, run.out, run.golden)
+    show(summary, run.as_json, lambda: f"wrote {summary['out']}")

@@ -2,85 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
 
-import typer
-from otb_diag.cli.common import (
-    CkptOption,
-    JsonOption,
-    OutOption,
-    QuietOption,
-    ScenarioOption,
-    friendly_errors,
-    one_checkpoint,
-    or_default,
-    print_json,
-)
+from otb_diag.cli.common import note, show
+from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, command
+
+from otb_diag.io.scenarios import scenario_knob
+from otb_diag.knobs import knob
+from otb_diag.pipelines.train_settings import TrainSettings
 
 
-@friendly_errors
-def train(
-    ckpt: CkptOption = None,
-    baseline: Annotated[
-        str,
-        typer.Option(
-            "--baseline",
-            help="Any registry baseline (e.g. mean, rloo, grpo, optseq, otb, otb-loo).",
-        ),
-    ] = "otb",
-    group_size: Annotated[
-        int, typer.Option("--group-size", help="Responses sampled per prompt (N).")
-    ] = 4,
-    aggregation: Annotated[
-        str,
-        typer.Option(
-            "--aggregation",
-            help="How token terms are averaged: token-sum, seq-mean-token-mean, token-mean, "
-            "seq-mean-token-sum-norm.",
-        ),
-    ] = "token-sum",
-    prompts_per_step: Annotated[
-        int, typer.Option("--prompts-per-step", help="Prompts (groups) per step.")
-    ] = 8,
-    lr: Annotated[
-        float, typer.Option("--lr", help="AdamW learning rate (no weight decay).")
-    ] = 1e-4,
-    updates: Annotated[
-        int,
-        typer.Option(
-            "--updates",
-            min=1,
-            help="Optimizer updates to take, one per training step.",
-        ),
-    ] = 20,
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-new-tokens",
-            help="Longest response sampled. Default: the scenario's (default 64, long 400).",
-        ),
-    ] = None,
-    temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature τ.")
-    ] = 1.0,
-    seed: Annotated[
-        int, typer.Option("--seed", help="Seed of prompts and sampling: same seed, same run.")
-    ] = 0,
-    save_every: Annotated[
-        int,
-        typer.Option(
-            "--save-every", help="Save checkpoint-<step> every this many steps (0: last only)."
-        ),
-    ] = 10,
-    max_grad_norm: Annotated[
-        float, typer.Option("--max-grad-norm", help="Clip the gradient norm to this (0: off).")
-    ] = 1.0,
-    out: OutOption = Path("otb-train"),
-    as_json: JsonOption = False,
-    quiet: QuietOption = False,
-    scenario: ScenarioOption = "default",
-) -> None:
+@dataclass(frozen=True)
+class TrainRun:
+    ckpt: list[Path] | None = knob(None, CKPT)
+    max_new_tokens: int | None = knob(
+        None, help="Longest response sampled. Default: the scenario's (default 64, long 400)."
+    )
+    out: Path = knob(Path("otb-train"), OUT_DIR)
+    as_json: bool = knob(False, JSON)
+    quiet: bool = knob(False, QUIET)
+    scenario: str = scenario_knob()
+
+
+@command
+def train(run: TrainRun, settings: TrainSettings) -> None:
     """Policy-gradient RL on a lab task from a lab checkpoint: the scenario's prompts (default:
     copy / reverse / sort digits; long: running sums with a scratchpad) with fresh digits.
 
@@ -98,28 +44,13 @@ def train(
 
     Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
-    from otb_diag.io.scenarios import default_checkpoint
+    from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
     from otb_diag.pipelines.rl_training import format_summary, scenario_settings
     from otb_diag.pipelines.rl_training import train as run_training
 
-    settings = scenario_settings(
-        scenario,
-        baseline=baseline,
-        aggregation=aggregation,
-        group_size=group_size,
-        prompts_per_step=prompts_per_step,
-        steps=updates,
-        lr=lr,
-        max_grad_norm=max_grad_norm,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        save_every=save_every,
-        seed=seed,
-    )
-    given = one_checkpoint(ckpt, "training starts from one checkpoint")
-    start = or_default(given, lambda: default_checkpoint(scenario), "--ckpt")
-    summary = run_training(start, out, settings, progress=not quiet)
-    if as_json:
-        print_json(summary)
-    else:
-        typer.echo(format_summary(summary))
+    lab = scenario_settings(run.scenario, max_new_tokens=run.max_new_tokens)
+    settings = replace(settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens)
+    given = one_checkpoint(run.ckpt, "training starts from one checkpoint")
+    start = checkpoint_or_default(given, run.scenario, note)
+    summary = run_training(start, run.out, settings, progress=not run.quiet)
+    show(summary, run.as_json, lambda: format_summary(summary))

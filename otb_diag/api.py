@@ -36,6 +36,7 @@ from otb_diag.maths.estimators.registry import (
     register_baseline as register_baseline,  # re-exported
 )
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.policy.forward_pass import checkpoint_stats
 
@@ -67,8 +68,8 @@ def token_statistics(
     checkpoint: Checkpoint,
     batch: ResponseBatch,
     *,
-    batch_tokens: int = 16384,
-    chunk_size: int = 256,
+    batch_tokens: int = EnergySettings.batch_tokens,
+    chunk_size: int = EnergySettings.chunk_size,
 ) -> TokenStats:
     """Per-token statistics under the checkpoint, each `[B, T]` fp32 (docs/theory.md §2): `logprob`
     log p_t, `prob`, `sum_pi2` Σ_v π_t(v)², `entropy`, the logit-gradient proxy

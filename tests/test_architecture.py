@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK = {
     "__init__": 0,  # the package root: `__version__`, and the API names it resolves lazily
     "errors": 0,
+    "knobs": 0.5,  # the knob fields of the settings dataclasses (may use errors)
     "maths": 1,
     "dynamics": 1,
     "runtime": 2,

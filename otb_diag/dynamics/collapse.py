@@ -49,41 +49,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from otb_diag.dynamics.detection_rule import DetectionRule as DetectionRule  # re-exported
+
 MAD_TO_SD = 1.4826  # MAD of a normal sample times this estimates its standard deviation
-
-
-@dataclass(frozen=True)
-class DetectionRule:
-    """Parameters of the collapse and lead-time rules (see the module docstring)."""
-
-    window: int = 30
-    min_points: int = 10
-    threshold: float = 6.0
-    persist: int = 3
-    lead_threshold: float = 3.0
-    lead_horizon: int = 50
-    min_scale: float = 0.05
-    smooth: int = 5
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_points <= self.window:
-            raise ValueError("need 1 <= min_points <= window")
-        if self.persist < 1 or self.lead_horizon < 1 or self.smooth < 1:
-            raise ValueError("persist, lead_horizon and smooth must be at least 1")
-        if self.min_scale <= 0:
-            raise ValueError("min_scale must be positive")
-
-    def describe(self) -> str:
-        """The rule in one paragraph, for collapse.json and the printed summary."""
-        return (
-            f"collapse: first of {self.persist} consecutive logged points with robust z of "
-            f"log grad_norm > {self.threshold:g}, z = (x - median) / max(1.4826 MAD, "
-            f"{self.min_scale:g}) over the previous {self.window} points (at least "
-            f"{self.min_points}); warning: the same on the variance proxy with z > "
-            f"{self.lead_threshold:g}, starting within the {self.lead_horizon} points up to "
-            f"the collapse; lead = collapse step - warning step; tokens to target: first "
-            f"tokens_sampled where the trailing {self.smooth}-point mean score >= target"
-        )
 
 
 def robust_z(x: np.ndarray, window: int, min_points: int, min_scale: float) -> np.ndarray:

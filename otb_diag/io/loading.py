@@ -4,50 +4,18 @@ every command that measures rollouts under a checkpoint."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
-from otb_diag.io.checkpoint import Checkpoint, load_checkpoint
+from otb_diag.io.checkpoint import Checkpoint
+from otb_diag.io.load_options import LoadOptions as LoadOptions  # re-exported
 from otb_diag.io.provenance import directory_sha256, file_sha256
 from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
 from otb_diag.io.rollouts.stream import read_set
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.runtime.devices import device_map_kwargs, resolve_device
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
-    and how text prompts are tokenized (--chat-template)."""
-
-    device: str = "auto"
-    dtype: str = "auto"
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    chat_template: bool = False
-    device_map: str | None = None
-
-    def check(self) -> None:
-        """Raise `InputError` now, before anything is read or written, for a device this
-        machine does not have."""
-        if self.device_map is None:
-            resolve_device(self.device)
-        else:
-            device_map_kwargs(self.device_map)
-
-    def load(self, path: Path) -> Checkpoint:
-        """The checkpoint at `path`, loaded as these options say."""
-        return load_checkpoint(
-            path,
-            device=self.device,
-            device_map=self.device_map,
-            dtype=self.dtype,
-            allow_pickle=self.allow_pickle,
-            trust_remote_code=self.trust_remote_code,
-        )
 
 
 def load_rollouts(

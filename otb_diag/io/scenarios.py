@@ -12,14 +12,26 @@ Each scenario is a directory `otb_diag/lab/<name>/` with `checkpoints/checkpoint
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from otb_diag.errors import InputError
+from otb_diag.knobs import knob
 
 LAB_DIR = Path(__file__).resolve().parent.parent / "lab"
 SCENARIOS = ("default", "long")
 DEFAULT_DIR = LAB_DIR / "default"
 DEFAULT_ROLLOUTS = DEFAULT_DIR / "rollouts.jsonl"
 DEFAULT_TIR_ROLLOUTS = DEFAULT_DIR / "rollouts_tir.jsonl"
+
+
+def scenario_knob() -> Any:
+    """The `--scenario` field, declared once for every command that takes one."""
+    return knob(
+        SCENARIOS[0],
+        help="Embedded scenario, which also supplies an omitted --ckpt / --rollouts: default "
+        "(copy, reverse, sort digits; responses of 4-45 tokens) or long (running sums with a "
+        "written scratchpad; responses of 20-400 tokens, 16 prompts x 128).",
+    )
 
 
 def check_scenario(scenario: str) -> str:

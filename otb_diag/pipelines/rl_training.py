@@ -40,7 +40,6 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from otb_diag.io.loading import load_rollouts
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import check_scenario
-from otb_diag.lab.build import SCENARIOS, LabConfig
+from otb_diag.lab.build import SCENARIOS
 from otb_diag.lab.sample import sample_groups
 from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
@@ -66,6 +65,7 @@ from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.surrogate_loss import surrogate_loss
 
@@ -91,24 +91,6 @@ METRIC_KEYS = (
 
 # What the printed summary compares between the first and the last steps.
 _SUMMARY_KEYS = ("mean_reward", "grad_norm", "entropy", "mean_response_length")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Every knob of `otb-diag train` (the CLI's options, with the same defaults)."""
-
-    baseline: str = "otb"
-    aggregation: str = "token-sum"
-    group_size: int = 4
-    prompts_per_step: int = 8
-    steps: int = 20
-    lr: float = 1e-4
-    max_grad_norm: float = 1.0  # 0 turns clipping off
-    temperature: float = 1.0
-    max_new_tokens: int = LabConfig.max_new_tokens
-    save_every: int = 10  # 0: only after the last step
-    seed: int = 0
-    prompt_cells: tuple[tuple[str, int], ...] = LabConfig.rollout_prompts
 
 
 def scenario_settings(scenario: str, **overrides: Any) -> TrainSettings:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.policy.sampling_options import Sampling as Sampling  # re-exported
 
 
 def row_seed(seed: int, prompt_index: int, sample: int) -> int:
@@ -34,22 +35,6 @@ def row_seed(seed: int, prompt_index: int, sample: int) -> int:
     a hash, so neighbouring seeds give unrelated streams and a resumed run draws the same."""
     digest = hashlib.sha256(f"otb-diag-sample:{seed}:{prompt_index}:{sample}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling settings: temperature τ > 0, `top_k` (0 = off), `top_p` (1.0 = off)."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-
-    @property
-    def from_policy(self) -> bool:
-        """Whether samples come from `softmax(z/τ)` itself (no truncation), as the variance
-        theory assumes."""
-        return self.top_k == 0 and self.top_p >= 1.0
 
 
 def truncate(z: Tensor, top_k: int, top_p: float) -> Tensor:

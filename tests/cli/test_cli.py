@@ -108,7 +108,7 @@ WORDED_PER_COMMAND = {
 
 
 def test_an_option_name_is_declared_one_way_in_every_command() -> None:
-    """--ckpt, --rollouts, --steps, --json, --device, --scenario ... come from cli/common.py:
+    """--ckpt, --rollouts, --steps, --json, --device, --scenario ... are each declared once:
     the same help, the same repeatability and type wherever they appear."""
     import typer.main
 

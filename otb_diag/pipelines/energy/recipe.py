@@ -5,44 +5,19 @@ or Ctrl-C never leaves a half-written output directory."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json
-from otb_diag.io.loading import LoadOptions, rollouts_record
+from otb_diag.io.loading import rollouts_record
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.maths.estimators.registry import baseline_names, get_baseline, resolve_name
+from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import session
-
-
-@dataclass(frozen=True)
-class EnergySettings:
-    """Every knob of `otb-diag energy` (the CLI's options, with the same defaults)."""
-
-    baselines: tuple[str, ...] = field(default_factory=lambda: baseline_names(defaults_only=True))
-    temperature: float | None = None  # overrides the rollouts' own τ when set
-    batch_tokens: int = 16384
-    chunk_size: int = 256
-    group: str | None = None
-    handle_zero_tail: bool = True
-    tir: bool | None = None  # None: on when any response holds tool output (mask 0)
-    load: LoadOptions = LoadOptions()
-    steps: str | None = None  # "A-B": only rows of these training steps
-    reward_columns: tuple[str, ...] | None = None  # TRL completion logs: the reward's columns
-    trainer_baseline: str | None = None  # audit the trainer's advantages against this baseline
-
-    def check(self) -> None:
-        """Raise `InputError` now, before anything is read or written, for a baseline the
-        registry does not know (the CLI and the API get the same error)."""
-        for name in self.baselines:
-            get_baseline(name)  # lists the known ones
-        if self.trainer_baseline is not None:
-            resolve_name(self.trainer_baseline)  # a registry or verl adv_estimator name
 
 
 def run_energy(

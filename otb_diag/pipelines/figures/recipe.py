@@ -29,6 +29,7 @@ from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
+from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
@@ -81,16 +82,11 @@ class FigurePlan:
 
 
 def run_figures(
-    out: Path,
-    *,
-    quick: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-    scenario: str = "default",
-    jobs: int = 1,
+    out: Path, settings: FiguresSettings = FiguresSettings(), *, progress: bool = True
 ) -> dict[str, Any]:
-    """Regenerate every figure of `scenario` into `out`; returns (and writes as
-    `figures.json`) a record of what made each file. `jobs` trainings run at once."""
+    """Regenerate every figure of `settings.scenario` into `out`; returns (and writes as
+    `figures.json`) a record of what made each file. `settings.jobs` trainings run at once."""
+    quick, seed, scenario, jobs = settings.quick, settings.seed, settings.scenario, settings.jobs
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)

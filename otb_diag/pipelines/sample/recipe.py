@@ -33,17 +33,19 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json, write_jsonl
-from otb_diag.io.loading import LoadOptions
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
-from otb_diag.pipelines.sample.verifiers import Verifier, get_verifier, require_math_verify
-from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
+from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
+from otb_diag.pipelines.sample.verifiers import (
+    Verifier,
+)
+from otb_diag.policy.sampling import row_seed, sample_batch
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, agreed, session
 
@@ -52,50 +54,14 @@ ROLLOUTS = "rollouts.jsonl"
 MANIFEST = "manifest.json"
 
 
-@dataclass(frozen=True)
-class SampleSettings:
-    """Everything that decides the pools (and so must match on `--resume`), plus how to load."""
-
-    n: int = 64
-    sampling: Sampling = field(default_factory=Sampling)
-    seed: int = 0
-    verifier: str = "last-number"
-    prompt_column: str = "prompt"
-    answer_column: str | None = None
-    chat_template: bool = True
-    batch_tokens: int = 32768
-    load: LoadOptions = field(default_factory=LoadOptions)
-
-    def check(self) -> Verifier:
-        """Raise `InputError` for a bad setting before anything is read; returns the verifier."""
-        s = self.sampling
-        problems = [
-            (self.n < 1, "n", f"--n must be at least 1, got {self.n}"),
-            (
-                not s.temperature > 0,
-                "temperature",
-                f"--temperature must be > 0, got {s.temperature}",
-            ),
-            (not 0 < s.top_p <= 1, "top-p", f"--top-p must lie in (0, 1], got {s.top_p}"),
-            (s.top_k < 0, "top-k", f"--top-k must be ≥ 0 (0 = off), got {s.top_k}"),
-            (s.max_new_tokens < 1, "max-new-tokens", "--max-new-tokens must be at least 1"),
-            (self.batch_tokens < 1, "batch-tokens", "--batch-tokens must be at least 1"),
-        ]
-        for bad, name, message in problems:
-            if bad:
-                raise InputError(message, field=name)
-        self.load.check()
-        verifier = get_verifier(self.verifier)
-        require_math_verify(self.verifier)
-        return verifier
-
-    def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the run it continues."""
-        record = asdict(self)
-        record.pop("load")
-        record.update(record.pop("sampling"))  # temperature, top_k, top_p, max_new_tokens
-        record["dtype"] = self.load.dtype
-        return record
+def format_manifest(manifest: dict[str, Any], out: Path) -> str:
+    """The lines `rollouts sample` prints: what was sampled, how fast, and where it went."""
+    return (
+        f"sampled {manifest['responses']} responses to {manifest['prompts_count']} prompts "
+        f"({manifest['generated_tokens']} tokens, {manifest['truncated']} truncated) in "
+        f"{manifest['seconds']:.1f} s; mean reward {manifest['mean_reward']:.3f}\n"
+        f"wrote {out / ROLLOUTS} and {out / MANIFEST}"
+    )
 
 
 def plan_batches(

@@ -40,6 +40,7 @@ class Entry:
     arg: str | None = None  # what ARG means in NAME:ARG, None when it takes none
     arg_required: bool = False
     help: str = ""
+    extra: str | None = None  # the otb-diag extra it needs installed (`pip install otb-diag[X]`)
 
 
 VERIFIERS: dict[str, Entry] = {}
@@ -52,13 +53,14 @@ def register_verifier(
     arg: str | None = None,
     arg_required: bool = False,
     help: str = "",
+    extra: str | None = None,
 ) -> Callable[[VerifierFn], VerifierFn]:
     """Decorator adding `fn` to the registry under `name` (once)."""
 
     def decorator(fn: VerifierFn) -> VerifierFn:
         if name in VERIFIERS:
             raise ValueError(f"verifier '{name}' is already registered to {VERIFIERS[name].fn}")
-        VERIFIERS[name] = Entry(name, fn, needs_answer, arg, arg_required, help)
+        VERIFIERS[name] = Entry(name, fn, needs_answer, arg, arg_required, help, extra)
         return fn
 
     return decorator
@@ -66,6 +68,21 @@ def register_verifier(
 
 def verifier_names() -> tuple[str, ...]:
     return tuple(VERIFIERS)
+
+
+def verifier_usage() -> str:
+    """How `--verifier` is spelled, from the registry: `exact, last-number[:TOL], regex:PATTERN,
+    ... or a function file.py:fn / module:fn`."""
+    specs = [
+        e.name
+        + (f":{e.arg.upper()}" if e.arg_required else f"[:{e.arg.upper()}]" if e.arg else "")
+        + (f" (needs otb-diag[{e.extra}])" if e.extra else "")
+        for e in VERIFIERS.values()
+    ]
+    return (
+        f"{', '.join(specs)}, or a function file.py:fn / module:fn called as "
+        "fn(prompt, response, answer) -> float"
+    )
 
 
 @dataclass(frozen=True)
@@ -262,6 +279,7 @@ def regex(prompt: str, response: str, answer: str | None, arg: str | None) -> fl
 
 @register_verifier(
     "math",
+    extra="math",
     help="Hugging Face math-verify: 1 when the response's final answer is mathematically "
     "equal to the answer (needs `pip install 'otb-diag[math]'`)",
 )

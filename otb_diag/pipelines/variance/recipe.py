@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json, write_with
 from otb_diag.io.loading import (
-    LoadOptions,
     checkpoint_record,
     load_rollouts,
     response_tokens,
@@ -26,13 +24,10 @@ from otb_diag.io.loading import (
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.maths.estimators.advantages import Estimator
-from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error
 from otb_diag.maths.variance.knee import noise_table, recommend
 from otb_diag.maths.variance.paired_draws import (
-    DEFAULT_AGGREGATIONS,
-    DEFAULT_GROUP_SIZES,
     default_specs,
     paired_estimates,
     variance_table,
@@ -40,6 +35,7 @@ from otb_diag.maths.variance.paired_draws import (
 from otb_diag.pipelines.variance.measure import Measured, full_record, measure
 from otb_diag.pipelines.variance.measure import fidelity_rows as fidelity_rows_of
 from otb_diag.pipelines.variance.measure import response_tokens_for_balance as balance_size
+from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.pipelines.variance.summary import (
     headline,
     knee_rows,
@@ -48,60 +44,9 @@ from otb_diag.pipelines.variance.summary import (
 )
 from otb_diag.plots import variance as plots_variance
 from otb_diag.plots.style import save_figure
-from otb_diag.policy.scores.cost import DEFAULT_BUDGET_S
 from otb_diag.policy.scores.token_scores import proxy_scores
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, session
-
-MODES = ("proxy", "head", "full")
-ENGINES = ("auto", "jvp", "vjp")
-
-
-@dataclass(frozen=True)
-class VarianceSettings:
-    """Every knob of `otb-diag variance-compare` (the CLI's options, same defaults)."""
-
-    modes: tuple[str, ...] = ("proxy", "head")
-    baselines: tuple[str, ...] = field(default_factory=lambda: baseline_names(defaults_only=True))
-    aggregations: tuple[str, ...] = DEFAULT_AGGREGATIONS
-    group_sizes: tuple[int, ...] = DEFAULT_GROUP_SIZES
-    draws: int = 200
-    bootstrap: int = 1000
-    sketch_dim: int = 256
-    seed: int = 0
-    force: bool = False
-    temperature: float | None = None
-    steps: str | None = None  # "A-B": only rollout rows of training steps A to B
-    reward_columns: tuple[str, ...] | None = None  # TRL completion logs: columns summed
-    batch_tokens: int = 16384
-    chunk_size: int = 256
-    handle_zero_tail: bool = True
-    tir: bool | None = None  # None: on when any response holds tool output (mask 0)
-    load: LoadOptions = LoadOptions()
-    engine: str = "auto"  # full mode: auto, jvp (forward mode) or vjp (reverse mode)
-    params: str | None = None  # full mode: regular expression selecting parameters by name
-    by_block: bool = False  # full mode: variance per parameter block (variance_blocks.csv)
-    directions_per_block: int | None = None  # default ⌈sketch_dim / blocks⌉
-    budget_s: float | None = DEFAULT_BUDGET_S  # full mode refuses longer runs unless force
-    prompts_per_step: int | None = None  # the batch the SNR is given at (default: the pool's P)
-    current_n: int = 8  # the group size the user trains with: the recommendation's reference
-
-    def check(self) -> None:
-        """Raise `InputError` now, before anything is read or written, for a mode, engine or
-        budget the run could not honour (the CLI and the API get the same error)."""
-        unknown = [m for m in self.modes if m not in MODES]
-        if unknown or not self.modes:
-            raise InputError(
-                f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}", field="mode"
-            )
-        if self.engine not in ENGINES:
-            raise InputError(
-                f"unknown engine '{self.engine}'; choose {', '.join(ENGINES)}", field="engine"
-            )
-        if self.budget_s is not None and not self.budget_s > 0:
-            raise InputError(f"budget must be positive, got {self.budget_s} s", field="budget")
-        for name in self.baselines:
-            get_baseline(name)  # an unknown name stops here, listing the known ones
 
 
 def run_variance(

@@ -1,0 +1,62 @@
+"""How checkpoints are loaded and text prompts tokenized: the options every command that loads a
+checkpoint shares, declared once (no torch at import: the command line is built from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from otb_diag.knobs import knob
+
+if TYPE_CHECKING:
+    from otb_diag.io.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
+    and how text prompts are tokenized (--chat-template)."""
+
+    device: str = knob(
+        "auto",
+        help="auto (cuda, then mps, then cpu; the choice is said on stderr), cpu, cuda, cuda:1, "
+        "mps. Under torchrun each rank takes cuda:<LOCAL_RANK>.",
+    )
+    dtype: str = knob("auto", help="auto (the checkpoint's), float32, bfloat16, float16.")
+    allow_pickle: bool = knob(False, help="Allow pickled weights (pytorch_model.bin).")
+    trust_remote_code: bool = knob(False, help="Allow model code shipped with the ckpt.")
+    chat_template: bool = knob(
+        False,
+        help="Tokenize each text prompt as one user turn through the tokenizer's chat "
+        "template, with the generation prompt (as chat trainers do).",
+    )
+    device_map: str | None = knob(
+        None,
+        help="Spread a checkpoint too large for one GPU over devices with accelerate: auto "
+        "(every visible GPU, then CPU offload) or a list such as cuda:0,cuda:1,cpu. Replaces "
+        "--device; not under torchrun.",
+    )
+
+    def check(self) -> None:
+        """Raise `InputError` now, before anything is read or written, for a device this
+        machine does not have."""
+        from otb_diag.runtime.devices import device_map_kwargs, resolve_device
+
+        if self.device_map is None:
+            resolve_device(self.device)
+        else:
+            device_map_kwargs(self.device_map)
+
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint at `path`, loaded as these options say."""
+        from otb_diag.io.checkpoint import load_checkpoint
+
+        return load_checkpoint(
+            path,
+            device=self.device,
+            device_map=self.device_map,
+            dtype=self.dtype,
+            allow_pickle=self.allow_pickle,
+            trust_remote_code=self.trust_remote_code,
+        )

@@ -1,0 +1,64 @@
+"""The checkpoints and rollouts a command was given, or the embedded scenario's in their place
+(said through `say`, so the user knows which files were measured)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from otb_diag.errors import InputError
+from otb_diag.io.scenarios import default_checkpoint, default_rollouts
+
+Say = Callable[[str], None]
+
+
+def or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
+    """`value`, or the embedded default with a note saying it was used. `default` is called
+    only then: finding a scenario's files fails when it is not shipped, which must not matter
+    to a user who named their own."""
+    if value is not None:
+        return value
+    path = default()
+    say(f"no {what} given: using the embedded default {path}")
+    return path
+
+
+def rollouts_or_default(
+    rollouts: Path | None, scenario: str, say: Say, what: str = "--rollouts"
+) -> Path:
+    return or_default(rollouts, lambda: default_rollouts(scenario), what, say)
+
+
+def checkpoint_or_default(ckpt: Path | None, scenario: str, say: Say, what: str = "--ckpt") -> Path:
+    return or_default(ckpt, lambda: default_checkpoint(scenario), what, say)
+
+
+def checkpoint_dirs(ckpt: list[Path] | None, scenario: str, say: Say) -> list[Path]:
+    """Every checkpoint the --ckpt options name (run directories expanded, oldest first), or
+    the scenario's embedded final checkpoint, with a note, when none is given."""
+    from otb_diag.io.checkpoint import find_checkpoints  # torch: not when only parsing
+
+    dirs = ckpt or [checkpoint_or_default(None, scenario, say)]
+    return [c for d in dirs for c in find_checkpoints(d)]
+
+
+def one_checkpoint(ckpt: list[Path] | None, why: str) -> Path | None:
+    """The single --ckpt a command that uses one checkpoint was given (None when omitted); more
+    than one is an `InputError` that says why only one is meaningful."""
+    if ckpt and len(ckpt) > 1:
+        names = ", ".join(str(c) for c in ckpt)
+        raise InputError(
+            f"{len(ckpt)} --ckpt given ({names}), but {why}: give one --ckpt", field="--ckpt"
+        )
+    return ckpt[0] if ckpt else None
+
+
+def one_rollouts(positional: Path | None, option: Path | None) -> Path | None:
+    """The rollouts named either positionally or by --rollouts (an alias); both, naming
+    different paths, is an `InputError`."""
+    if positional is not None and option is not None and positional != option:
+        raise InputError(
+            f"rollouts given twice, as {positional} and as --rollouts {option}: give one",
+            field="--rollouts",
+        )
+    return option if option is not None else positional

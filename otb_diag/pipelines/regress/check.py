@@ -1,0 +1,72 @@
+"""`otb-diag regress` as one call: collect the run's metrics, then either rewrite the golden file
+(`--update`) or compare with it (and write the JUnit report); the outcome says what to print and
+the exit status (1 when a metric moved)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from otb_diag.pipelines.regress import recipe as lib
+from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
+from otb_diag.pipelines.regress.settings import RegressSettings
+
+EXIT_REGRESSION = 1
+NO_COMMON_NAME = (
+    "no metric name in common: names carry the path below --current (energy/proxies/...), so "
+    "point --current at the level the golden was made from"
+)
+
+
+@dataclass(frozen=True)
+class RegressOutcome:
+    """What a regress run found: the compared `rows` (None after `--update`, which compares
+    nothing and says what it wrote in `message`), `notes` for stderr and the exit status."""
+
+    rows: tuple[lib.Row, ...] | None
+    message: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        failed = self.rows is not None and any(r.status != "pass" for r in self.rows)
+        return EXIT_REGRESSION if failed else 0
+
+    def format(self, *, every: bool = False) -> str:
+        """The table (only the failing metrics unless `every`), or `message` after an update."""
+        return self.message if self.rows is None else lib.format_rows(self.rows, every=every)
+
+    def to_json(self) -> dict[str, Any]:
+        rows = self.rows or ()
+        return {"counts": lib.counts(rows), "rows": [r.to_json() for r in rows]}
+
+
+def run_regress(settings: RegressSettings) -> RegressOutcome:
+    """Compare the run under `settings.current` with the golden file, or rewrite it."""
+    metrics = collect_metrics(settings.current)
+    if settings.update:
+        return _update(settings, metrics)
+    rows = tuple(
+        lib.compare(
+            lib.load_golden(settings.golden),
+            metrics,
+            lib.load_tolerances(settings.tolerances) if settings.tolerances is not None else (),
+        )
+    )
+    if settings.junit is not None:
+        lib.write_junit(settings.junit, rows)
+    unrelated = rows and all(r.status in ("missing", "extra") for r in rows)
+    return RegressOutcome(rows, notes=(NO_COMMON_NAME,) if unrelated else ())
+
+
+def _update(settings: RegressSettings, metrics: dict[str, Metric]) -> RegressOutcome:
+    notes = ("--update compares nothing: no --junit report written",) if settings.junit else ()
+    golden = settings.golden
+    old = lib.load_golden(golden) if golden.exists() else None
+    lib.write_golden(golden, metrics, lib.run_provenance(settings.current))
+    if old is None:
+        return RegressOutcome(None, f"created {golden} with {len(metrics)} metrics", notes)
+    changes = lib.golden_changes(old, metrics)
+    lines = [lib.format_changes(changes)] if changes else []
+    lines.append(f"updated {golden}: {len(metrics)} metrics, {len(changes)} changed")
+    return RegressOutcome(None, "\n".join(lines), notes)
