@@ -45,8 +45,8 @@ class CollapseWatch:
     """Feed it the gradient norm and the variance proxy of each logged step; `metrics()` says
     where the detector stands (`otb/collapse/...`, docs/live.md)."""
 
-    def __init__(self, rule: DetectionRule = DetectionRule()) -> None:
-        self.rule = rule
+    def __init__(self, rule: DetectionRule | None = None) -> None:
+        self.rule = rule = rule or DetectionRule()
         self.grad = _Series(rule, rule.threshold)
         self.variance = _Series(rule, rule.lead_threshold)
 

@@ -221,10 +221,10 @@ class LiveDiagnostics:
         n, c = x["completion_ids"].shape
         generations = t.num_generations
         prompt_mask = x["prompt_mask"].bool().cpu()
-        prompts = [ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask)]
-        if n % generations or any(
-            prompts[i] != prompts[i - i % generations] for i in range(n)
-        ):
+        prompts = [
+            ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
+        ]
+        if n % generations or any(prompts[i] != prompts[i - i % generations] for i in range(n)):
             raise InputError(
                 f"the step's groups are not whole: {n} rows on this process are not blocks of "
                 f"num_generations={generations} completions of one prompt each.",
