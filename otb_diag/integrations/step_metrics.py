@@ -94,10 +94,25 @@ def response_batch(
         temperature=torch.full((len(length),), float(temperature)),
         step=[step] * len(length),
         is_weights=None,
-        logprobs=cut(logprobs),
-        sum_pi2=cut(sum_pi2),
+        **dict(
+            zip(
+                ("logprobs", "sum_pi2"), round_off_clamped(cut(logprobs), cut(sum_pi2)), strict=True
+            )
+        ),
         trainer_advantage=advantage,
     )
+
+
+def round_off_clamped(logprobs: Tensor, sum_pi2: Tensor) -> tuple[Tensor, Tensor]:
+    """`logprobs`, `sum_pi2` (`[B, T]` float32) with the round-off clamps the rollout reader
+    applies (`io/rollouts/probability_checks.py`): `log p ≤ 0` and `p² ≤ Σπ² ≤ 1`, p² taken in
+    float64 as the reader takes it, so the dumped rows read back as these very tensors. A
+    float32 `exp(log Σπ²)` from the fused head can fall an ulp below `p²` when one token holds
+    nearly all the mass."""
+    logprobs = logprobs.clamp_max(0.0)
+    p_sq = torch.exp(2 * logprobs.double())
+    clamped = torch.minimum(torch.maximum(sum_pi2.double(), p_sq), torch.ones_like(p_sq))
+    return logprobs, torch.where(sum_pi2 > 0, clamped, sum_pi2.double()).to(torch.float32)
 
 
 def check_whole_groups(batch: ResponseBatch, where: str) -> None:

@@ -1,0 +1,171 @@
+"""`attach` on a real TRL `GRPOTrainer` (CPU, embedded checkpoint): the `otb/` metrics reach
+`trainer_state.json` at every step, `otb-diag energy` on a dumped step gives them back
+(model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
+audit, the training's numbers are those of a run without `attach`, and bad input gets one
+clear message before anything changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from otb_diag.cli.main import app
+from trl_toy import GENERATIONS, toy_trainer
+from typer.testing import CliRunner
+
+from otb_diag.errors import InputError
+from otb_diag.integrations.trl import attach
+from otb_diag.io.scenarios import default_checkpoint
+
+pytestmark = pytest.mark.slow  # runs TRL
+runner = CliRunner()
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """3 steps with `attach(dump_dir=...)`, a checkpoint after each; and the final weights."""
+    out = tmp_path_factory.mktemp("trl-live") / "grpo-toy"
+    trainer = toy_trainer(out, STEPS, save_strategy="steps", save_steps=1, save_only_model=True)
+    attach(trainer, dump_dir=out / "otb")
+    trainer.train()
+    return out, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def logged(out: Path) -> list[dict[str, float]]:
+    state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    return [e for e in state["log_history"] if "grad_norm" in e]
+
+
+def energy(rollouts: Path, out: Path, *extra: str) -> dict:
+    args = ["energy", "--rollouts", str(rollouts), "--out", str(out), "--quiet", *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text())
+
+
+def close(a: float, b: float, rel: float, scale: float) -> bool:
+    """|a − b| ≤ rel · max(|a|, |b|, scale): `scale` is the magnitude of the quantities compared
+    (a proxy that is 0 up to rounding, all rewards of its groups being equal, is compared at the
+    scale of the batch's total power)."""
+    return abs(a - b) <= rel * max(abs(a), abs(b), scale)
+
+
+def check_reproduces(
+    summary: dict, metrics: dict[str, float], rel: float, token_level_rel: float | None = None
+) -> None:
+    """energy's summary against the logged metrics at `rel`; the token-level OTB baselines'
+    proxies at `token_level_rel` (default `rel`)."""
+    e = summary["energy"]
+    assert close(e["sequence_energy_mean"], metrics["otb/energy/sequence_mean"], rel, 0)
+    assert close(e["mean_w"], metrics["otb/energy/mean_w"], rel, 0)
+    assert close(e["group_energy_cv_median"], metrics["otb/energy/group_cv_median"], rel, 0)
+    scale = summary["proxies"]["none"]["token_total_power"]  # E_i[W_i R_i²]
+    for baseline, proxies in summary["proxies"].items():
+        for name in ("proxy2_total_power", "token_total_power", "expected_a_squared"):
+            key = f"otb/proxy/{baseline}/{name}"
+            tol = token_level_rel if baseline.startswith("otb") and token_level_rel else rel
+            assert close(proxies[name], metrics[key], tol, scale), (key, proxies[name])
+
+
+def test_every_step_logs_otb_metrics(live_run) -> None:
+    out, _ = live_run
+    entries = logged(out)
+    assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
+    for e in entries:
+        assert e["otb/sum_pi2_from_loss_logits"] == 1.0  # TRL 1.16's fused head gave Σπ²
+        assert e["otb/energy/sequence_mean"] > 0
+        assert e["otb/audit/agrees"] == 1.0, e["otb/audit/max_abs_diff"]  # TRL's advantages
+        assert e["otb/collapse/alarm"] == 0.0
+    files = sorted(p.name for p in (out / "otb").iterdir())
+    assert files == [f"step_{s:06d}.jsonl" for s in range(1, STEPS + 1)]
+
+
+def test_model_free_energy_reproduces_the_logged_step(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    for entry in logged(out):
+        step = entry["step"]
+        summary = energy(
+            out / "otb" / f"step_{step:06d}.jsonl", tmp_path / str(step), "--model-free"
+        )
+        assert summary["totals"]["responses"] == 8
+        check_reproduces(summary, entry, rel=1e-6)
+
+
+def test_energy_with_the_steps_checkpoint_reproduces_it(live_run, tmp_path: Path) -> None:
+    """Step s was sampled and trained by the weights after step s − 1 (the embedded checkpoint
+    for step 1); energy's own forward agrees with the loss's logits to 1e-4.
+
+    Except OTB's token-level baseline, at 1e-2: the logged `w = 1 − 2p + Σπ²` comes from
+    float32 `log p` and `Σπ²` (all a rollout file holds), which resolve w only in steps of
+    2⁻²⁴ ≈ 6e-8, while energy's forward sums `(1 − p)² + Σ_{v≠y} π²` from the logits without
+    cancellation. The toy model's first tokens have p ≈ 0.9996 and w ≈ 2e-7, known to ±30 %;
+    OTB's baseline at t = 1 weighs the rewards by exactly those w, and its proxies moved by
+    2.7e-3 (relative) on step 3 of this run. `energy --model-free` has the same limit."""
+    out, _ = live_run
+    for entry in logged(out):
+        step = entry["step"]
+        ckpt = default_checkpoint() if step == 1 else out / f"checkpoint-{step - 1}"
+        rollouts = out / "otb" / f"step_{step:06d}.jsonl"
+        summary = energy(rollouts, tmp_path / str(step), "--ckpt", str(ckpt))
+        check_reproduces(summary, entry, rel=1e-4, token_level_rel=1e-2)
+
+
+def test_dump_directory_reads_as_rollouts(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    result = runner.invoke(app, ["rollouts", "inspect", str(out / "otb"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["files"], summary["rows"]) == (STEPS, STEPS * 8)
+    assert summary["group_size"]["counts"] == {str(GENERATIONS): STEPS * 8 // GENERATIONS}
+    assert summary["steps"] == list(range(1, STEPS + 1))
+
+
+def test_training_is_untouched(live_run, tmp_path: Path) -> None:
+    """The same seed without `attach` ends on the same weights, bit for bit."""
+    _, weights = live_run
+    plain = toy_trainer(tmp_path / "plain", STEPS)
+    plain.train()
+    for name, value in plain.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+
+
+def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import otb_diag.integrations.trl as live
+
+    def broken(*_: object, **__: object) -> dict:
+        raise InputError("the step's groups are not whole (simulated)")
+
+    monkeypatch.setattr(live, "step_metrics", broken)
+    trainer = toy_trainer(tmp_path / "run", 2)
+    diagnostics = attach(trainer)
+    with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
+        trainer.train()
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 2
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+
+
+def test_bad_input_is_refused_before_anything_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trl import GRPOTrainer
+
+    with pytest.raises(InputError, match="takes a trl.GRPOTrainer; got a dict"):
+        attach({})
+    trainer = toy_trainer(tmp_path / "run", 1)
+    before = dict(vars(trainer))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(InputError, match="dump directory cannot be written"):
+        attach(trainer, dump_dir=blocker / "dumps")
+    with pytest.raises(InputError, match="every must be a whole number"):
+        attach(trainer, every=0)
+    monkeypatch.delattr(GRPOTrainer, "_compute_loss")
+    with pytest.raises(InputError, match="has no _compute_loss, the hook"):
+        attach(trainer)
+    assert vars(trainer).keys() == before.keys()  # no hook installed
