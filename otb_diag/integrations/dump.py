@@ -2,11 +2,12 @@
 
 `dump_dir/step_{step:06d}.jsonl` holds one row per response in the project's rollout format
 (README "Rollout format"): `group`, `step`, `prompt_ids`, `response_ids`, `reward` (or
-`token_rewards`), `trainer_advantage`, the policy's `logprobs` and `sum_pi2`, `temperature`, and
-`mask` where some token was not generated. Each file is written to a temporary name and renamed
-(`io/atomic.py`), so a reader of the directory, while the run goes or after it crashed, sees
-whole steps only, and every otb-diag command reads the directory as it is
-(`energy --model-free --rollouts dump_dir`, `variance-compare`, `rollouts inspect`, `report`).
+`token_rewards`), `trainer_advantage`, the policy's `logprobs` and `sum_pi2`, `is_weights`
+(verl, off-policy), `temperature`, and `mask` where some token was not generated. Each file is
+written to a temporary name and renamed (`io/atomic.py`), so a reader of the directory, while
+the run goes or after it crashed, sees whole steps only, and every otb-diag command reads the
+directory as it is (`energy --model-free --rollouts dump_dir`, `variance-compare`,
+`rollouts inspect`, `report`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def batch_rows(batch: ResponseBatch) -> list[dict[str, Any]]:
             "reward": float(batch.reward[i]),
             "logprobs": batch.logprobs[i, :n].tolist() if batch.logprobs is not None else None,
             "sum_pi2": batch.sum_pi2[i, :n].tolist() if batch.sum_pi2 is not None else None,
+            "is_weights": batch.is_weights[i, :n].tolist()
+            if batch.is_weights is not None
+            else None,
             "temperature": float(batch.temperature[i]),
         }
         mask = batch.mask[i : i + 1, :n]  # [1, n]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,7 +25,7 @@ from otb_diag.errors import InputError
 from otb_diag.maths.energy.tables import energy_tables
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, has_tool_output
-from otb_diag.maths.estimators.registry import baseline_names, trainer_baseline
+from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
@@ -50,6 +51,7 @@ def response_batch(
     reward: Tensor | None = None,
     token_rewards: Tensor | None = None,
     trainer_advantage: Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> ResponseBatch:
     """The `ResponseBatch` that `make_batch` makes of this step's dumped rows.
 
@@ -57,7 +59,8 @@ def response_batch(
     tool_mask (1 on generated tokens, None for all), logprobs, sum_pi2: `[B, C]` right-padded
     (C ≥ the longest `length`); length: `[B]` response tokens; reward: `[B]` outcome rewards or
     token_rewards: `[B, C]` (one of the two); trainer_advantage: `[B]` per response (TRL) or
-    `[B, C]` per token (verl), or None. Tensors on any device; the batch is on the CPU."""
+    `[B, C]` per token (verl), or None; is_weights: `[B, C]` truncated importance weights ρ or
+    None. Tensors on any device; the batch is on the CPU."""
     length = length.detach().cpu().to(torch.long)
     width = int(length.max()) if length.numel() else 0
     valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
@@ -93,7 +96,7 @@ def response_batch(
         reward=(token_rewards * mask).sum(-1),  # R = Σ_t mask_t r_t, as make_batch sums it
         temperature=torch.full((len(length),), float(temperature)),
         step=[step] * len(length),
-        is_weights=None,
+        is_weights=None if is_weights is None else cut(is_weights) + ~valid,  # 1 on padding
         **dict(
             zip(
                 ("logprobs", "sum_pi2"), round_off_clamped(cut(logprobs), cut(sum_pi2)), strict=True
@@ -133,7 +136,7 @@ def check_whole_groups(batch: ResponseBatch, where: str) -> None:
 
 def step_metrics(
     batch: ResponseBatch,
-    trainer: str | None,
+    audited: tuple[str, dict[str, Any]] | None,
     baselines: Sequence[str] | None = None,
     *,
     handle_zero_tail: bool = True,
@@ -142,7 +145,8 @@ def step_metrics(
     --model-free` computes them on the same rows: the energy of each sequence
     `W(τ) = Σ_t mask_t w_t` with `w = (1 − 2p + Σπ²)/τ²`, its within-group spread, every
     baseline's variance proxies and OTB's over the mean baseline's, and the audit of the
-    trainer's advantages against the estimator `trainer` ("trl", "verl") documents."""
+    trainer's advantages against `audited`, the registry baseline and options the trainer
+    runs (`registry.trainer_baseline("trl")`; verl's `adv_estimator`), when given."""
     names = baseline_names(defaults_only=True) if baselines is None else tuple(baselines)
     stats = logged_stats(batch)
     estimator = Estimator(handle_zero_tail, has_tool_output(batch.mask, batch.valid))
@@ -161,9 +165,8 @@ def step_metrics(
     if "otb" in tables.proxies and "mean" in tables.proxies:
         for p in ("proxy2_total_power", "token_total_power"):
             out[f"otb_over_mean/{p}"] = _ratio(tables.proxies["otb"][p], tables.proxies["mean"][p])
-    documented = trainer_baseline(trainer) if trainer else None
-    if batch.trainer_advantage is not None and documented is not None:
-        baseline, options = documented
+    if batch.trainer_advantage is not None and audited is not None:
+        baseline, options = audited
         audit = advantage_audit(
             batch, stats.w, baseline, Estimator(handle_zero_tail, estimator.tir, options=options)
         )

@@ -50,6 +50,7 @@ from otb_diag.integrations.step_metrics import (
     response_batch,
     step_metrics,
 )
+from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
 
@@ -98,7 +99,7 @@ class LiveDiagnostics:
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
-        self.audited_trainer = "trl" if documented else None
+        self.audited = trainer_baseline("trl") if documented else None
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class LiveDiagnostics:
         if not p.from_loss:
             batch = self._batch(p, *self._forward_stats(batch))
         check_whole_groups(batch, f"TRL step {p.step}")
-        metrics = step_metrics(batch, self.audited_trainer, self.baselines)
+        metrics = step_metrics(batch, self.audited, self.baselines)
         if self.dump_dir is not None:
             dump_step(self.dump_dir, batch, p.step)
         proxy = metrics.get(f"{PREFIX}proxy/grpo/proxy2_total_power")
