@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from otb_diag.cli.main import app
@@ -169,3 +170,19 @@ def test_bad_input_is_refused_before_anything_changes(
     with pytest.raises(InputError, match="has no _compute_loss, the hook"):
         attach(trainer)
     assert vars(trainer).keys() == before.keys()  # no hook installed
+
+
+def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    state = out / f"checkpoint-{STEPS}" / "trainer_state.json"
+    result = runner.invoke(app, ["dynamics", "--log", str(state), "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    last = logged(out)[-1]
+    assert run["otb"] == {k: v for k, v in last.items() if k.startswith("otb/")}
+    assert run["variance_proxy_kind"] == "proxy2"  # otb/proxy/grpo/proxy2_total_power
+    table = pd.read_csv(tmp_path / "dynamics.csv")
+    assert table["otb/energy/sequence_mean"].tolist() == [
+        e["otb/energy/sequence_mean"] for e in logged(out)
+    ]
+    assert (tmp_path / "fig_live_otb.png").stat().st_size > 0

@@ -132,3 +132,22 @@ def test_bad_batches_get_one_clear_message() -> None:
         compute_otb_metrics(split)
     with pytest.raises(InputError, match="takes a verl DataProto or a dict"):
         compute_otb_metrics([1, 2, 3])
+
+
+def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
+    """verl's file logger writes `{"step": n, "data": {...}}` lines; the `otb/` metrics logged
+    beside its own come through `dynamics` as columns, a figure and the last values."""
+    lines = []
+    for step in range(1, 4):
+        metrics = compute_otb_metrics(verl_shaped(seed=step), adv_estimator="otb")
+        data = {"actor/grad_norm": 1.0 + step, "critic/score/mean": 0.1 * step, **metrics}
+        lines.append(json.dumps({"step": step, "data": data}))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "dynamics"
+    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["source"] == "verl"
+    assert run["otb"] == {k: v for k, v in metrics.items() if np.isfinite(v)}
+    assert (out / "fig_live_otb.png").stat().st_size > 0
