@@ -150,7 +150,7 @@ def step_metrics(
     names = baseline_names(defaults_only=True) if baselines is None else tuple(baselines)
     stats = logged_stats(batch)
     estimator = Estimator(handle_zero_tail, has_tool_output(batch.mask, batch.valid))
-    tables = energy_tables(batch, stats, names, estimator=estimator)
+    tables = energy_tables(batch, stats, names, estimator=estimator, with_tokens=False)
     seqs, groups = tables.sequences, tables.groups
     out: dict[str, float] = {
         "energy/sequence_mean": float(seqs["energy"].mean()),
