@@ -255,8 +255,8 @@ def fig_live_otb(table: pd.DataFrame, runs: list[dict]) -> Figure:
                 lines = [(rows, column, styles[r], None) for r, rows in present]
                 _log_panel(ax, lines, "energy")
             else:
-                for run, rows in present:
-                    ax.plot(rows["step"], rows[column], **styles[run])
+                for run, rows in present:  # dots too: a step between two NaNs is a lone point
+                    ax.plot(rows["step"], rows[column], marker="o", markersize=2, **styles[run])
             if column.startswith("otb/otb_over_mean"):
                 ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
             ax.set_ylabel(label)
