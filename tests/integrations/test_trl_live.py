@@ -186,3 +186,16 @@ def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
         e["otb/energy/sequence_mean"] for e in logged(out)
     ]
     assert (tmp_path / "fig_live_otb.png").stat().st_size > 0
+
+
+def test_every_k_steps(tmp_path: Path) -> None:
+    """`every=2` over 3 steps: metrics and dumps at steps 1 and 3 only."""
+    trainer = toy_trainer(tmp_path / "run", 3)
+    attach(trainer, every=2, dump_dir=tmp_path / "otb")
+    trainer.train()
+    steps = [e["step"] for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
+    assert steps == [1, 3]
+    assert sorted(p.name for p in (tmp_path / "otb").iterdir()) == [
+        "step_000001.jsonl",
+        "step_000003.jsonl",
+    ]
