@@ -154,6 +154,7 @@ def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
 def test_bad_input_is_refused_before_anything_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import trl
     from trl import GRPOTrainer
 
     with pytest.raises(InputError, match="takes a trl.GRPOTrainer; got a dict"):
@@ -166,6 +167,9 @@ def test_bad_input_is_refused_before_anything_changes(
         attach(trainer, dump_dir=blocker / "dumps")
     with pytest.raises(InputError, match="every must be a whole number"):
         attach(trainer, every=0)
+    monkeypatch.setattr(trl, "__version__", "0.99.0")
+    with pytest.warns(UserWarning, match="tested with TRL 1.16, not 0.99.0"):
+        attach(toy_trainer(tmp_path / "other", 1))
     monkeypatch.delattr(GRPOTrainer, "_compute_loss")
     with pytest.raises(InputError, match="has no _compute_loss, the hook"):
         attach(trainer)
