@@ -16,9 +16,11 @@ Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`):
   extra pass over the logits. Where that forward is not the fused one (a TRL without the field,
   Liger's loss), one extra no-grad forward gives them (`policy/forward_pass.py:checkpoint_stats`);
   `otb/sum_pi2_from_loss_logits` says which (1 or 0).
-- the metrics: `step_metrics.py:step_metrics` (the functions of `otb-diag energy`), appended to
-  the trainer's own metric lists (`trainer._metrics["train"]`), which TRL averages over the
-  logging window and hands to every logger: `trainer_state.json`, W&B, TensorBoard.
+- the metrics: `step_metrics.py:step_metrics` (the functions of `otb-diag energy`), computed on
+  a worker thread while the step's backward pass and optimizer step run, then appended (at the
+  trainer's `on_step_end`, before it logs) to its own metric lists (`trainer._metrics["train"]`),
+  which TRL averages over the logging window and hands to every logger: `trainer_state.json`,
+  W&B, TensorBoard.
 - the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
@@ -34,6 +36,7 @@ import math
 import types
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,8 @@ class LiveDiagnostics:
         self._pending: _Pending | None = None
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
+        self._job: tuple[_Pending, Future] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
         self.audited = trainer_baseline("trl") if documented else None
 
@@ -106,7 +111,7 @@ class LiveDiagnostics:
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
         output = original(inputs)
         if self.enabled and self.trainer.model.training:
-            self._guard(self._start, output)
+            self._guard(self.trainer.state.global_step + 1, self._start, output)
         return output
 
     def rewards(self, original: Callable[..., Tensor], *args: Any) -> Tensor:
@@ -124,7 +129,7 @@ class LiveDiagnostics:
         finally:
             captured, self._captured = self._captured, None
         if live:
-            self._guard(self._take, inputs, rows, captured)
+            self._guard(self._pending.step, self._take, inputs, rows, captured)
         return loss
 
     def capture(self, output: Any) -> None:
@@ -138,9 +143,9 @@ class LiveDiagnostics:
 
     # -- the work ----------------------------------------------------------------------------
 
-    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run `fn`; on any error, say so once and switch the diagnostics off (the training goes
-        on untouched)."""
+    def _guard(self, step: int, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn` (for step `step`); on any error, say so once and switch the diagnostics off
+        (the training goes on untouched)."""
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001  the training must not die of a diagnostic
@@ -148,8 +153,7 @@ class LiveDiagnostics:
             self._pending = None
             what = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
             warnings.warn(
-                f"otb-diag live diagnostics switched off at step "
-                f"{self.trainer.state.global_step + 1}: {what}",
+                f"otb-diag live diagnostics switched off at step {step}: {what}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -203,9 +207,25 @@ class LiveDiagnostics:
         if not p.from_loss:
             batch = self._batch(p, *self._forward_stats(batch))
         check_whole_groups(batch, f"TRL step {p.step}")
+        # The tables are computed beside the backward pass and the optimizer step (torch's
+        # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.
+        self._job = (p, self._worker.submit(self._measure, batch, p.step))
+
+    def _measure(self, batch: ResponseBatch, step: int) -> dict[str, float]:
         metrics = step_metrics(batch, self.audited, self.baselines)
         if self.dump_dir is not None:
-            dump_step(self.dump_dir, batch, p.step)
+            dump_step(self.dump_dir, batch, step)
+        return metrics
+
+    def collect(self) -> None:
+        """Log the step's metrics (the trainer's `on_step_end`, before its `log`)."""
+        if self._job is not None:
+            p, job = self._job
+            self._job = None
+            self._guard(p.step, self._log, p, job)
+
+    def _log(self, p: _Pending, job: Future) -> None:
+        metrics = job.result()  # the worker's error, if any, is raised here
         proxy = metrics.get(f"{PREFIX}proxy/grpo/proxy2_total_power")
         if proxy is not None:
             self.watch.add_variance(p.step, proxy)
@@ -352,8 +372,11 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
 
         model.forward = types.MethodType(capturing, model)
 
-    class _GradNorm(TrainerCallback):
+    class _Live(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            live.collect()
+
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             live.on_log(logs or {}, state.global_step)
 
-    trainer.add_callback(_GradNorm())
+    trainer.add_callback(_Live())
