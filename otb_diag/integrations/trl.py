@@ -79,8 +79,9 @@ class _Pending:
 
 
 class LiveDiagnostics:
-    """What `attach` installs on one trainer; `metrics_history` is not kept (memory stays flat
-    whatever the run's length): the numbers live in the trainer's log."""
+    """What `attach` installs on one trainer. It keeps one batch while the micro-steps train on
+    it, the collapse watch's windows and the last step's metrics (`last`), nothing per step:
+    its memory is the same whatever the run's length, the numbers live in the trainer's log."""
 
     def __init__(
         self,
