@@ -16,10 +16,9 @@ import torch
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
+from otb_diag import api
 from otb_diag.errors import InputError
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
-from otb_diag.io.rollouts.sources import read_rollout_set
-from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.energy.token_stats import stats_from_logits
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index
@@ -101,7 +100,7 @@ def test_dump_reads_back_as_the_same_batch(tmp_path: Path) -> None:
         GROUPS * N, T, generator=torch.Generator().manual_seed(2)
     )
     live = verl_batch(fields, step=3)
-    back = make_batch(read_rollout_set(dump_batch(fields, tmp_path, step=3)))
+    back = api.response_batch(api.read_rollouts(dump_batch(fields, tmp_path, step=3)))
     assert back.group_names == live.group_names
     for name in ("group", "sample", "length", "response_ids", "valid", "mask", "token_rewards",
                  "reward", "temperature", "is_weights", "logprobs", "sum_pi2",
