@@ -23,6 +23,7 @@ RANK = {
     "plots": 5,
     "lab": 6,
     "pipelines": 7,
+    "integrations": 8,  # TRL and verl hooks: call library functions, write dumps
     "api": 8,
     "cli": 8,
     "__main__": 9,

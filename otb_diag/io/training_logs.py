@@ -13,10 +13,13 @@ declared in its module under `otb_diag/io/trainers/` (its signature and key map)
   the logged rows: an export that skips steps undercounts.
 - `trl` (`otb_diag/io/trainers/trl.py:TRL`): a Hugging Face / TRL `trainer_state.json`: the
   `log_history` entries that carry `grad_norm` (evaluation entries and the final summary are
-  skipped), the score summed from the reward functions' keys when `reward` is absent.
+  skipped), the score summed from the reward functions' keys when `reward` is absent, the
+  variance proxy from `otb/proxy/grpo/proxy2_total_power` when
+  `otb_diag.integrations.trl.attach` logged it.
 
 Every run becomes a DataFrame with the columns of `COLUMNS`, NaN (or None) where the log has
-no such key, sorted by step; a step logged twice (a resumed run) keeps its last row.
+no such key, then any `otb/...` metric the live diagnostics logged (docs/live.md), sorted by
+step; a step logged twice (a resumed run) keeps its last row.
 `variance_proxy` holds verl's `proxy2_total_power` when the log has it and `proxy3_pure_noise`
 otherwise; `variance_proxy_kind` says which. proxy2 comes first because it is forward-only:
 proxy3 subtracts the squared gradient norm, so it moves with the very surge it should precede
@@ -57,6 +60,9 @@ COLUMNS = (
     "group_size",
 )
 REQUIRED = ("step", "grad_norm", "score")
+# The live diagnostics' metrics (`otb_diag/integrations/`, docs/live.md) are kept as logged, one
+# column each, after `COLUMNS`, whatever the source.
+OTB_PREFIX = "otb/"
 
 # Canonical field -> keys accepted for it, in order of preference, in our own log (a trainer's
 # are its `Trainer.log_keys`).
@@ -214,6 +220,8 @@ def _tidy(
     frame["baseline"] = _constant(raw, "baseline")
     group_size = _constant(raw, "group_size")
     frame["group_size"] = float(group_size) if group_size is not None else np.nan
+    for key in (c for c in raw.columns if str(c).startswith(OTB_PREFIX)):
+        frame[key] = pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=float)
     frame["_line"] = raw["_line"].to_numpy()
     return _finish(path, frame, found["step"], where)
 
@@ -266,7 +274,8 @@ def _finish(path: Path, frame: pd.DataFrame, step_key: str | None, where: str) -
         raise InputError("row without a step", path=path, field=step_key, **location)
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     frame["step"] = frame["step"].astype(np.int64)
-    return frame[list(COLUMNS)].reset_index(drop=True)
+    live = sorted(c for c in frame.columns if str(c).startswith(OTB_PREFIX))
+    return frame[[*COLUMNS, *live]].reset_index(drop=True)
 
 
 def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from otb_diag.dynamics.collapse import DetectionRule, analyse_run
 from otb_diag.dynamics.units import MIXED_UNITS, proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
-from otb_diag.io.training_logs import read_training_log, with_label
+from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.plots import dynamics as plots_dynamics
 from otb_diag.plots.style import save_figure
 
@@ -92,6 +92,7 @@ def run_dynamics(
                 "final_score_smoothed": float(final.iloc[-1]) if len(final) else None,
                 **result.summary(),
                 **proxy_units(frame),
+                **_live_metrics(frame),
             }
         )
     table = pd.concat(tables, ignore_index=True)
@@ -110,10 +111,23 @@ def run_dynamics(
         "fig2_variance_and_grad_norm": plots_dynamics.fig2_variance_and_grad_norm(table, runs),
         "score_vs_tokens": plots_dynamics.fig_score_vs_tokens(table, runs, target),
     }
+    if any("otb" in r for r in runs):  # a trainer logged the live diagnostics
+        figures["fig_live_otb"] = plots_dynamics.fig_live_otb(table, runs)
     for name, fig in figures.items():
         save_figure(fig, out, name)
     report["outputs"] = str(out.resolve())
     return report
+
+
+def _live_metrics(frame: pd.DataFrame) -> dict[str, Any]:
+    """`{"otb": {metric: its last logged value}}` when the log has the live diagnostics'
+    metrics (docs/live.md), else nothing."""
+    last = {
+        c: float(frame[c].dropna().iloc[-1])
+        for c in frame.columns
+        if c.startswith(OTB_PREFIX) and frame[c].notna().any()
+    }
+    return {"otb": last} if last else {}
 
 
 def _cell(value: Any, fmt: str = "{}") -> str:
@@ -140,5 +154,6 @@ def format_summary(report: dict[str, Any]) -> str:
     if mixed:
         lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
     lines.append(f"rule: {report['rule']['description']}")
-    lines.append(f"wrote dynamics.csv, collapse.json and 3 figures to {report['outputs']}")
+    figures = 4 if any("otb" in r for r in report["runs"]) else 3
+    lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {report['outputs']}")
     return "\n".join(lines)

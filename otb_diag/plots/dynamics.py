@@ -227,3 +227,43 @@ def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | N
             "Score against tokens sampled" + (f" (target {target:g})" if target is not None else "")
         )
     return fig
+
+
+# The live diagnostics' curves (docs/live.md): the column each panel draws, its axis label.
+LIVE_PANELS = (
+    ("otb/energy/sequence_mean", "mean energy W(τ)"),
+    ("otb/energy/group_cv_median", "energy CV in a group\n(median)"),
+    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy"),
+)
+
+
+def fig_live_otb(table: pd.DataFrame, runs: list[dict]) -> Figure:
+    """The `otb/` metrics a trainer logged (`otb_diag.integrations`) beside its gradient norm,
+    against step: ‖g‖ and the mean energy on log axes, the within-group energy CV and OTB's
+    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance) on
+    linear ones; the collapse as a dotted line. Runs without a metric leave its panel empty."""
+    styles, results = _styles(table), _results(runs)
+    groups = list(table.groupby("run", sort=False))
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.4 * (1 + len(LIVE_PANELS))))
+        axes = fig.subplots(1 + len(LIVE_PANELS), 1, sharex=True)
+        _log_panel(axes[0], [(rows, "grad_norm", styles[r], r) for r, rows in groups], "grad_norm")
+        axes[0].set_ylabel("gradient norm ‖g‖")
+        for ax, (column, label) in zip(axes[1:], LIVE_PANELS, strict=True):
+            present = [(r, rows) for r, rows in groups if column in rows]
+            if column == "otb/energy/sequence_mean":
+                lines = [(rows, column, styles[r], None) for r, rows in present]
+                _log_panel(ax, lines, "energy")
+            else:
+                for run, rows in present:  # dots too: a step between two NaNs is a lone point
+                    ax.plot(rows["step"], rows[column], marker="o", markersize=2, **styles[run])
+            if column.startswith("otb/otb_over_mean"):
+                ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
+            ax.set_ylabel(label)
+        for run, _ in groups:
+            for ax in axes:
+                _mark(ax, results[run]["collapse_step"], styles[run]["color"], ":")
+        axes[0].set_title("Live OTB diagnostics beside the gradient norm", fontsize=6.5)
+        axes[0].legend(**LEGEND_BESIDE)
+        axes[-1].set_xlabel("training step")
+    return fig

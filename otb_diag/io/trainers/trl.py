@@ -129,5 +129,7 @@ TRL = Trainer(
         "score": ("reward",),
         "response_length": ("completions/mean_length", "completion_length"),
         "tokens_total": ("num_tokens",),
+        # `otb_diag.integrations.trl.attach` logs the proxy under TRL's own estimator (grpo).
+        "proxy2": ("otb/proxy/grpo/proxy2_total_power",),
     },
 )

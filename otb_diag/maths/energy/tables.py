@@ -41,12 +41,14 @@ def energy_tables(
     *,
     estimator: Estimator = Estimator(),
     token_text: Callable[[list[int]], list[str]] | None = None,
+    with_tokens: bool = True,
 ) -> EnergyTables:
     """Tables of energies, returns and advantages.
 
     `baselines` default to the registry's defaults; every one is computed by the one estimator
     (`batch_advantages`, with the rollouts' importance weights as w·ρ²) under `estimator`.
-    `token_text(ids)` names the tokens (the tokenizer's `convert_ids_to_tokens`)."""
+    `token_text(ids)` names the tokens (the tokenizer's `convert_ids_to_tokens`). Without
+    `with_tokens` the token table is left empty (the live diagnostics need only the others)."""
     names = baseline_names(defaults_only=True) if baselines is None else baselines
     computed = batch_advantages(batch, stats.w, names, estimator)
     mask, energy, returns = batch.mask, computed.energy, computed.returns
@@ -54,6 +56,13 @@ def energy_tables(
     proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
 
     rows, cols = batch.valid.nonzero(as_tuple=True)
+    sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
+    # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
+    ends = np.cumsum(batch.valid.sum(-1).numpy())
+    paths = np.split(energy[rows, cols].numpy(), ends[:-1])  # [B] of [length_i]
+    groups = group_table(sequences, paths)
+    if not with_tokens:
+        return EnergyTables(pd.DataFrame(), sequences, groups, proxies)
     ids = batch.response_ids[rows, cols]
     tokens = pd.DataFrame(
         {
@@ -75,11 +84,6 @@ def energy_tables(
             "h_sq": stats.h_sq[rows, cols].numpy() if stats.h_sq is not None else math.nan,
         }
     )
-    sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
-    # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
-    ends = np.cumsum(batch.valid.sum(-1).numpy())
-    paths = np.split(tokens["W"].to_numpy(), ends[:-1])  # [B] of [length_i]
-    groups = group_table(sequences, paths)
     return EnergyTables(tokens, sequences, groups, proxies)
 
 

@@ -72,6 +72,12 @@ CAPTIONS = {
         "cheaper: past the knee, more prompts per step buy little. Only points whose |G|² is "
         "resolved from zero are drawn."
     ),
+    "fig_live_otb": (
+        "The OTB diagnostics the trainer logged at every step (docs/live.md) beside its "
+        "gradient norm: mean realized energy, its median spread within a group, and OTB's "
+        "variance proxy over the mean baseline's (below the dashed line at 1 OTB would cut the "
+        "step's variance). A dotted vertical line marks a detected collapse."
+    ),
     "score_vs_tokens": (
         "Score against the running total of sampled tokens: a run further left reaches a "
         "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
@@ -86,7 +92,8 @@ FIGURES = {
     ]
     + [f"knee_tokens_{m}" for m in ("head", "full")]
     + ["proxy_fidelity"],
-    "dynamics": ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"],
+    "dynamics": ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"]
+    + ["fig_live_otb"],
     "train": [],
 }
 
@@ -256,7 +263,18 @@ def dynamics_tables(run: Run) -> str:
             ("lead", "collapse − warning, in training steps"),
             ("rule", run.record.get("rule", {}).get("description", "")),
         ]
-    )  # fmt: skip
+    ) + _live_table(run)  # fmt: skip
+
+
+def _live_table(run: Run) -> str:
+    """The live diagnostics' last logged values per run (docs/live.md), when a run has them."""
+    live = [r for r in run.record.get("runs", []) if r.get("otb")]
+    if not live:
+        return ""
+    names = sorted({k for r in live for k in r["otb"]})
+    rows = [[name] + [_number(r["otb"].get(name)) for r in live] for name in names]
+    caption = f"Live OTB diagnostics, last logged step ({run.label}); meanings: docs/live.md"
+    return html.table(["metric", *(r["run"] for r in live)], rows, caption=caption)
 
 
 def train_tables(run: Run) -> str:

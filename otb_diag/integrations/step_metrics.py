@@ -1,0 +1,180 @@
+"""One training step's OTB diagnostics, as the flat `otb/...` scalars a trainer logs.
+
+Both integrations (TRL's `GRPOTrainer`, verl's trainer step) hand the step's batch over as a
+`ResponseBatch` carrying the policy's own per-token `logprobs` and `sum_pi2` (Σπ² of the
+tempered distribution that sampled the tokens) and the trainer's advantages; `step_metrics`
+then runs the very functions `otb-diag energy --model-free` runs on the same rows
+(`token_stats.logged_stats`, `tables.energy_tables`, the trainer audit), so a dumped step read
+back by `energy` gives the logged numbers again (tests/integrations/test_trl_live.py).
+
+`response_batch` builds the batch from a trainer's padded tensors exactly as
+`io/rollouts/to_batch.py:make_batch` builds it from the dumped rows (`dump.py`): same widths,
+same padding, same float32 values, so the two routes agree to the last bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from otb_diag.errors import InputError
+from otb_diag.maths.energy.tables import energy_tables
+from otb_diag.maths.energy.token_stats import logged_stats
+from otb_diag.maths.estimators.advantages import Estimator, has_tool_output
+from otb_diag.maths.estimators.registry import baseline_names
+from otb_diag.maths.estimators.trainer_audit import advantage_audit
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.returns import outcome_token_rewards
+
+PREFIX = "otb/"
+# The proxies logged per baseline (`maths/energy/proxies.py`); `expected_w` does not depend on
+# the baseline and is logged once.
+PER_BASELINE = ("proxy2_total_power", "token_total_power", "expected_a_squared")
+
+
+def response_batch(
+    *,
+    group_names: Sequence[str],
+    group: Tensor,
+    prompt_ids: list[list[int]],
+    response_ids: Tensor,
+    length: Tensor,
+    tool_mask: Tensor | None,
+    logprobs: Tensor,
+    sum_pi2: Tensor,
+    temperature: float,
+    step: int,
+    reward: Tensor | None = None,
+    token_rewards: Tensor | None = None,
+    trainer_advantage: Tensor | None = None,
+    is_weights: Tensor | None = None,
+) -> ResponseBatch:
+    """The `ResponseBatch` that `make_batch` makes of this step's dumped rows.
+
+    group: `[B]` index into `group_names`, rows of a group in sampling order; response_ids,
+    tool_mask (1 on generated tokens, None for all), logprobs, sum_pi2: `[B, C]` right-padded
+    (C ≥ the longest `length`); length: `[B]` response tokens; reward: `[B]` outcome rewards or
+    token_rewards: `[B, C]` (one of the two); trainer_advantage: `[B]` per response (TRL) or
+    `[B, C]` per token (verl), or None; is_weights: `[B, C]` truncated importance weights ρ or
+    None. Tensors on any device; the batch is on the CPU."""
+    length = length.detach().cpu().to(torch.long)
+    width = int(length.max()) if length.numel() else 0
+    valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
+
+    def cut(x: Tensor) -> Tensor:  # [B, C] -> [B, T] float32, 0 beyond each response
+        return x.detach().cpu()[:, :width].to(torch.float32) * valid
+
+    mask = valid.to(torch.float32) if tool_mask is None else cut(tool_mask)
+    if token_rewards is None:
+        assert reward is not None, "give reward or token_rewards"
+        token_rewards = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
+    else:
+        token_rewards = cut(token_rewards)
+    advantage = None
+    if trainer_advantage is not None:
+        a = trainer_advantage.detach().cpu().to(torch.float32)
+        advantage = (a[:, None] * valid) if a.ndim == 1 else cut(a)
+    group = group.detach().cpu().to(torch.long)
+    sample = torch.zeros_like(group)
+    for k in range(len(group_names)):  # 0-based position within its group, in row order
+        rows = (group == k).nonzero()[:, 0]
+        sample[rows] = torch.arange(len(rows))
+    return ResponseBatch(
+        group_names=list(group_names),
+        group=group,
+        sample=sample,
+        length=length,
+        prompt_ids=prompt_ids,
+        response_ids=response_ids.detach().cpu()[:, :width].to(torch.long) * valid,
+        valid=valid,
+        mask=mask,
+        token_rewards=token_rewards,
+        reward=(token_rewards * mask).sum(-1),  # R = Σ_t mask_t r_t, as make_batch sums it
+        temperature=torch.full((len(length),), float(temperature)),
+        step=[step] * len(length),
+        is_weights=None if is_weights is None else cut(is_weights) + ~valid,  # 1 on padding
+        **dict(
+            zip(
+                ("logprobs", "sum_pi2"), round_off_clamped(cut(logprobs), cut(sum_pi2)), strict=True
+            )
+        ),
+        trainer_advantage=advantage,
+    )
+
+
+def round_off_clamped(logprobs: Tensor, sum_pi2: Tensor) -> tuple[Tensor, Tensor]:
+    """`logprobs`, `sum_pi2` (`[B, T]` float32) with the round-off clamps the rollout reader
+    applies (`io/rollouts/probability_checks.py`): `log p ≤ 0` and `p² ≤ Σπ² ≤ 1`, p² taken in
+    float64 as the reader takes it, so the dumped rows read back as these very tensors. A
+    float32 `exp(log Σπ²)` from the fused head can fall an ulp below `p²` when one token holds
+    nearly all the mass."""
+    logprobs = logprobs.clamp_max(0.0)
+    p_sq = torch.exp(2 * logprobs.double())
+    clamped = torch.minimum(torch.maximum(sum_pi2.double(), p_sq), torch.ones_like(p_sq))
+    return logprobs, torch.where(sum_pi2 > 0, clamped, sum_pi2.double()).to(torch.float32)
+
+
+def check_whole_groups(batch: ResponseBatch, where: str) -> None:
+    """An `InputError` unless every group has at least two responses and all have the same
+    number: a baseline is a statistic of the whole group, and a trainer that splits groups
+    across processes hands each process pieces of them."""
+    sizes = torch.bincount(batch.group, minlength=len(batch.group_names))
+    if len(sizes) and (int(sizes.min()) < 2 or int(sizes.min()) != int(sizes.max())):
+        small = int(sizes.argmin())
+        raise InputError(
+            f"{where}: the step's groups are not whole: group '{batch.group_names[small]}' has "
+            f"{int(sizes[small])} responses, others up to {int(sizes.max())}; every baseline "
+            "needs all of a group's responses.",
+            hint="Give each process whole groups (its batch a multiple of the group size), or "
+            "compute the metrics on the gathered batch.",
+        )
+
+
+def step_metrics(
+    batch: ResponseBatch,
+    audited: tuple[str, dict[str, Any]] | None,
+    baselines: Sequence[str] | None = None,
+    *,
+    handle_zero_tail: bool = True,
+) -> dict[str, float]:
+    """The step's `otb/...` scalars (names in docs/live.md), computed as `otb-diag energy
+    --model-free` computes them on the same rows: the energy of each sequence
+    `W(τ) = Σ_t mask_t w_t` with `w = (1 − 2p + Σπ²)/τ²`, its within-group spread, every
+    baseline's variance proxies and OTB's over the mean baseline's, and the audit of the
+    trainer's advantages against `audited`, the registry baseline and options the trainer
+    runs (`registry.trainer_baseline("trl")`; verl's `adv_estimator`), when given."""
+    names = baseline_names(defaults_only=True) if baselines is None else tuple(baselines)
+    stats = logged_stats(batch)
+    estimator = Estimator(handle_zero_tail, has_tool_output(batch.mask, batch.valid))
+    tables = energy_tables(batch, stats, names, estimator=estimator, with_tokens=False)
+    seqs, groups = tables.sequences, tables.groups
+    out: dict[str, float] = {
+        "energy/sequence_mean": float(seqs["energy"].mean()),
+        "energy/sequence_median": float(seqs["energy"].median()),
+        "energy/mean_w": float(seqs["energy"].sum() / max(1, seqs["generated"].sum())),
+        "energy/group_cv_median": float(groups["energy_cv"].median()),
+        "groups/mixed_rewards_fraction": float(groups["mixed_rewards"].mean()),
+    }
+    for name, proxies in tables.proxies.items():
+        out.update({f"proxy/{name}/{p}": proxies[p] for p in PER_BASELINE})
+        out["proxy/expected_w"] = proxies["expected_w"]
+    if "otb" in tables.proxies and "mean" in tables.proxies:
+        for p in ("proxy2_total_power", "token_total_power"):
+            out[f"otb_over_mean/{p}"] = _ratio(tables.proxies["otb"][p], tables.proxies["mean"][p])
+    if batch.trainer_advantage is not None and audited is not None:
+        baseline, options = audited
+        audit = advantage_audit(
+            batch, stats.w, baseline, Estimator(handle_zero_tail, estimator.tir, options=options)
+        )
+        assert audit is not None  # the batch carries trainer advantages
+        out["audit/max_abs_diff"] = audit["max_abs_diff"]
+        out["audit/agrees"] = float(audit["agrees"])
+    return {PREFIX + k: v for k, v in out.items()}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan

@@ -1,0 +1,133 @@
+"""OTB diagnostics inside verl's trainer step, and the exact-id dumps verl's own
+`rollout_data_dir` lacks (it keeps decoded text only).
+
+verl's `RayPPOTrainer.fit` holds the step's batch (a `DataProto`) once the advantages are
+computed; two lines there (docs/live.md, "verl") log the metrics and dump the batch:
+
+    metrics.update(compute_otb_metrics(batch, adv_estimator=self.config.algorithm.adv_estimator))
+    dump_batch(batch, "otb-dumps", self.global_steps)
+
+Fields read, as verl names them (`batch.batch[...]`, `batch.non_tensor_batch["uid"]`):
+`responses` `[B, T]`, `response_mask` `[B, T]` (else the last T columns of `attention_mask`),
+`old_log_probs` and `sum_pi_squared` `[B, T]` (actor `calculate_sum_pi_squared=true`),
+`token_level_rewards` `[B, T]`, `advantages` `[B, T]` (audited when present), `uid` `[B]`, and
+when present `prompts` `[B, P]` with the first P columns of `attention_mask` (the prompt ids of
+the dump) and `rollout_is_weights` `[B, T]`. A plain dict of those tensors (with `uid`) works
+the same, so nothing here imports verl.
+
+The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
+sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from otb_diag.errors import InputError
+from otb_diag.integrations.dump import check_dump_dir, dump_step
+from otb_diag.integrations.step_metrics import check_whole_groups, response_batch, step_metrics
+from otb_diag.maths.estimators.registry import resolve_name
+from otb_diag.maths.response_batch import ResponseBatch
+
+REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
+
+
+def compute_otb_metrics(
+    batch: Any,
+    *,
+    adv_estimator: str | None = "grpo",
+    temperature: float | None = None,
+    baselines: Sequence[str] | None = None,
+) -> dict[str, float]:
+    """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
+    with `uid`): energy, every baseline's proxies, OTB/mean, and the audit of `advantages`
+    against `adv_estimator` (verl's `algorithm.adv_estimator`; None skips the audit).
+    `temperature` defaults to the batch's `meta_info["temperature"]`, else 1."""
+    audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
+    return step_metrics(verl_batch(batch, temperature), audited, baselines)
+
+
+def dump_batch(
+    batch: Any, dump_dir: str | Path, step: int, *, temperature: float | None = None
+) -> Path:
+    """Write the batch as step `step`'s exact-id rollouts in `dump_dir` (`dump.py`), atomically;
+    return the file's path."""
+    return dump_step(check_dump_dir(dump_dir), verl_batch(batch, temperature, step), step)
+
+
+def verl_batch(batch: Any, temperature: float | None = None, step: int = 0) -> ResponseBatch:
+    """The `ResponseBatch` of a verl batch (groups by `uid`, whole groups required)."""
+    tensors, uid, meta = _parts(batch)
+    missing = [k for k in REQUIRED if k != "uid" and k not in tensors] + (
+        ["uid"] if uid is None else []
+    )
+    if missing:
+        raise InputError(
+            f"the verl batch has no {', '.join(missing)} (it has: {', '.join(sorted(tensors))}).",
+            field=missing[0],
+            hint="Call compute_otb_metrics after the advantages are computed, with "
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=true.",
+        )
+    responses = tensors["responses"]
+    width = responses.shape[1]
+    attention = tensors.get("attention_mask")
+    response_attention = attention[:, -width:] if attention is not None else None
+    mask = tensors.get("response_mask", response_attention)
+    if mask is None:
+        raise InputError("the verl batch has neither response_mask nor attention_mask.")
+    # A response runs to its last attended token (tool output inside it is attended, not
+    # generated: mask 0), or to its last generated one without an attention mask.
+    span = (response_attention if response_attention is not None else mask).cpu().bool()
+    last = torch.where(span, torch.arange(width), -1).amax(-1)
+    names, group = _groups(uid)
+    if "prompts" in tensors and attention is not None:
+        prompts = tensors["prompts"].cpu()
+        keep = attention[:, : prompts.shape[1]].cpu().bool()
+        prompt_ids = [ids[k].tolist() for ids, k in zip(prompts, keep, strict=True)]
+    else:
+        prompt_ids = [[] for _ in range(len(group))]
+    tau = temperature if temperature is not None else float(meta.get("temperature", 1.0))
+    out = response_batch(
+        group_names=names,
+        group=group,
+        prompt_ids=prompt_ids,
+        response_ids=responses,
+        length=last + 1,
+        tool_mask=mask,
+        logprobs=tensors["old_log_probs"],
+        sum_pi2=tensors["sum_pi_squared"],
+        temperature=tau,
+        step=step,
+        token_rewards=tensors["token_level_rewards"],
+        trainer_advantage=tensors.get("advantages"),
+        is_weights=tensors.get("rollout_is_weights"),
+    )
+    check_whole_groups(out, "verl batch")
+    return out
+
+
+def _parts(batch: Any) -> tuple[Mapping[str, Tensor], Any, Mapping[str, Any]]:
+    """(tensors, uid, meta_info) of a `DataProto` (`.batch`, `.non_tensor_batch`,
+    `.meta_info`) or of a dict of tensors."""
+    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
+        tensors = {k: batch.batch[k] for k in batch.batch.keys()}  # noqa: SIM118  a TensorDict
+        return tensors, batch.non_tensor_batch.get("uid"), getattr(batch, "meta_info", {}) or {}
+    if isinstance(batch, Mapping):
+        tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor)}
+        return tensors, batch.get("uid"), batch.get("meta_info", {})
+    raise InputError(
+        f"compute_otb_metrics takes a verl DataProto or a dict of its tensors; got a "
+        f"{type(batch).__name__}."
+    )
+
+
+def _groups(uid: Any) -> tuple[list[str], Tensor]:
+    """Group names in order of first appearance and each row's index into them."""
+    names: dict[str, int] = {}
+    index = [names.setdefault(str(u), len(names)) for u in list(uid)]
+    return list(names), torch.tensor(index, dtype=torch.long)

@@ -1,0 +1,226 @@
+"""`attach` on a real TRL `GRPOTrainer` (CPU, embedded checkpoint): the `otb/` metrics reach
+`trainer_state.json` at every step, `otb-diag energy` on a dumped step gives them back
+(model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
+audit, the training's numbers are those of a run without `attach`, and bad input gets one
+clear message before anything changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from otb_diag.cli.main import app
+from trl_toy import GENERATIONS, toy_trainer
+from typer.testing import CliRunner
+
+from otb_diag.errors import InputError
+from otb_diag.integrations.trl import attach
+from otb_diag.io.scenarios import default_checkpoint
+
+pytestmark = pytest.mark.slow  # runs TRL
+runner = CliRunner()
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """3 steps with `attach(dump_dir=...)`, a checkpoint after each; and the final weights."""
+    out = tmp_path_factory.mktemp("trl-live") / "grpo-toy"
+    trainer = toy_trainer(out, STEPS, save_strategy="steps", save_steps=1, save_only_model=True)
+    attach(trainer, dump_dir=out / "otb")
+    trainer.train()
+    return out, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def logged(out: Path) -> list[dict[str, float]]:
+    state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    return [e for e in state["log_history"] if "grad_norm" in e]
+
+
+def energy(rollouts: Path, out: Path, *extra: str) -> dict:
+    args = ["energy", "--rollouts", str(rollouts), "--out", str(out), "--quiet", *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text())
+
+
+# A token's w = 1 − 2p + Σπ², from float32 log p and Σπ² (what the loss's forward gives and a
+# rollout file holds), is known to a few float32 ulps at 1: p and Σπ² are each rounded, and log p
+# comes from a float32 log-sum-exp over logits of magnitude ~10, whose reduction order moves
+# with the thread count. Energy's forward sums (1 − p)² + Σ_{v≠y} π² from the logits instead.
+W_FLOOR = 2.0**-19
+
+
+def close(a: float, b: float, rel: float, scale: float = 0.0, floor: float = 0.0) -> bool:
+    """|a − b| ≤ rel · max(|a|, |b|, scale) + floor: `scale` is the magnitude of the quantities
+    compared (a proxy that is 0 up to rounding, all rewards of its groups being equal, is
+    compared at the scale of the batch's total power), `floor` the float32 resolution of it."""
+    return abs(a - b) <= rel * max(abs(a), abs(b), scale) + floor
+
+
+def check_reproduces(
+    summary: dict,
+    metrics: dict[str, float],
+    rel: float,
+    w_floor: float = 0.0,
+    token_level_rel: float | None = None,
+) -> None:
+    """energy's summary against the logged metrics at `rel`, plus what an error of `w_floor`
+    on every token's w makes of each (a sequence's W: its tokens times `w_floor`; a proxy: that
+    times the largest mean squared advantage); the token-level OTB baselines' proxies at
+    `token_level_rel` (default `rel`)."""
+    e, totals = summary["energy"], summary["totals"]
+    d_energy = w_floor * totals["generated_tokens"] / totals["responses"]
+    assert close(e["sequence_energy_mean"], metrics["otb/energy/sequence_mean"], rel, 0, d_energy)
+    assert close(e["mean_w"], metrics["otb/energy/mean_w"], rel, 0, w_floor)
+    cv_floor = 2 * d_energy / e["sequence_energy_median"]  # CV = sd/mean of W in a group
+    assert close(
+        e["group_energy_cv_median"], metrics["otb/energy/group_cv_median"], rel, 0, cv_floor
+    )
+    scale = summary["proxies"]["none"]["token_total_power"]  # E_i[W_i R_i²]
+    a_sq = max(p["expected_a_squared"] for p in summary["proxies"].values())
+    for baseline, proxies in summary["proxies"].items():
+        for name in ("proxy2_total_power", "token_total_power", "expected_a_squared"):
+            key = f"otb/proxy/{baseline}/{name}"
+            tol = token_level_rel if baseline.startswith("otb") and token_level_rel else rel
+            floor = 0.0 if name == "expected_a_squared" else d_energy * a_sq
+            assert close(proxies[name], metrics[key], tol, scale, floor), (key, proxies[name])
+
+
+def test_every_step_logs_otb_metrics(live_run) -> None:
+    out, _ = live_run
+    entries = logged(out)
+    assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
+    for e in entries:
+        assert e["otb/sum_pi2_from_loss_logits"] == 1.0  # TRL 1.16's fused head gave Σπ²
+        assert e["otb/energy/sequence_mean"] > 0
+        assert e["otb/audit/agrees"] == 1.0, e["otb/audit/max_abs_diff"]  # TRL's advantages
+        assert e["otb/collapse/alarm"] == 0.0
+    files = sorted(p.name for p in (out / "otb").iterdir())
+    assert files == [f"step_{s:06d}.jsonl" for s in range(1, STEPS + 1)]
+
+
+def test_model_free_energy_reproduces_the_logged_step(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    for entry in logged(out):
+        step = entry["step"]
+        summary = energy(
+            out / "otb" / f"step_{step:06d}.jsonl", tmp_path / str(step), "--model-free"
+        )
+        assert summary["totals"]["responses"] == 8
+        check_reproduces(summary, entry, rel=1e-6)
+
+
+def test_energy_with_the_steps_checkpoint_reproduces_it(live_run, tmp_path: Path) -> None:
+    """Step s was sampled and trained by the weights after step s − 1 (the embedded checkpoint
+    for step 1); energy's own forward agrees with the loss's logits to 1e-4, beyond the float32
+    resolution of the logged w (`W_FLOOR`): the toy model's tokens have p up to 0.9998 and w down
+    to 4e-8, and a response of 4 such tokens has W ≈ 4e-3.
+
+    Except OTB's token-level baseline, at 1e-2: the logged `w = 1 − 2p + Σπ²` comes from
+    float32 `log p` and `Σπ²` (all a rollout file holds), which resolve w only in steps of
+    2⁻²⁴ ≈ 6e-8, while energy's forward sums `(1 − p)² + Σ_{v≠y} π²` from the logits without
+    cancellation. The toy model's first tokens have p ≈ 0.9996 and w ≈ 2e-7, known to ±30 %;
+    OTB's baseline at t = 1 weighs the rewards by exactly those w, and its proxies moved by
+    2.7e-3 (relative) on step 3 of this run. `energy --model-free` has the same limit."""
+    out, _ = live_run
+    for entry in logged(out):
+        step = entry["step"]
+        ckpt = default_checkpoint() if step == 1 else out / f"checkpoint-{step - 1}"
+        rollouts = out / "otb" / f"step_{step:06d}.jsonl"
+        summary = energy(rollouts, tmp_path / str(step), "--ckpt", str(ckpt))
+        check_reproduces(summary, entry, rel=1e-4, w_floor=W_FLOOR, token_level_rel=1e-2)
+
+
+def test_dump_directory_reads_as_rollouts(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    result = runner.invoke(app, ["rollouts", "inspect", str(out / "otb"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["files"], summary["rows"]) == (STEPS, STEPS * 8)
+    assert summary["group_size"]["counts"] == {str(GENERATIONS): STEPS * 8 // GENERATIONS}
+    assert summary["steps"] == list(range(1, STEPS + 1))
+
+
+def test_training_is_untouched(live_run, tmp_path: Path) -> None:
+    """The same seed without `attach` ends on the same weights, bit for bit."""
+    _, weights = live_run
+    plain = toy_trainer(tmp_path / "plain", STEPS)
+    plain.train()
+    for name, value in plain.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+
+
+def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import otb_diag.integrations.trl as live
+
+    def broken(*_: object, **__: object) -> dict:
+        raise InputError("the step's groups are not whole (simulated)")
+
+    monkeypatch.setattr(live, "step_metrics", broken)
+    trainer = toy_trainer(tmp_path / "run", 2)
+    diagnostics = attach(trainer)
+    with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
+        trainer.train()
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 2
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+
+
+def test_bad_input_is_refused_before_anything_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trl
+    from trl import GRPOTrainer
+
+    with pytest.raises(InputError, match="takes a trl.GRPOTrainer; got a dict"):
+        attach({})
+    trainer = toy_trainer(tmp_path / "run", 1)
+    before = dict(vars(trainer))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(InputError, match="dump directory cannot be written"):
+        attach(trainer, dump_dir=blocker / "dumps")
+    with pytest.raises(InputError, match="every must be a whole number"):
+        attach(trainer, every=0)
+    monkeypatch.setattr(trl, "__version__", "0.99.0")
+    with pytest.warns(UserWarning, match="tested with TRL 1.16, not 0.99.0"):
+        attach(toy_trainer(tmp_path / "other", 1))
+    monkeypatch.delattr(GRPOTrainer, "_compute_loss")
+    with pytest.raises(InputError, match="has no _compute_loss, the hook"):
+        attach(trainer)
+    assert vars(trainer).keys() == before.keys()  # no hook installed
+
+
+def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
+    out, _ = live_run
+    state = out / f"checkpoint-{STEPS}" / "trainer_state.json"
+    result = runner.invoke(app, ["dynamics", "--log", str(state), "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    last = logged(out)[-1]
+    assert run["otb"] == {k: v for k, v in last.items() if k.startswith("otb/")}
+    assert run["variance_proxy_kind"] == "proxy2"  # otb/proxy/grpo/proxy2_total_power
+    table = pd.read_csv(tmp_path / "dynamics.csv")
+    assert table["otb/energy/sequence_mean"].tolist() == [
+        e["otb/energy/sequence_mean"] for e in logged(out)
+    ]
+    assert (tmp_path / "fig_live_otb.png").stat().st_size > 0
+
+
+def test_every_k_steps(tmp_path: Path) -> None:
+    """`every=2` over 3 steps: metrics and dumps at steps 1 and 3 only."""
+    trainer = toy_trainer(tmp_path / "run", 3)
+    attach(trainer, every=2, dump_dir=tmp_path / "otb")
+    trainer.train()
+    steps = [e["step"] for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
+    assert steps == [1, 3]
+    assert sorted(p.name for p in (tmp_path / "otb").iterdir()) == [
+        "step_000001.jsonl",
+        "step_000003.jsonl",
+    ]

@@ -1,0 +1,152 @@
+"""`compute_otb_metrics` and `dump_batch` on verl-shaped batches (verl is not installed: its
+`DataProto` is stood in for by an object with `.batch`, `.non_tensor_batch`, `.meta_info`).
+The metrics equal `otb-diag energy --model-free` on the dumped batch, and OTB advantages made
+by verl's function (the project's `verl_otb_advantage`, equal to verl's to the last bit, as
+tests/maths/estimators show) audit clean, while perturbed ones do not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+
+from otb_diag import api
+from otb_diag.errors import InputError
+from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
+from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.maths.estimators.otb import verl_otb_advantage
+from otb_diag.maths.returns import group_index
+
+runner = CliRunner()
+GROUPS, N, T, P, V = 3, 4, 7, 3, 11
+
+
+def verl_shaped(seed: int = 0) -> dict:
+    """A batch as verl's trainer holds it after `compute_advantage` with
+    `adv_estimator=optimal_token_baseline`: right-padded responses, left-padded prompts,
+    rewards on the last response token, groups by `uid` (rows of a group not adjacent)."""
+    g = torch.Generator().manual_seed(seed)
+    b = GROUPS * N
+    lengths = torch.randint(2, T + 1, (b,), generator=g)
+    response_mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    responses = torch.randint(3, V, (b, T), generator=g) * response_mask.long()
+    stats = stats_from_logits(3 * torch.randn(b, T, V, generator=g), responses)
+    last = lengths - 1
+    token_level_rewards = torch.zeros(b, T)
+    token_level_rewards[torch.arange(b), last] = torch.randint(0, 2, (b,), generator=g).float()
+    uid = np.array([f"prompt-{i % GROUPS}" for i in range(b)], dtype=object)
+    prompt_lengths = torch.randint(1, P + 1, (b,), generator=g)
+    prompt_mask = (torch.arange(P)[None, :] >= P - prompt_lengths[:, None]).long()
+    prompts = torch.randint(3, V, (b, P), generator=g) * prompt_mask
+    index = group_index(list(uid))
+    advantages, _ = verl_otb_advantage(
+        token_level_rewards, response_mask, index, stats.logprob, stats.sum_pi2
+    )
+    return {
+        "responses": responses,
+        "response_mask": response_mask,
+        "attention_mask": torch.cat([prompt_mask, response_mask.long()], dim=1),
+        "prompts": prompts,
+        "old_log_probs": stats.logprob * response_mask,
+        "sum_pi_squared": stats.sum_pi2 * response_mask,
+        "token_level_rewards": token_level_rewards,
+        "advantages": advantages,
+        "uid": uid,
+    }
+
+
+def data_proto(fields: dict) -> SimpleNamespace:
+    tensors = {k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}
+    return SimpleNamespace(
+        batch=tensors, non_tensor_batch={"uid": fields["uid"]}, meta_info={"temperature": 1.0}
+    )
+
+
+def test_metrics_equal_energy_on_the_dumped_batch(tmp_path: Path) -> None:
+    fields = verl_shaped()
+    metrics = compute_otb_metrics(data_proto(fields), adv_estimator="optimal_token_baseline")
+    assert metrics == compute_otb_metrics(fields, adv_estimator="optimal_token_baseline")
+    path = dump_batch(data_proto(fields), tmp_path / "dumps", step=7)
+    assert path.name == "step_000007.jsonl"
+    out = tmp_path / "energy"
+    args = ["energy", "--model-free", "--rollouts", str(path), "--out", str(out), "--quiet"]
+    result = runner.invoke(app, [*args, "--trainer-baseline", "optimal_token_baseline"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["energy"]["sequence_energy_mean"] == pytest.approx(
+        metrics["otb/energy/sequence_mean"], rel=1e-6
+    )
+    assert summary["energy"]["group_energy_cv_median"] == pytest.approx(
+        metrics["otb/energy/group_cv_median"], rel=1e-6
+    )
+    for baseline, proxies in summary["proxies"].items():
+        for name in ("proxy2_total_power", "token_total_power", "expected_a_squared"):
+            key = f"otb/proxy/{baseline}/{name}"
+            assert proxies[name] == pytest.approx(metrics[key], rel=1e-6, abs=1e-12), key
+    audit = summary["advantage_audit"]
+    assert audit["agrees"] and audit["max_abs_diff"] == metrics["otb/audit/max_abs_diff"]
+
+
+def test_dump_reads_back_as_the_same_batch(tmp_path: Path) -> None:
+    """Every tensor the metrics use comes back bit for bit from the dumped rows."""
+    fields = verl_shaped(seed=1)
+    fields["rollout_is_weights"] = 0.5 + torch.rand(
+        GROUPS * N, T, generator=torch.Generator().manual_seed(2)
+    )
+    live = verl_batch(fields, step=3)
+    back = api.response_batch(api.read_rollouts(dump_batch(fields, tmp_path, step=3)))
+    assert back.group_names == live.group_names
+    for name in ("group", "sample", "length", "response_ids", "valid", "mask", "token_rewards",
+                 "reward", "temperature", "is_weights", "logprobs", "sum_pi2",
+                 "trainer_advantage"):  # fmt: skip
+        assert torch.equal(getattr(back, name), getattr(live, name)), name
+    assert back.prompt_ids == live.prompt_ids
+
+
+def test_verl_otb_advantages_audit_clean_and_others_do_not() -> None:
+    fields = verl_shaped(seed=3)
+    clean = compute_otb_metrics(fields, adv_estimator="optimal_token_baseline")
+    assert clean["otb/audit/agrees"] == 1.0
+    assert clean["otb/audit/max_abs_diff"] <= 1e-6
+    # OTB's advantages are not RLOO's: the same batch audited as RLOO fails.
+    wrong = compute_otb_metrics(fields, adv_estimator="rloo")
+    assert wrong["otb/audit/agrees"] == 0.0
+    fields["advantages"] = fields["advantages"] * 1.01
+    assert compute_otb_metrics(fields, adv_estimator="otb")["otb/audit/agrees"] == 0.0
+    assert "otb/audit/agrees" not in compute_otb_metrics(fields, adv_estimator=None)
+
+
+def test_bad_batches_get_one_clear_message() -> None:
+    fields = verl_shaped()
+    with pytest.raises(InputError, match="no sum_pi_squared .*calculate_sum_pi_squared=true"):
+        compute_otb_metrics({k: v for k, v in fields.items() if k != "sum_pi_squared"})
+    split = dict(fields, uid=np.array([*fields["uid"][:-1], "lonely"], dtype=object))
+    with pytest.raises(InputError, match="groups are not whole: group 'lonely' has 1"):
+        compute_otb_metrics(split)
+    with pytest.raises(InputError, match="takes a verl DataProto or a dict"):
+        compute_otb_metrics([1, 2, 3])
+
+
+def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
+    """verl's file logger writes `{"step": n, "data": {...}}` lines; the `otb/` metrics logged
+    beside its own come through `dynamics` as columns, a figure and the last values."""
+    lines = []
+    for step in range(1, 4):
+        metrics = compute_otb_metrics(verl_shaped(seed=step), adv_estimator="otb")
+        data = {"actor/grad_norm": 1.0 + step, "critic/score/mean": 0.1 * step, **metrics}
+        lines.append(json.dumps({"step": step, "data": data}))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "dynamics"
+    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["source"] == "verl"
+    assert run["otb"] == {k: v for k, v in metrics.items() if np.isfinite(v)}
+    assert (out / "fig_live_otb.png").stat().st_size > 0
