@@ -96,7 +96,7 @@ def energy(
     """
     from otb_diag.io.loading import LoadOptions
     from otb_diag.io.scenarios import default_rollouts
-    from otb_diag.pipelines.energy.recipe import EnergySettings, format_summary, run_energy
+    from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
 
     rollouts_path = or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts")
     if model_free:
@@ -121,10 +121,10 @@ def energy(
         reward_columns=tuple(reward_column) if reward_column else None,
         trainer_baseline=trainer_baseline,
     )
-    summary = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
-    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+    result = run_energy(checkpoints, rollouts_path, out, settings, progress=not quiet)
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    untemplated = summary["totals"]["prompts_without_chat_template"]
+    untemplated = result.totals.prompts_without_chat_template
     if untemplated:
         note(
             f"note: {untemplated} prompts were tokenized without the checkpoint's chat template; "
@@ -132,6 +132,6 @@ def energy(
             "pass --chat-template (or dump exact ids: see the README)"
         )
     if as_json:
-        print_json(summary)
+        print_json(result.to_json())
     else:
-        typer.echo(format_summary(summary))
+        typer.echo(result.format())

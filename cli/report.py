@@ -49,8 +49,8 @@ def report(
     """
     from otb_diag.pipelines.report.recipe import write_report
 
-    summary = write_report(run_dirs, out, golden)
+    result = write_report(run_dirs, out, golden)
     if as_json:
-        print_json(summary)
+        print_json(result.to_json())
     else:
-        typer.echo(f"wrote {summary['out']}")
+        typer.echo(result.format())

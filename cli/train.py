@@ -99,7 +99,7 @@ def train(
     Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
     from otb_diag.io.scenarios import default_checkpoint
-    from otb_diag.pipelines.rl_training import format_summary, scenario_settings
+    from otb_diag.pipelines.rl_training import scenario_settings
     from otb_diag.pipelines.rl_training import train as run_training
 
     settings = scenario_settings(
@@ -118,8 +118,8 @@ def train(
     )
     given = one_checkpoint(ckpt, "training starts from one checkpoint")
     start = or_default(given, lambda: default_checkpoint(scenario), "--ckpt")
-    summary = run_training(start, out, settings, progress=not quiet)
+    result = run_training(start, out, settings, progress=not quiet)
     if as_json:
-        print_json(summary)
+        print_json(result.to_json())
     else:
-        typer.echo(format_summary(summary))
+        typer.echo(result.format())

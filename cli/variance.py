@@ -196,7 +196,6 @@ def variance_compare(
     from otb_diag.io.loading import LoadOptions
     from otb_diag.io.scenarios import default_rollouts
     from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
-    from otb_diag.pipelines.variance.summary import format_summary
 
     try:
         sizes = tuple(int(n) for n in _csv(group_sizes))
@@ -233,7 +232,7 @@ def variance_compare(
         current_n=current_n,
     )
     settings.check()  # before the default checkpoint is looked up
-    summary = run_variance(
+    result = run_variance(
         checkpoint_dirs(ckpt, scenario),
         rollouts_path,
         out,
@@ -241,9 +240,9 @@ def variance_compare(
         progress=not quiet,
         notify=None if quiet else note,
     )
-    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if as_json:
-        print_json(summary)
+        print_json(result.to_json())
     else:
-        typer.echo(format_summary(summary))
+        typer.echo(result.format())

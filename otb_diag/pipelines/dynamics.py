@@ -16,8 +16,7 @@ from otb_diag.dynamics.units import MIXED_UNITS, proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import read_training_log, with_label
-from otb_diag.plots import dynamics as plots_dynamics
-from otb_diag.plots.style import save_figure
+from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
 # unless it is a checkpoint folder (TRL writes trainer_state.json into checkpoint-<step>/).
@@ -105,13 +104,7 @@ def run_dynamics(
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
     write_json(out / "collapse.json", report)
-    figures = {
-        "fig1_grad_norm_and_score": plots_dynamics.fig1_grad_norm_and_score(table, runs),
-        "fig2_variance_and_grad_norm": plots_dynamics.fig2_variance_and_grad_norm(table, runs),
-        "score_vs_tokens": plots_dynamics.fig_score_vs_tokens(table, runs, target),
-    }
-    for name, fig in figures.items():
-        save_figure(fig, out, name)
+    save_figures("dynamics", {"table": table, "runs": runs, "target": target}, out)
     report["outputs"] = str(out.resolve())
     return report
 
