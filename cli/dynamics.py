@@ -76,7 +76,7 @@ def dynamics(
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
     from otb_diag.dynamics.collapse import DetectionRule
-    from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
+    from otb_diag.pipelines.dynamics import default_names, run_dynamics
 
     rule = DetectionRule(
         window=window,
@@ -87,8 +87,8 @@ def dynamics(
         lead_horizon=lead_horizon,
         smooth=smooth,
     )
-    report = run_dynamics(log, label or default_names(log), out, rule, target)
+    result = run_dynamics(log, label or default_names(log), out, rule, target)
     if as_json:
-        print_json(report)
+        print_json(result.to_json())
     else:
-        typer.echo(format_summary(report))
+        typer.echo(result.format())

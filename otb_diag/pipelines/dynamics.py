@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run
-from otb_diag.dynamics.units import MIXED_UNITS, proxy_units
+from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import read_training_log, with_label
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -50,9 +50,9 @@ def default_names(paths: list[Path]) -> list[str]:
 
 def run_dynamics(
     logs: list[Path], names: list[str], out: Path, rule: DetectionRule, target: float | None
-) -> dict[str, Any]:
-    """Read every log, analyse it, write the table, collapse.json and the figures; returns
-    collapse.json's content."""
+) -> DynamicsResult:
+    """Read every log, analyse it, write the table, collapse.json and the figures; returns the
+    result (collapse.json is its `to_json()`)."""
     if len(names) != len(logs):
         raise InputError(
             f"{len(names)} --label for {len(logs)} --log: give one label per log, or none",
@@ -96,42 +96,14 @@ def run_dynamics(
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
-    report = {
-        "rule": {**dataclasses.asdict(rule), "description": rule.describe()},
-        "target": target,
-        "runs": runs,
-    }
+    result = DynamicsResult(
+        rule={**dataclasses.asdict(rule), "description": rule.describe()},
+        target=target,
+        runs=runs,
+        outputs=str(out.resolve()),
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
-    write_json(out / "collapse.json", report)
+    write_json(out / "collapse.json", result.to_json())
     save_figures("dynamics", {"table": table, "runs": runs, "target": target}, out)
-    report["outputs"] = str(out.resolve())
-    return report
-
-
-def _cell(value: Any, fmt: str = "{}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
-def format_summary(report: dict[str, Any]) -> str:
-    """One line per run, then the rule and where the outputs are."""
-    target = report["target"]
-    tokens_head = f"tokens to {target:g}" if target is not None else "tokens to target"
-    head = (
-        f"{'run':<20} {'baseline':<8} {'N':>4} {'steps':>11} {'collapse':>9} {'warning':>8} "
-        f"{'lead':>5} {tokens_head:>15}  variance proxy"
-    )
-    lines = [head]
-    for r in report["runs"]:
-        lines.append(
-            f"{r['run'][:20]:<20} {_cell(r['baseline']):<8} {_cell(r['group_size']):>4} "
-            f"{r['first_step']:>5}-{r['last_step']:<5} {_cell(r['collapse_step']):>9} "
-            f"{_cell(r['warning_step']):>8} {_cell(r['lead_steps']):>5} "
-            f"{_cell(r['tokens_to_target'], '{:.3g}'):>15}  {r['variance_proxy_kind']}"
-        )
-    mixed = [r["run"] for r in report["runs"] if r.get("proxy3_mixes_units")]
-    if mixed:
-        lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
-    lines.append(f"rule: {report['rule']['description']}")
-    lines.append(f"wrote dynamics.csv, collapse.json and 3 figures to {report['outputs']}")
-    return "\n".join(lines)
+    return result

@@ -217,7 +217,7 @@ def run_figures(
         "sweep": sweep,
         "collapse": [
             {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
-            for r in report["runs"]
+            for r in report.runs
         ],
     }
     write_json(out / "figures.json", record)
@@ -243,7 +243,7 @@ def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
         target=None,
     )
     verdicts = []
-    for j, run in zip(sweep_jobs, report["runs"], strict=True):
+    for j, run in zip(sweep_jobs, report.runs, strict=True):
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)
         verdicts.append(stability(j.settings.lr, scores, run["collapse_step"]))
     lr, reason = choose_lr(verdicts)

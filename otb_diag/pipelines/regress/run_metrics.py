@@ -46,7 +46,7 @@ import pandas as pd
 
 from otb_diag.errors import InputError
 from otb_diag.pipelines.results.energy import EnergyResult
-from otb_diag.pipelines.results.read import RESULTS, result_from_json
+from otb_diag.pipelines.results.read import Result, result_from_json
 from otb_diag.pipelines.results.variance import VarianceResult
 
 RUN_COMMANDS = ("energy", "variance-compare")
@@ -108,7 +108,8 @@ def collect_metrics(path: Path) -> dict[str, Metric]:
     return metrics
 
 
-# The file each command writes its record into; dynamics' collapse.json carries no "command".
+# The file each command writes its record into (collapse.json of dynamics runs made before
+# it held a "command" is recognised by its "runs", and refused for its schema version).
 RECORD_FILES = {
     "energy": "summary.json",
     "variance-compare": "summary.json",
@@ -123,12 +124,11 @@ def find_runs(
     field: str = "--current",
     *,
     required: bool = True,
-) -> list[tuple[Path, str, Any]]:
-    """(directory, command, record) of every run at or under `path` written by one of
-    `commands`: the record file of `RECORD_FILES`; a summary.json as its typed result
-    (`pipelines/results/read.py`, which refuses another schema version), train.json and
-    collapse.json as their dicts. Other JSON files of the same names are skipped; none at all is
-    an input error naming `field` when `required`."""
+) -> list[tuple[Path, str, Result]]:
+    """(directory, command, result) of every run at or under `path` written by one of
+    `commands`: its record file of `RECORD_FILES` read back into its result class
+    (`pipelines/results/read.py`, which refuses another schema version). Other JSON files of
+    the same names are skipped; none at all is an input error naming `field` when `required`."""
     names = sorted({RECORD_FILES[c] for c in commands})
     files = sorted(f for name in names for f in path.rglob(name)) if path.is_dir() else []
     runs = []
@@ -144,8 +144,7 @@ def find_runs(
         command = record.get("command")
         if command not in commands:
             continue
-        result = result_from_json(record, record_path) if command in RESULTS else record
-        runs.append((record_path.parent, command, result))
+        runs.append((record_path.parent, command, result_from_json(record, record_path)))
     if not runs and required:
         written_by = " or ".join(f"`otb-diag {c}`" for c in commands)
         raise InputError(

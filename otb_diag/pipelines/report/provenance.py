@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.schema import RunInputs
 
 
@@ -54,9 +55,9 @@ def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, A
     return [(options.get(k, f"--{k.replace('_', '-')}"), settings.get(k)) for k in keys]
 
 
-def command(command_name: str, record: Any, out: Path) -> str:
+def command(command_name: str, record: Result, out: Path) -> str:
     """The `otb-diag ...` line that rewrites the run directory `out` with the same settings
-    (`record`: the run's result; dynamics: collapse.json's dict)."""
+    (`record`: the run's result)."""
     if command_name in ("energy", "variance-compare"):
         s = record.settings
         keys = (
@@ -74,18 +75,16 @@ def command(command_name: str, record: Any, out: Path) -> str:
             + ("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
         )
     else:  # dynamics
-        pairs = [
-            p for r in record.get("runs", []) for p in (("--log", r["file"]), ("--label", r["run"]))
-        ]
+        pairs = [p for r in record.runs for p in (("--log", r["file"]), ("--label", r["run"]))]
         pairs += _named(
-            record.get("rule", {}),
+            record.rule,
             ("window", "threshold", "persist", "lead_threshold", "lead_horizon", "smooth"),
         )
-        pairs.append(("--target", record.get("target")))
+        pairs.append(("--target", record.target))
     return shlex.join(["otb-diag", command_name, *_flags(pairs), "--out", str(out)])
 
 
-def input_files(command_name: str, record: Any) -> Iterator[tuple[str, str, str]]:
+def input_files(command_name: str, record: Result) -> Iterator[tuple[str, str, str]]:
     """(what, path, SHA-256) of each input: as recorded by the run, or hashed now (marked so)
     for the commands whose record does not hash its inputs."""
     if command_name in ("energy", "variance-compare"):
@@ -96,7 +95,7 @@ def input_files(command_name: str, record: Any) -> Iterator[tuple[str, str, str]
     if command_name == "train":
         yield "checkpoint (start)", record.checkpoint, _hash_now(Path(record.checkpoint))
     if command_name == "dynamics":
-        for r in record.get("runs", []):
+        for r in record.runs:
             yield f"training log ({r['run']})", r["file"], _hash_now(Path(r["file"]))
 
 

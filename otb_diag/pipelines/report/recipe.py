@@ -261,4 +261,4 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
 
 def _settings(run: Run) -> dict[str, Any]:
     """The settings a run was made with: its result's, or dynamics' rule."""
-    return run.record.get("rule", {}) if run.command == "dynamics" else run.record.settings
+    return run.record.rule if run.command == "dynamics" else run.record.settings

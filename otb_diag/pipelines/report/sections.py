@@ -11,7 +11,9 @@ import pandas as pd
 
 from otb_diag.pipelines.regress.run_metrics import read_fidelity
 from otb_diag.pipelines.report import html
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.plots.registry import figures_of
@@ -19,13 +21,12 @@ from otb_diag.plots.registry import figures_of
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory found under a RUN_DIR: its command's record (summary.json and
-    train.json as their result classes, collapse.json as a dict) and the label the report
-    names it by."""
+    """One run directory found under a RUN_DIR: its command's result (read from summary.json,
+    train.json or collapse.json) and the label the report names it by."""
 
     directory: Path
     command: str
-    record: Any  # EnergyResult, VarianceResult, TrainResult, or the dict of collapse.json
+    record: Result  # the command's result, read back from its record file
     label: str
     root: Path  # the RUN_DIR it was found under
 
@@ -168,13 +169,14 @@ def energy_tables(run: Run) -> str:
 
 
 def dynamics_tables(run: Run) -> str:
+    result: DynamicsResult = run.record
     header = ["run", "source", "baseline", "N", "steps", "collapse", "warning", "lead"]
     header += ["tokens to target", "variance proxy"]
     rows = [
         [r["run"], r["source"], r["baseline"], r["group_size"]]
         + [f"{r['first_step']}–{r['last_step']}", r["collapse_step"], r["warning_step"]]
         + [r["lead_steps"], _number(r["tokens_to_target"], "{:.3g}"), r["variance_proxy_kind"]]
-        for r in run.record.get("runs", [])
+        for r in result.runs
     ]
     return html.table(header, rows, caption=f"Collapse per run ({run.label})") + html.definitions(
         [
@@ -182,7 +184,7 @@ def dynamics_tables(run: Run) -> str:
             ("warning", "step where the variance proxy first rose above its trailing baseline "
              "before the collapse"),
             ("lead", "collapse − warning, in training steps"),
-            ("rule", run.record.get("rule", {}).get("description", "")),
+            ("rule", result.rule["description"]),
         ]
     )  # fmt: skip
 

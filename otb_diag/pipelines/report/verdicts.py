@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.report import Verdict
 from otb_diag.pipelines.results.train import TrainResult
@@ -157,11 +157,11 @@ def fidelity_verdicts(fidelity: pd.DataFrame, label: str) -> list[Verdict]:
     return verdicts
 
 
-def collapse_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
+def collapse_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
     """One sentence per run of collapse.json."""
-    rule = record.get("rule", {})
+    rule = result.rule
     verdicts = []
-    for r in record.get("runs", []):
+    for r in result.runs:
         span = f"steps {r['first_step']}–{r['last_step']}, {r['points']} logged points"
         if r.get("collapse_step") is None:
             sentence = (

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import VarianceResult
 
-Result = EnergyResult | VarianceResult | TrainResult
-# The commands whose record file (summary.json; train.json) reads back into a result class.
+Result = EnergyResult | VarianceResult | TrainResult | DynamicsResult
+# The commands whose record file (summary.json, train.json, collapse.json) reads back into
+# its result class.
 RESULTS: dict[str, type[Result]] = {
-    cls.command: cls for cls in (EnergyResult, VarianceResult, TrainResult)
+    cls.command: cls for cls in (EnergyResult, VarianceResult, TrainResult, DynamicsResult)
 }
 
 
