@@ -12,9 +12,12 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.read import read_summary
+from otb_diag.pipelines.results.report import ReportResult
 from otb_diag.pipelines.results.schema import SCHEMA_VERSION
+from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import VarianceResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,9 +89,11 @@ def test_a_missing_field_is_an_input_error(runs: Path, tmp_path: Path) -> None:
     assert caught.value.path == path
 
 
-# The top-level keys of summary.json: outside the result classes, nothing reads them by key.
+# The top-level keys of every result (summary.json, train.json, collapse.json, report --json):
+# outside the result classes, nothing reads them by key.
+RESULT_CLASSES = (EnergyResult, VarianceResult, TrainResult, DynamicsResult, ReportResult)
 SUMMARY_KEYS = {"schema_version", "command"} | {
-    f for cls in (EnergyResult, VarianceResult) for f in cls.__dataclass_fields__
+    f for cls in RESULT_CLASSES for f in cls.__dataclass_fields__
 }
 
 
