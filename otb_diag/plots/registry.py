@@ -8,35 +8,35 @@ To add a figure: a function `tables -> Figure` in `plots/energy.py`, `variance.p
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
-
-from otb_diag.plots import dynamics, energy, variance
-from otb_diag.plots.style import save_figure
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MODES = ("proxy", "head", "full")  # variance-compare's score modes, in the order files are read
 
 
 @dataclass(frozen=True)
 class FigureEntry:
-    """One figure. `needs` maps each argument of `plot` to the key of the command's figure data
-    that supplies it; the figure is drawn when every key is there. With `modes`, one file per
-    mode, `<stem>_<mode>.png`; `in_set`: `otb-diag figures` keeps it (the exact mode's file);
-    `in_sweep`: it also keeps the learning-rate sweep's copy."""
+    """One figure. `plot` names its function as `module.function` under `otb_diag/plots/`
+    (imported when drawn, so that `report`, which needs the captions only, loads neither
+    matplotlib nor torch). `needs` maps each argument of the plot to the key of the command's
+    figure data that supplies it; the figure is drawn when every key is there. With `modes`,
+    one file per mode, `<stem>_<mode>.png`; `in_set`: `otb-diag figures` keeps it (the exact
+    mode's file); `in_sweep`: it also keeps the learning-rate sweep's copy."""
 
     stem: str
     command: str
-    plot: Callable[..., Figure]
+    plot: str
     needs: Mapping[str, str]
     caption: str
     modes: tuple[str, ...] = ()
     in_set: bool = True
     in_sweep: bool = False
-    fixed: Mapping[str, Any] = field(default_factory=dict)  # constant arguments of `plot`
 
     def file_stem(self, mode: str | None = None) -> str:
         """The file's name without its suffix: `<stem>_<mode>` for a per-mode figure."""
@@ -50,15 +50,21 @@ class FigureEntry:
         """The mode a file of this figure was drawn for (None: not per mode)."""
         return file_stem.removeprefix(self.stem + "_") if self.modes else None
 
+    @property
+    def plot_function(self) -> Callable[..., Figure]:
+        module, name = self.plot.rsplit(".", 1)
+        return getattr(importlib.import_module(f"otb_diag.plots.{module}"), name)
+
     def draw(self, data: Mapping[str, Any]) -> Figure:
-        return self.plot(**{arg: data[key] for arg, key in self.needs.items()}, **self.fixed)
+        args = {arg: data[key] for arg, key in self.needs.items()}
+        return self.plot_function(**args)
 
 
 FIGURES = (
     FigureEntry(
         "fig3_sequence_energy",
         "energy",
-        energy.fig3_sequence_energy,
+        "energy.fig3_sequence_energy",
         {"sequences": "sequences", "group": "group"},
         "Each bar is one response of the group shown (the most heterogeneous group with mixed "
         "rewards, or --group), its height the total realized energy W(τ) = Σ_t w_t; green "
@@ -68,7 +74,7 @@ FIGURES = (
     FigureEntry(
         "fig4_cumulative_energy",
         "energy",
-        energy.fig4_cumulative_energy,
+        "energy.fig4_cumulative_energy",
         {"tokens": "group_tokens", "samples": "shown", "group": "group"},
         "Each line is one response's cumulative energy W_t against its position t (up to 8 "
         "responses with distinct profiles, spread over the group's energies; responses with "
@@ -79,7 +85,7 @@ FIGURES = (
     FigureEntry(
         "fig5_probability_vs_gradient",
         "energy",
-        energy.fig5_probability_vs_gradient,
+        "energy.fig5_probability_vs_gradient",
         {"tokens": "sampled_tokens", "vocab_size": "vocab_size"},
         "Each hexagon counts generated tokens by their probability p_t (x) and logit-gradient "
         "norm w_t (y, τ = 1 units), log colour scale; the dashed curves are the analytic bounds "
@@ -89,7 +95,7 @@ FIGURES = (
     FigureEntry(
         "fig_energy_by_step",
         "energy",
-        energy.fig_energy_by_step,
+        "energy.fig_energy_by_step",
         {"sequences": "sequences_by_step"},
         "Distribution of sequence energy W(τ) at each checkpoint (box: quartiles, line: "
         "median, whiskers: 1.5 IQR, dots beyond; log scale): how the gradient magnitude of "
@@ -98,7 +104,7 @@ FIGURES = (
     FigureEntry(
         "variance_vs_n",
         "variance-compare",
-        variance.fig_variance_vs_group_size,
+        "variance.fig_variance_vs_group_size",
         {"table": "variance_rows", "aggregation": "aggregation"},
         "Variance of the policy-gradient estimate (trace of its covariance over the paired "
         "draws, log scale) against the group size N, one line per baseline, the band its 95 % "
@@ -110,7 +116,7 @@ FIGURES = (
     FigureEntry(
         "ratio_to_mean",
         "variance-compare",
-        variance.fig_ratio_to_mean,
+        "variance.fig_ratio_to_mean",
         {"table": "variance_rows", "aggregation": "aggregation"},
         "Each bar is a baseline's variance divided by the mean baseline's at the same N (log "
         "scale); bars below the line at 1 beat the group mean. rloo/mean = (N/(N−1))² by "
@@ -120,7 +126,7 @@ FIGURES = (
     FigureEntry(
         "knee_tokens",
         "variance-compare",
-        variance.fig_knee_tokens,
+        "variance.fig_knee_tokens",
         {"table": "noise_rows", "aggregation": "noise_aggregation"},
         "Tokens a step costs at the gradient noise scale, B·N·L̄ (B = tr Σ/|G|² prompts, N "
         "responses each, L̄ tokens a response), against N, one line per baseline with its 95 % "
@@ -132,7 +138,7 @@ FIGURES = (
     FigureEntry(
         "proxy_fidelity",
         "variance-compare",
-        variance.fig_proxy_fidelity,
+        "variance.fig_proxy_fidelity",
         {"tokens": "fidelity_tokens"},
         "Each hexagon counts tokens by the forward-only proxy w_t (x) and the true per-token "
         "squared gradient norm (y), both log scale, log colour. A narrow rising band means "
@@ -141,7 +147,7 @@ FIGURES = (
     FigureEntry(
         "variance_by_block",
         "variance-compare",
-        variance.fig_variance_by_block,
+        "variance.fig_variance_by_block",
         {"blocks": "block_rows", "aggregation": "aggregation"},
         "Where the gradient variance lives (full mode, --by-block): the trace of the covariance "
         "of the gradient estimate restricted to each parameter block, one bar per baseline, at "
@@ -151,7 +157,7 @@ FIGURES = (
     FigureEntry(
         "fig1_grad_norm_and_score",
         "dynamics",
-        dynamics.fig1_grad_norm_and_score,
+        "dynamics.fig1_grad_norm_and_score",
         {"table": "table", "runs": "runs"},
         "Top: gradient norm per logged step (log scale); bottom: score (mean reward). One line "
         "per run: colour = baseline, line style = group size. A dotted vertical line in a "
@@ -161,7 +167,7 @@ FIGURES = (
     FigureEntry(
         "fig2_variance_and_grad_norm",
         "dynamics",
-        dynamics.fig2_variance_and_grad_norm,
+        "dynamics.fig2_variance_and_grad_norm",
         {"table": "table", "runs": "runs"},
         "Top: the logged variance proxy; bottom: the gradient norm (both log scale). Dashed "
         "vertical line: the variance warning, dotted: the collapse; the distance between them "
@@ -170,7 +176,7 @@ FIGURES = (
     FigureEntry(
         "score_vs_tokens",
         "dynamics",
-        dynamics.fig_score_vs_tokens,
+        "dynamics.fig_score_vs_tokens",
         {"table": "table", "runs": "runs", "target": "target"},
         "Score against the running total of sampled tokens: a run further left reaches a "
         "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
@@ -190,6 +196,8 @@ def save_figures(
     """Draw and save (PNG + PDF, `plots/style.py:save_figure`) each figure of `command` whose
     needs `data` holds: with `mode`, the per-mode figures of that mode; without, the others.
     Returns the file names written."""
+    from otb_diag.plots.style import save_figure  # matplotlib: only when drawing
+
     files: list[str] = []
     for entry in figures_of(command):
         if (mode not in entry.modes) if mode is not None else bool(entry.modes):

@@ -4,12 +4,14 @@ its `needs` are its plot's arguments; `save_figures` draws exactly what the data
 import ast
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 
-from otb_diag.plots import registry
+from otb_diag.plots import registry, style
 from otb_diag.plots.registry import FIGURES, FigureEntry, save_figures
 from otb_diag.plots.style import new_figure
 
@@ -66,15 +68,16 @@ def test_the_name_scan_sees_the_spellings() -> None:
 
 @pytest.mark.parametrize("entry", FIGURES, ids=[e.stem for e in FIGURES])
 def test_needs_are_the_plot_arguments(entry: FigureEntry) -> None:
-    params = inspect.signature(entry.plot).parameters
-    given = set(entry.needs) | set(entry.fixed)
+    params = inspect.signature(entry.plot_function).parameters
+    given = set(entry.needs)
     assert given <= set(params)
     required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
     assert required <= given
     assert entry.caption.strip() and entry.command
 
 
-def _plot(table: list[str], label: str = "") -> Figure:
+def fake_plot(table: list[str], label: str = "") -> Figure:
+    """A plot for the registry test (found as `otb_diag.plots.<module>.fake_plot`)."""
     fig, ax = new_figure()
     ax.set_title(f"{len(table)} {label}")
     return fig
@@ -83,11 +86,13 @@ def _plot(table: list[str], label: str = "") -> Figure:
 def test_save_figures_draws_what_the_data_allows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(style, "fake_plot", fake_plot, raising=False)
+    plot = "style.fake_plot"
     entries = (
-        FigureEntry("a_fig", "cmd", _plot, {"table": "rows"}, "A."),
-        FigureEntry("b_fig", "cmd", _plot, {"table": "rows", "label": "name"}, "B."),
-        FigureEntry("m_fig", "cmd", _plot, {"table": "rows"}, "M.", modes=("x", "y")),
-        FigureEntry("other", "elsewhere", _plot, {"table": "rows"}, "O."),
+        FigureEntry("a_fig", "cmd", plot, {"table": "rows"}, "A."),
+        FigureEntry("b_fig", "cmd", plot, {"table": "rows", "label": "name"}, "B."),
+        FigureEntry("m_fig", "cmd", plot, {"table": "rows"}, "M.", modes=("x", "y")),
+        FigureEntry("other", "elsewhere", plot, {"table": "rows"}, "O."),
     )
     monkeypatch.setattr(registry, "FIGURES", entries)
     assert save_figures("cmd", {"rows": [1]}, tmp_path) == ["a_fig.png", "a_fig.pdf"]
@@ -99,3 +104,13 @@ def test_save_figures_draws_what_the_data_allows(
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["a_fig.png", "m_fig_y.png"]
     assert entries[2].file_stems() == ["m_fig_x", "m_fig_y"]
     assert entries[2].mode_of("m_fig_y") == "y" and entries[0].mode_of("a_fig") is None
+
+
+def test_the_report_side_loads_no_plotting() -> None:
+    """Captions and file names come without matplotlib or torch: `report` stays light."""
+    code = (
+        "import sys, otb_diag.pipelines.report.recipe; "
+        "print('torch' in sys.modules, 'matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
