@@ -47,12 +47,10 @@ def figures(
     """
     from otb_diag.pipelines.figures.recipe import run_figures
 
-    record = run_figures(
+    result = run_figures(
         out, quick=quick, seed=seed, progress=not quiet, scenario=scenario, jobs=jobs
     )
     if as_json:
-        print_json(record)
+        print_json(result.to_json())
     else:
-        for name, command in record["figures"].items():
-            typer.echo(f"{name:<36} {command}")
-        typer.echo(f"wrote {len(record['figures'])} figures to {out}")
+        typer.echo(result.format(str(out)))

@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 from otb_diag.errors import InputError
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.read import read_summary
 from otb_diag.pipelines.results.report import ReportResult
 from otb_diag.pipelines.results.schema import SCHEMA_VERSION
 from otb_diag.pipelines.results.train import TrainResult
-from otb_diag.pipelines.results.variance import VarianceResult
+from otb_diag.pipelines.results.variance import ClaimVerdict, VarianceResult
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -89,9 +90,20 @@ def test_a_missing_field_is_an_input_error(runs: Path, tmp_path: Path) -> None:
     assert caught.value.path == path
 
 
+def test_committed_figures_json_is_what_the_result_writes() -> None:
+    """figures.json carries no schema version: the typed result writes the committed file's
+    content, key for key and in order."""
+    record = json.loads((ROOT / "figures" / "figures.json").read_text(encoding="utf-8"))
+    claims = [ClaimVerdict(**c) for c in record["paper_claim"]]
+    written = FiguresResult(**{**record, "paper_claim": claims}).to_json()
+    assert written == record and list(written) == list(record)
+
+
 # The top-level keys of every result (summary.json, train.json, collapse.json, report --json):
 # outside the result classes, nothing reads them by key.
-RESULT_CLASSES = (EnergyResult, VarianceResult, TrainResult, DynamicsResult, ReportResult)
+RESULT_CLASSES = (
+    *(EnergyResult, VarianceResult, TrainResult, DynamicsResult, ReportResult, FiguresResult),
+)
 SUMMARY_KEYS = {"schema_version", "command"} | {
     f for cls in RESULT_CLASSES for f in cls.__dataclass_fields__
 }

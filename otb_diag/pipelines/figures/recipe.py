@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
+from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.plots.registry import figures_of
@@ -97,9 +98,9 @@ def run_figures(
     progress: bool = True,
     scenario: str = "default",
     jobs: int = 1,
-) -> dict[str, Any]:
+) -> FiguresResult:
     """Regenerate every figure of `scenario` into `out`; returns (and writes as
-    `figures.json`) a record of what made each file. `jobs` trainings run at once."""
+    `figures.json`) the result: what made each file. `jobs` trainings run at once."""
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)
@@ -206,22 +207,22 @@ def run_figures(
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
-    record = {
-        "scenario": scenario,
-        "quick": quick,
-        "seed": seed,
-        "figures": made,
-        "timings": timings,
-        "paper_claim": [asdict(c) for c in variance.paper_claim] if variance else None,
-        "noise_scale": variance.noise_scale if variance else None,
-        "sweep": sweep,
-        "collapse": [
+    result = FiguresResult(
+        scenario=scenario,
+        quick=quick,
+        seed=seed,
+        figures=made,
+        timings=timings,
+        paper_claim=variance.paper_claim if variance else None,
+        noise_scale=variance.noise_scale if variance else None,
+        sweep=sweep,
+        collapse=[
             {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
             for r in report.runs
         ],
-    }
-    write_json(out / "figures.json", record)
-    return record
+    )
+    write_json(out / "figures.json", result.to_json())
+    return result
 
 
 def _shown(path: Path) -> str:

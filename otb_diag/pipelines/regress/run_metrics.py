@@ -46,7 +46,7 @@ import pandas as pd
 
 from otb_diag.errors import InputError
 from otb_diag.pipelines.results.energy import EnergyResult
-from otb_diag.pipelines.results.read import Result, result_from_json
+from otb_diag.pipelines.results.read import Result, read_record, result_from_json
 from otb_diag.pipelines.results.variance import VarianceResult
 
 RUN_COMMANDS = ("energy", "variance-compare")
@@ -133,10 +133,7 @@ def find_runs(
     files = sorted(f for name in names for f in path.rglob(name)) if path.is_dir() else []
     runs = []
     for record_path in files:
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InputError(f"cannot read the run record: {err}", path=record_path) from None
+        record = read_record(record_path)
         if not isinstance(record, dict):
             continue
         if record_path.name == RECORD_FILES["dynamics"] and "runs" in record:

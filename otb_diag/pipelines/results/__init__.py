@@ -1,4 +1,6 @@
-"""What the commands return and write as `summary.json`: one frozen result class per command
-(`energy`, `variance`), each with `to_json()` (the file's content, with `schema_version`),
-`from_json()` and `format()` (what the CLI prints); `read` loads a run directory's summary.json
-into its class. Outside these modules nothing indexes a summary by key: readers use fields."""
+"""What the commands return: one frozen result class per command (`energy`, `variance`,
+`train`, `dynamics`, `report`, `figures`), each with `to_json()` (its record file:
+summary.json, train.json, collapse.json with a `schema_version`; figures.json as committed) and
+`format()` (what the CLI prints); `read` loads a run's record file back into its class and
+refuses another schema version (`schema`). Outside these modules nothing indexes a result's
+record by key: readers use fields. Torch-free, so `report` and `regress` load fast."""
