@@ -65,9 +65,9 @@ def find_inputs(dirs: Sequence[Path]) -> tuple[list[Run], list[Regression]]:
                 path=root,
                 field="RUN_DIR",
             )
-        for run_dir, command_name, record in found:
+        for run_dir, command_name, result in found:
             label = (Path(root.resolve().name) / run_dir.relative_to(root)).as_posix()
-            runs.append(Run(run_dir, command_name, record, label, root))
+            runs.append(Run(run_dir, command_name, result, label, root))
         reports += junit
     runs.sort(key=lambda r: REPORT_COMMANDS.index(r.command))
     return runs, reports
@@ -159,21 +159,21 @@ def _verdicts(runs: list[Run], regressions: list[Regression]) -> tuple[list[Verd
     # The budget recommendations lead: they answer what a user came to decide.
     found: list[Verdict] = [
         v for run in runs if run.command == "variance-compare"
-        for v in verdicts.budget_verdict(run.record, run.label)
+        for v in verdicts.budget_verdict(run.result, run.label)
     ]  # fmt: skip
     absent: list[str] = []
     for run in runs:
         if run.command == "variance-compare":
-            found += verdicts.variance_verdicts(run.directory, run.record, run.label)
+            found += verdicts.variance_verdicts(run.directory, run.result, run.label)
             fidelity = read_fidelity(run.directory / "fidelity.csv")
             found += verdicts.fidelity_verdicts(fidelity, run.label)
-            absent += verdicts.absent_modes(run.record, run.label)
+            absent += verdicts.absent_modes(run.result, run.label)
         elif run.command == "energy":
-            found += verdicts.energy_verdicts(run.record, run.label)
+            found += verdicts.energy_verdicts(run.result, run.label)
         elif run.command == "dynamics":
-            found += verdicts.collapse_verdicts(run.record, run.label)
+            found += verdicts.collapse_verdicts(run.result, run.label)
         else:
-            found += verdicts.train_verdicts(run.record, run.label)
+            found += verdicts.train_verdicts(run.result, run.label)
     found += [verdicts.regression_verdict(r.counts, r.source) for r in regressions]
     commands = {r.command for r in runs}
     missing = {
@@ -238,7 +238,7 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
     for run in runs:
         record_file = run.directory / RECORD_FILES[run.command]
         files = [("record", str(record_file), file_sha256(record_file))]
-        files += list(input_files(run.command, run.record))
+        files += list(input_files(run.command, run.result))
         settings = _settings(run)
         made = [name for name, _ in figures(run)]
         parts += [
@@ -251,9 +251,9 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
                 "p",
                 "Command (redraws " + html.text(", ".join(made) if made else "no figure") + "):",
             ),
-            html.code_block(command(run.command, run.record, run.directory.resolve())),
+            html.code_block(command(run.command, run.result, run.directory.resolve())),
         ]
-        versions = None if run.command == "dynamics" else run.record.versions
+        versions = None if run.command == "dynamics" else run.result.versions
         if versions:
             parts.append(html.table(["library", "version"], sorted(versions.items())))
     return parts
@@ -261,4 +261,4 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
 
 def _settings(run: Run) -> dict[str, Any]:
     """The settings a run was made with: its result's, or dynamics' rule."""
-    return run.record.rule if run.command == "dynamics" else run.record.settings
+    return run.result.rule if run.command == "dynamics" else run.result.settings

@@ -26,7 +26,7 @@ class Run:
 
     directory: Path
     command: str
-    record: Result  # the command's result, read back from its record file
+    result: Result  # the command's result, read back from its record file
     label: str
     root: Path  # the RUN_DIR it was found under
 
@@ -54,7 +54,7 @@ def _number(x: Any, fmt: str = "{:.4g}") -> str:
 
 
 def variance_tables(run: Run) -> str:
-    result: VarianceResult = run.record
+    result: VarianceResult = run.result
     max_n = max(h.group_size for h in result.headline)  # measured: requested N ≤ M/2
     head = html.table(
         ["mode", "aggregation", "N", "OTB/mean", "OTB/RLOO", "mean-equivalent N′", "saving"],
@@ -146,7 +146,7 @@ _FIDELITY_DEFS = [
 
 
 def energy_tables(run: Run) -> str:
-    result: EnergyResult = run.record
+    result: EnergyResult = run.result
     proxies = result.proxies
     if proxies and all(
         isinstance(v, dict) and "proxy2_total_power" not in v for v in proxies.values()
@@ -169,7 +169,7 @@ def energy_tables(run: Run) -> str:
 
 
 def dynamics_tables(run: Run) -> str:
-    result: DynamicsResult = run.record
+    result: DynamicsResult = run.result
     header = ["run", "source", "baseline", "N", "steps", "collapse", "warning", "lead"]
     header += ["tokens to target", "variance proxy"]
     rows = [
@@ -190,7 +190,7 @@ def dynamics_tables(run: Run) -> str:
 
 
 def train_tables(run: Run) -> str:
-    result: TrainResult = run.record
+    result: TrainResult = run.result
     early, late, k = result.early, result.late, result.window
     rows = [[key, _number(early.get(key)), _number(late.get(key))] for key in early]
     return html.table(
