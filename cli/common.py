@@ -97,6 +97,11 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def show(data: Any, as_json: bool, text: Callable[[], str]) -> None:
-    """`data` as JSON on stdout with --json, else its `text`."""
-    typer.echo(json_text(data) if as_json else text())
+def show(result: Any, as_json: bool, text: Callable[[], str] | None = None) -> None:
+    """A command's typed result on stdout: `result.to_json()` with --json, else
+    `result.format()`; a plain record with its `text` instead where a command has no result
+    class yet."""
+    if text is None:
+        typer.echo(json_text(result.to_json()) if as_json else result.format())
+    else:
+        typer.echo(json_text(result) if as_json else text())

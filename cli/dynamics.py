@@ -52,7 +52,7 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.pipelines.dynamics import default_names, format_summary, run_dynamics
+    from otb_diag.pipelines.dynamics import default_names, run_dynamics
 
-    report = run_dynamics(run.log, run.label or default_names(run.log), run.out, rule, run.target)
-    show(report, run.as_json, lambda: format_summary(report))
+    result = run_dynamics(run.log, run.label or default_names(run.log), run.out, rule, run.target)
+    show(result, run.as_json)

@@ -37,7 +37,5 @@ def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     """
     from otb_diag.pipelines.figures.recipe import run_figures
 
-    record = run_figures(run.out, settings, progress=not run.quiet)
-    lines = [f"{name:<36} {made_by}" for name, made_by in record["figures"].items()]
-    lines.append(f"wrote {len(record['figures'])} figures to {run.out}")
-    show(record, run.as_json, lambda: "\n".join(lines))
+    result = run_figures(run.out, settings, progress=not run.quiet)
+    show(result.to_json(), run.as_json, lambda: result.format(str(run.out)))

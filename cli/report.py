@@ -49,5 +49,4 @@ def report(run: ReportRun) -> None:
     """
     from otb_diag.pipelines.report.recipe import write_report
 
-    summary = write_report(run.run_dirs, run.out, run.golden)
-    show(summary, run.as_json, lambda: f"wrote {summary['out']}")
+    show(write_report(run.run_dirs, run.out, run.golden), run.as_json)

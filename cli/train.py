@@ -45,12 +45,11 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
     Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
     from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
-    from otb_diag.pipelines.rl_training import format_summary, scenario_settings
+    from otb_diag.pipelines.rl_training import scenario_settings
     from otb_diag.pipelines.rl_training import train as run_training
 
     lab = scenario_settings(run.scenario, max_new_tokens=run.max_new_tokens)
     settings = replace(settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens)
     given = one_checkpoint(run.ckpt, "training starts from one checkpoint")
     start = checkpoint_or_default(given, run.scenario, note)
-    summary = run_training(start, run.out, settings, progress=not run.quiet)
-    show(summary, run.as_json, lambda: format_summary(summary))
+    show(run_training(start, run.out, settings, progress=not run.quiet), run.as_json)

@@ -39,11 +39,10 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
     """
     from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
     from otb_diag.pipelines.variance.recipe import run_variance
-    from otb_diag.pipelines.variance.summary import format_summary
 
     rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
     settings.check()  # before the default checkpoint is looked up
-    summary = run_variance(
+    result = run_variance(
         checkpoint_dirs(run.ckpt, run.scenario, note),
         rollouts_path,
         run.out,
@@ -51,6 +50,6 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
         progress=not run.quiet,
         notify=None if run.quiet else note,
     )
-    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    show(summary, run.as_json, lambda: format_summary(summary))
+    show(result, run.as_json)

@@ -37,6 +37,7 @@ from otb_diag.maths.estimators.registry import (
 )
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.pipelines.energy.settings import EnergySettings
+from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.policy.forward_pass import checkpoint_stats
 
@@ -109,11 +110,12 @@ def variance_compare(
     rollouts: str | Path,
     out: str | Path,
     **settings: Any,
-) -> dict[str, Any]:
-    """Run `otb-diag variance-compare` and return its summary (`headline`: OTB's ratio to mean,
+) -> VarianceResult | None:
+    """Run `otb-diag variance-compare` and return its result (`headline`: OTB's ratio to mean,
     mean-equivalent N′ and token saving per mode; `paper_claim`: the verdict on "OTB at N = 4
-    matches mean at N = 32"). Writes variance.csv, fidelity.csv, figures and summary.json into
-    `out`. `settings` are `VarianceSettings` fields, e.g. `modes=("proxy", "head")`,
+    matches mean at N = 32"; `to_json()`: its summary.json; None on a torchrun rank but 0).
+    Writes variance.csv, fidelity.csv, figures and summary.json into `out`. `settings` are
+    `VarianceSettings` fields, e.g. `modes=("proxy", "head")`,
     `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
     return run_variance(
         [Path(checkpoint)],

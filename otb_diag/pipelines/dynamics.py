@@ -12,12 +12,12 @@ from typing import Any
 import pandas as pd
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run
-from otb_diag.dynamics.units import MIXED_UNITS, proxy_units
+from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
-from otb_diag.plots import dynamics as plots_dynamics
-from otb_diag.plots.style import save_figure
+from otb_diag.pipelines.results.dynamics import DynamicsResult
+from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
 # unless it is a checkpoint folder (TRL writes trainer_state.json into checkpoint-<step>/).
@@ -51,9 +51,9 @@ def default_names(paths: list[Path]) -> list[str]:
 
 def run_dynamics(
     logs: list[Path], names: list[str], out: Path, rule: DetectionRule, target: float | None
-) -> dict[str, Any]:
-    """Read every log, analyse it, write the table, collapse.json and the figures; returns
-    collapse.json's content."""
+) -> DynamicsResult:
+    """Read every log, analyse it, write the table, collapse.json and the figures; returns the
+    result (collapse.json is its `to_json()`)."""
     if len(names) != len(logs):
         raise InputError(
             f"{len(names)} --label for {len(logs)} --log: give one label per log, or none",
@@ -98,25 +98,20 @@ def run_dynamics(
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
-    report = {
-        "rule": {**dataclasses.asdict(rule), "description": rule.describe()},
-        "target": target,
-        "runs": runs,
-    }
+    result = DynamicsResult(
+        rule={**dataclasses.asdict(rule), "description": rule.describe()},
+        target=target,
+        runs=runs,
+        outputs=str(out.resolve()),
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
-    write_json(out / "collapse.json", report)
-    figures = {
-        "fig1_grad_norm_and_score": plots_dynamics.fig1_grad_norm_and_score(table, runs),
-        "fig2_variance_and_grad_norm": plots_dynamics.fig2_variance_and_grad_norm(table, runs),
-        "score_vs_tokens": plots_dynamics.fig_score_vs_tokens(table, runs, target),
-    }
-    if any("otb" in r for r in runs):  # a trainer logged the live diagnostics
-        figures["fig_live_otb"] = plots_dynamics.fig_live_otb(table, runs)
-    for name, fig in figures.items():
-        save_figure(fig, out, name)
-    report["outputs"] = str(out.resolve())
-    return report
+    write_json(out / "collapse.json", result.to_json())
+    data = {"table": table, "runs": runs, "target": target}
+    if any("otb" in r for r in runs):  # a trainer logged the live diagnostics: their figure
+        data["live_runs"] = runs
+    save_figures("dynamics", data, out)
+    return result
 
 
 def _live_metrics(frame: pd.DataFrame) -> dict[str, Any]:
@@ -128,32 +123,3 @@ def _live_metrics(frame: pd.DataFrame) -> dict[str, Any]:
         if c.startswith(OTB_PREFIX) and frame[c].notna().any()
     }
     return {"otb": last} if last else {}
-
-
-def _cell(value: Any, fmt: str = "{}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
-def format_summary(report: dict[str, Any]) -> str:
-    """One line per run, then the rule and where the outputs are."""
-    target = report["target"]
-    tokens_head = f"tokens to {target:g}" if target is not None else "tokens to target"
-    head = (
-        f"{'run':<20} {'baseline':<8} {'N':>4} {'steps':>11} {'collapse':>9} {'warning':>8} "
-        f"{'lead':>5} {tokens_head:>15}  variance proxy"
-    )
-    lines = [head]
-    for r in report["runs"]:
-        lines.append(
-            f"{r['run'][:20]:<20} {_cell(r['baseline']):<8} {_cell(r['group_size']):>4} "
-            f"{r['first_step']:>5}-{r['last_step']:<5} {_cell(r['collapse_step']):>9} "
-            f"{_cell(r['warning_step']):>8} {_cell(r['lead_steps']):>5} "
-            f"{_cell(r['tokens_to_target'], '{:.3g}'):>15}  {r['variance_proxy_kind']}"
-        )
-    mixed = [r["run"] for r in report["runs"] if r.get("proxy3_mixes_units")]
-    if mixed:
-        lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
-    lines.append(f"rule: {report['rule']['description']}")
-    figures = 4 if any("otb" in r for r in report["runs"]) else 3
-    lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {report['outputs']}")
-    return "\n".join(lines)

@@ -65,6 +65,7 @@ from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.results.train import TrainResult, TrainTotals
 from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.surrogate_loss import surrogate_loss
@@ -180,9 +181,9 @@ def _json_line(metrics: dict[str, Any]) -> str:
 
 def train(
     ckpt: Path, out: Path, settings: TrainSettings = TrainSettings(), *, progress: bool = True
-) -> dict[str, Any]:
+) -> TrainResult:
     """Run `settings.steps` RL steps from the checkpoint `ckpt`, writing into `out` (module
-    docstring); returns the summary also written to `out/train.json`."""
+    docstring); returns the result whose `to_json()` is `out/train.json`."""
     check_settings(settings)
     loaded = load_checkpoint(ckpt, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -251,21 +252,20 @@ def train(
             )
             bar.update(1)
 
-    summary = {
-        "command": "train",
-        "checkpoint": str(loaded.path),
-        "settings": dataclasses.asdict(settings),
+    result = TrainResult(
+        checkpoint=str(loaded.path),
+        settings=dataclasses.asdict(settings),
         **_early_and_late(history),
-        "totals": {
-            "steps": settings.steps,
-            "tokens_sampled": tokens_sampled,
-            "wall_time": time.perf_counter() - started,
-        },
-        "versions": library_versions(),
-        "out": str(out.resolve()),
-    }
-    write_json(out / "train.json", summary)
-    return summary
+        totals=TrainTotals(
+            steps=settings.steps,
+            tokens_sampled=tokens_sampled,
+            wall_time=time.perf_counter() - started,
+        ),
+        versions=library_versions(),
+        out=str(out.resolve()),
+    )
+    write_json(out / "train.json", result.to_json())
+    return result
 
 
 def _early_and_late(history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -277,26 +277,3 @@ def _early_and_late(history: list[dict[str, Any]]) -> dict[str, Any]:
         return {key: float(np.mean([m[key] for m in lines])) for key in _SUMMARY_KEYS}
 
     return {"window": k, "early": mean(history[:k]), "late": mean(history[-k:])}
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The short human summary `otb-diag train` prints: early and late steps side by side."""
-    early, late, k = summary["early"], summary["late"], summary["window"]
-    n = summary["totals"]["steps"]
-
-    def row(name: str, key: str, fmt: str) -> str:
-        return f"{name:<13}{early[key]:{fmt}} -> {late[key]:{fmt}}"
-
-    return "\n".join(
-        [
-            f"trained      {n} steps from {summary['checkpoint']}",
-            f"means of     steps 1-{k} -> steps {n - k + 1}-{n}",
-            row("mean reward", "mean_reward", ".3f"),
-            row("grad norm", "grad_norm", ".3g"),
-            row("entropy", "entropy", ".3f"),
-            row("length", "mean_response_length", ".1f"),
-            f"sampled      {summary['totals']['tokens_sampled']} tokens in "
-            f"{summary['totals']['wall_time']:.1f} s",
-            f"wrote        {summary['out']} (metrics.jsonl, rollouts/, checkpoint-*/, train.json)",
-        ]
-    )

@@ -11,6 +11,8 @@ from otb_diag.cli.main import app
 from tiny import save_checkpoint
 from typer.testing import CliRunner
 
+from otb_diag.pipelines.results.variance import HeadlineRow
+
 runner = CliRunner()
 
 COLUMNS = [
@@ -182,21 +184,22 @@ def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
     assert by.loc[("mean", 2)] > 3
 
 
-def claim_row(n: int, equiv: float, where: str) -> dict:
-    return {"mode": "head", "group_size": n, "equivalent_mean_group_size": equiv,
-            "equivalent_range": where}  # fmt: skip
+def claim_row(n: int, equiv: float, where: str) -> HeadlineRow:
+    return HeadlineRow(mode="head", aggregation="token-sum", group_size=n, otb_ratio_to_mean=0.5,
+                       otb_ratio_to_rloo=None, equivalent_mean_group_size=equiv,
+                       equivalent_range=where, token_savings=1 - n / equiv)  # fmt: skip
 
 
 def test_paper_claim_verdicts() -> None:
     from otb_diag.pipelines.variance.summary import paper_claim
 
     [v] = paper_claim([claim_row(2, 3.0, "within"), claim_row(4, 10.4, "within")], 16)
-    assert v["verdict"] == "not reproduced" and "N′ ≈ 10.4, not 32 (2.6× fewer" in v["text"]
+    assert v.verdict == "not reproduced" and "N′ ≈ 10.4, not 32 (2.6× fewer" in v.text
     # beyond the measured range: undecided when the largest N is below 32, else reproduced
-    assert paper_claim([claim_row(4, math.inf, "beyond")], 16)[0]["verdict"] == "undecided"
-    assert paper_claim([claim_row(4, math.inf, "beyond")], 32)[0]["verdict"] == "reproduced"
-    assert paper_claim([claim_row(4, 40.0, "within")], 64)[0]["verdict"] == "reproduced"
-    assert paper_claim([claim_row(4, 4.0, "below")], 16)[0]["verdict"] == "not reproduced"
+    assert paper_claim([claim_row(4, math.inf, "beyond")], 16)[0].verdict == "undecided"
+    assert paper_claim([claim_row(4, math.inf, "beyond")], 32)[0].verdict == "reproduced"
+    assert paper_claim([claim_row(4, 40.0, "within")], 64)[0].verdict == "reproduced"
+    assert paper_claim([claim_row(4, 4.0, "below")], 16)[0].verdict == "not reproduced"
     assert paper_claim([claim_row(8, 40.0, "within")], 64) == []  # no N = 4, no verdict
 
 

@@ -49,7 +49,7 @@ from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
 from otb_diag.plots import energy as plots
-from otb_diag.plots.style import save_figure
+from otb_diag.plots.registry import save_figures
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.runtime.devices import torch_threads
 from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, shard_by_tokens
@@ -378,16 +378,14 @@ def _write_tables(
     files = ["sequences.csv", "groups.csv", "proxies.json"]
 
     final = results[-1]
-    shown = plots.spread_samples(final.sequences, group, count=8)
-    figures = {
-        "fig3_sequence_energy": plots.fig3_sequence_energy(final.sequences, group),
-        "fig4_cumulative_energy": plots.fig4_cumulative_energy(fig4_tokens, shown, group),
-        "fig5_probability_vs_gradient": plots.fig5_probability_vs_gradient(
-            final.fig5_tokens, final.vocab_size
-        ),
+    figure_data = {
+        "sequences": final.sequences,
+        "group": group,
+        "group_tokens": fig4_tokens,
+        "shown": plots.spread_samples(final.sequences, group, count=8),
+        "sampled_tokens": final.fig5_tokens,
+        "vocab_size": final.vocab_size,
     }
     if len(results) > 1:
-        figures["fig_energy_by_step"] = plots.fig_energy_by_step(sequences)
-    for name, fig in figures.items():
-        files += [p.name for p in save_figure(fig, out, name)]
-    return files
+        figure_data["sequences_by_step"] = sequences
+    return files + save_figures("energy", figure_data, out)

@@ -31,10 +31,20 @@ from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
+from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
+from otb_diag.plots.registry import figures_of
 
-DYNAMICS_FIGURES = ["fig1_grad_norm_and_score", "fig2_variance_and_grad_norm", "score_vs_tokens"]
+
+def _kept(command: str, mode: str | None = None, sweep: bool = False) -> list[str]:
+    """The file stems of `command`'s figures that the figure set keeps (the per-mode ones in
+    `mode`; `sweep`: those kept from the learning-rate sweep), in the registry's order."""
+    return [
+        entry.file_stem(mode)
+        for entry in figures_of(command)
+        if (entry.in_sweep if sweep else entry.in_set) and (not entry.modes or mode in entry.modes)
+    ]
 
 
 @dataclass(frozen=True)
@@ -83,9 +93,9 @@ class FigurePlan:
 
 def run_figures(
     out: Path, settings: FiguresSettings = FiguresSettings(), *, progress: bool = True
-) -> dict[str, Any]:
+) -> FiguresResult:
     """Regenerate every figure of `settings.scenario` into `out`; returns (and writes as
-    `figures.json`) a record of what made each file. `settings.jobs` trainings run at once."""
+    `figures.json`) the result: what made each file. `settings.jobs` trainings run at once."""
     quick, seed, scenario, jobs = settings.quick, settings.seed, settings.scenario, settings.jobs
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
@@ -106,12 +116,7 @@ def run_figures(
     run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
     keep(
         runs / "energy",
-        [
-            "fig3_sequence_energy",
-            "fig4_cumulative_energy",
-            "fig5_probability_vs_gradient",
-            "fig_energy_by_step",
-        ],
+        _kept("energy"),
         f"otb-diag energy --ckpt {_shown(start.parent)}{scenario_flag}",
     )
     timings["energy_s"] = time.perf_counter() - t0
@@ -130,8 +135,7 @@ def run_figures(
     exact = plan.variance_modes[-1]
     keep(
         runs / "variance",
-        [f"variance_vs_n_{exact}", f"ratio_to_mean_{exact}", f"knee_tokens_{exact}"]
-        + ["proxy_fidelity"],
+        _kept("variance-compare", exact),
         f"otb-diag variance-compare{scenario_flag} --mode {','.join(plan.variance_modes)} "
         f"--baselines {','.join(settings.baselines)} "
         f"--group-sizes {','.join(map(str, plan.group_sizes))} "
@@ -171,7 +175,7 @@ def run_figures(
         sweep = _sweep_verdicts(sweep_jobs, runs / "sweep-dynamics")
         keep(
             runs / "sweep-dynamics",
-            DYNAMICS_FIGURES[:1],
+            _kept("dynamics", sweep=True),
             f"{train_flags} --baseline mean --group-size 4 at --lr "
             f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
             prefix="lr_sweep_",
@@ -194,27 +198,27 @@ def run_figures(
     )
     keep(
         runs / "dynamics",
-        DYNAMICS_FIGURES,
+        _kept("dynamics"),
         f"{train_flags} ({', '.join(j.label for j in compared)}), then otb-diag dynamics",
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
-    record = {
-        "scenario": scenario,
-        "quick": quick,
-        "seed": seed,
-        "figures": made,
-        "timings": timings,
-        "paper_claim": variance["paper_claim"] if variance else None,
-        "noise_scale": variance["noise_scale"] if variance else None,
-        "sweep": sweep,
-        "collapse": [
+    result = FiguresResult(
+        scenario=scenario,
+        quick=quick,
+        seed=seed,
+        figures=made,
+        timings=timings,
+        paper_claim=variance.paper_claim if variance else None,
+        noise_scale=variance.noise_scale if variance else None,
+        sweep=sweep,
+        collapse=[
             {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
-            for r in report["runs"]
+            for r in report.runs
         ],
-    }
-    write_json(out / "figures.json", record)
-    return record
+    )
+    write_json(out / "figures.json", result.to_json())
+    return result
 
 
 def _shown(path: Path) -> str:
@@ -236,7 +240,7 @@ def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
         target=None,
     )
     verdicts = []
-    for j, run in zip(sweep_jobs, report["runs"], strict=True):
+    for j, run in zip(sweep_jobs, report.runs, strict=True):
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)
         verdicts.append(stability(j.settings.lr, scores, run["collapse_step"]))
     lr, reason = choose_lr(verdicts)

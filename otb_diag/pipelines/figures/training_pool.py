@@ -11,8 +11,8 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.rl_training import TrainSettings, train
 from otb_diag.runtime.devices import torch_threads
 
@@ -27,13 +27,13 @@ class TrainingJob:
     label: str
 
 
-def _run_one(job: TrainingJob, progress: bool) -> dict[str, Any]:
+def _run_one(job: TrainingJob, progress: bool) -> TrainResult:
     with torch_threads(1):
         return train(job.ckpt, job.out, job.settings, progress=progress)
 
 
-def run_trainings(jobs: list[TrainingJob], workers: int, progress: bool) -> list[dict[str, Any]]:
-    """Run every job; returns their `train.json` summaries in `jobs`' order. Progress bars are
+def run_trainings(jobs: list[TrainingJob], workers: int, progress: bool) -> list[TrainResult]:
+    """Run every job; returns their results (`train.json`) in `jobs`' order. Progress bars are
     drawn only in this process (one job at a time)."""
     if workers <= 1 or len(jobs) == 1:
         return [_run_one(job, progress) for job in jobs]

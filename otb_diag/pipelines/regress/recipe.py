@@ -103,13 +103,12 @@ def run_provenance(path: Path) -> dict[str, Any]:
     """What the golden was made from: per run, the command, the inputs' SHA-256 and settings
     (a golden interval is only meaningful for the same draws, bootstrap and sketch size)."""
     runs = {}
-    for run_dir, summary in find_runs(path):
-        inputs = summary.get("inputs", {})
+    for run_dir, command, result in find_runs(path):
         runs[run_dir.relative_to(path).as_posix()] = {
-            "command": summary["command"],
-            "rollouts_sha256": inputs.get("rollouts", {}).get("sha256"),
-            "checkpoints_sha256": [c.get("sha256") for c in inputs.get("checkpoints", [])],
-            "settings": summary.get("settings"),
+            "command": command,
+            "rollouts_sha256": result.inputs.rollouts_sha256,
+            "checkpoints_sha256": [c.get("sha256") for c in result.inputs.checkpoints],
+            "settings": result.settings,
         }
     return {"runs": runs}
 

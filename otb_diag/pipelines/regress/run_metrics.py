@@ -36,7 +36,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +45,9 @@ import numpy as np
 import pandas as pd
 
 from otb_diag.errors import InputError
+from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.read import Result, read_record, result_from_json
+from otb_diag.pipelines.results.variance import VarianceResult
 
 RUN_COMMANDS = ("energy", "variance-compare")
 
@@ -93,19 +96,20 @@ def collect_metrics(path: Path) -> dict[str, Metric]:
     if not path.exists():
         raise InputError("no such file or directory", path=path, field="--current")
     metrics: dict[str, Metric] = {}
-    for run_dir, summary in find_runs(path):
+    for run_dir, _, result in find_runs(path):
         rel = run_dir.relative_to(path).as_posix()
         prefix = "" if rel == "." else rel + "/"
         found = (
-            energy_metrics(run_dir, summary)
-            if summary["command"] == "energy"
-            else variance_metrics(run_dir, summary)
+            energy_metrics(run_dir, result)
+            if isinstance(result, EnergyResult)
+            else variance_metrics(run_dir, result)
         )
         metrics.update({prefix + name: metric for name, metric in found.items()})
     return metrics
 
 
-# The file each command writes its record into; dynamics' collapse.json carries no "command".
+# The file each command writes its record into (collapse.json of dynamics runs made before
+# it held a "command" is recognised by its "runs", and refused for its schema version).
 RECORD_FILES = {
     "energy": "summary.json",
     "variance-compare": "summary.json",
@@ -115,27 +119,30 @@ RECORD_FILES = {
 
 
 def find_runs(
-    path: Path, commands: Sequence[str] = RUN_COMMANDS, field: str = "--current"
-) -> list[tuple[Path, dict[str, Any]]]:
-    """(directory, record) of every run at or under `path` written by one of `commands`: the
-    record file of `RECORD_FILES` (summary.json, train.json, collapse.json), with its
-    "command" key set. Other JSON files of the same names are skipped; none at all is an input
-    error naming `field`."""
+    path: Path,
+    commands: Sequence[str] = RUN_COMMANDS,
+    field: str = "--current",
+    *,
+    required: bool = True,
+) -> list[tuple[Path, str, Result]]:
+    """(directory, command, result) of every run at or under `path` written by one of
+    `commands`: its record file of `RECORD_FILES` read back into its result class
+    (`pipelines/results/read.py`, which refuses another schema version). Other JSON files of
+    the same names are skipped; none at all is an input error naming `field` when `required`."""
     names = sorted({RECORD_FILES[c] for c in commands})
     files = sorted(f for name in names for f in path.rglob(name)) if path.is_dir() else []
     runs = []
     for record_path in files:
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InputError(f"cannot read the run record: {err}", path=record_path) from None
+        record = read_record(record_path)
         if not isinstance(record, dict):
             continue
         if record_path.name == RECORD_FILES["dynamics"] and "runs" in record:
             record = {**record, "command": "dynamics"}
-        if record.get("command") in commands:
-            runs.append((record_path.parent, record))
-    if not runs:
+        command = record.get("command")
+        if command not in commands:
+            continue
+        runs.append((record_path.parent, command, result_from_json(record, record_path)))
+    if not runs and required:
         written_by = " or ".join(f"`otb-diag {c}`" for c in commands)
         raise InputError(
             f"no run outputs here: expected a directory written by {written_by} "
@@ -180,9 +187,9 @@ def _flatten(data: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix.rstrip("/"), float(data)
 
 
-def energy_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric]:
+def energy_metrics(run_dir: Path, result: EnergyResult) -> dict[str, Metric]:
     """Deterministic metrics of an `otb-diag energy` run."""
-    values = dict(_flatten(summary.get("energy", {}), "summary/"))
+    values = dict(_flatten(asdict(result.energy), "summary/"))
     values.update(_flatten(_read(run_dir / "proxies.json", _read_json), "proxies/"))
 
     path = run_dir / "tokens.parquet"
@@ -229,15 +236,13 @@ def read_fidelity(path: Path) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def variance_metrics(run_dir: Path, summary: dict[str, Any]) -> dict[str, Metric]:
+def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]:
     """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
     from otb_diag.maths.variance.intervals import REFERENCE
 
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
-    k = int(summary.get("settings", {}).get("sketch_dim", 0))
-    if k < 1:
-        raise InputError("no settings.sketch_dim in the run summary", path=run_dir / "summary.json")
+    k = result.sketch_dim
     metrics: dict[str, Metric] = {}
     for step, per_step in _steps(table):
         for mode, rows in per_step.groupby("mode", sort=False):

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.pipelines.results.read import Result
+from otb_diag.pipelines.results.schema import RunInputs
 
 
 def _flags(pairs: list[tuple[str, Any]]) -> list[str]:
@@ -42,10 +44,9 @@ def _zero_tail(settings: dict[str, Any]) -> list[tuple[str, Any]]:
     return [("--handle-zero-tail" if on else "--no-handle-zero-tail", True)]
 
 
-def _inputs(record: dict[str, Any]) -> list[tuple[str, Any]]:
-    inputs = record.get("inputs", {})
-    pairs = [("--ckpt", c["path"]) for c in inputs.get("checkpoints", [])]
-    return pairs + [("--rollouts", inputs.get("rollouts", {}).get("path"))]
+def _inputs(inputs: RunInputs) -> list[tuple[str, Any]]:
+    pairs = [("--ckpt", path) for path in inputs.checkpoint_paths]
+    return pairs + [("--rollouts", inputs.rollouts_path)]
 
 
 def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -54,50 +55,47 @@ def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, A
     return [(options.get(k, f"--{k.replace('_', '-')}"), settings.get(k)) for k in keys]
 
 
-def command(command_name: str, record: dict[str, Any], out: Path) -> str:
-    """The `otb-diag ...` line that rewrites the run directory `out` with the same settings."""
-    s = record.get("settings", {})
+def command(command_name: str, result: Result, out: Path) -> str:
+    """The `otb-diag ...` line that rewrites the run directory `out` with the same settings
+    (`result`: the run's result)."""
     if command_name in ("energy", "variance-compare"):
-        model_free = record.get("mode") == "model-free"  # energy's --model-free
+        s = result.settings
         keys = (
             ("baselines", "temperature", "group")
             if command_name == "energy"
             else ("modes", "baselines", "aggregations", "group_sizes", "draws", "bootstrap")
             + ("sketch_dim", "seed", "force", "temperature")
         )
-        pairs = _inputs(record) + [("--model-free", model_free)] + _named(s, keys)
+        pairs = _inputs(result.inputs) + [("--model-free", result.model_free)] + _named(s, keys)
         pairs += _named(s, ("batch_tokens", "chunk_size")) + _zero_tail(s) + _load_flags(s)
     elif command_name == "train":
-        pairs = [("--ckpt", record.get("checkpoint"))] + _named(
-            s,
+        pairs = [("--ckpt", result.checkpoint)] + _named(
+            result.settings,
             ("baseline", "group_size", "aggregation", "prompts_per_step", "lr", "steps")
             + ("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
         )
     else:  # dynamics
-        pairs = [
-            p for r in record.get("runs", []) for p in (("--log", r["file"]), ("--label", r["run"]))
-        ]
+        pairs = [p for r in result.runs for p in (("--log", r["file"]), ("--label", r["run"]))]
         pairs += _named(
-            record.get("rule", {}),
+            result.rule,
             ("window", "threshold", "persist", "lead_threshold", "lead_horizon", "smooth"),
         )
-        pairs.append(("--target", record.get("target")))
+        pairs.append(("--target", result.target))
     return shlex.join(["otb-diag", command_name, *_flags(pairs), "--out", str(out)])
 
 
-def input_files(command_name: str, record: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+def input_files(command_name: str, result: Result) -> Iterator[tuple[str, str, str]]:
     """(what, path, SHA-256) of each input: as recorded by the run, or hashed now (marked so)
     for the commands whose record does not hash its inputs."""
-    inputs = record.get("inputs", {})
-    rollouts = inputs.get("rollouts")
-    if rollouts:
-        yield "rollouts", rollouts["path"], rollouts.get("sha256") or "—"
-    for c in inputs.get("checkpoints", []):
-        yield f"checkpoint (step {c.get('step')})", c["path"], c.get("sha256") or "—"
+    if command_name in ("energy", "variance-compare"):
+        inputs: RunInputs = result.inputs
+        yield "rollouts", inputs.rollouts_path, inputs.rollouts_sha256 or "—"
+        for c in inputs.checkpoints:
+            yield f"checkpoint (step {c.get('step')})", c["path"], c.get("sha256") or "—"
     if command_name == "train":
-        yield "checkpoint (start)", record["checkpoint"], _hash_now(Path(record["checkpoint"]))
+        yield "checkpoint (start)", result.checkpoint, _hash_now(Path(result.checkpoint))
     if command_name == "dynamics":
-        for r in record.get("runs", []):
+        for r in result.runs:
             yield f"training log ({r['run']})", r["file"], _hash_now(Path(r["file"]))
 
 

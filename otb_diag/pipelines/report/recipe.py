@@ -31,6 +31,7 @@ from otb_diag.pipelines.regress.run_metrics import (
 from otb_diag.pipelines.report import html, verdicts
 from otb_diag.pipelines.report.provenance import command, input_files
 from otb_diag.pipelines.report.sections import TABLES, Run, figures
+from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
 
 REPORT_COMMANDS = ("variance-compare", "energy", "dynamics", "train")  # the report's order
 JUNIT_SUITE = "otb-diag regress"
@@ -54,23 +55,19 @@ def find_inputs(dirs: Sequence[Path]) -> tuple[list[Run], list[Regression]]:
         if not root.exists():
             raise InputError("no such file or directory", path=root, field="RUN_DIR")
         junit = [r for p in sorted(root.rglob("*.xml")) if (r := _read_junit(p))]
-        try:
-            found = find_runs(root, REPORT_COMMANDS, field="RUN_DIR")
-        except InputError:
-            if junit:
-                found = []
-            else:
-                files = ", ".join(sorted(set(RECORD_FILES.values())))
-                raise InputError(
-                    "nothing to report here: expected the output directory of `otb-diag "
-                    f"energy`, `variance-compare`, `dynamics` or `train` ({files}), a "
-                    "`regress --junit` file, or a directory holding several",
-                    path=root,
-                    field="RUN_DIR",
-                ) from None
-        for run_dir, record in found:
+        found = find_runs(root, REPORT_COMMANDS, field="RUN_DIR", required=False)
+        if not found and not junit:
+            files = ", ".join(sorted(set(RECORD_FILES.values())))
+            raise InputError(
+                "nothing to report here: expected the output directory of `otb-diag "
+                f"energy`, `variance-compare`, `dynamics` or `train` ({files}), a "
+                "`regress --junit` file, or a directory holding several",
+                path=root,
+                field="RUN_DIR",
+            )
+        for run_dir, command_name, result in found:
             label = (Path(root.resolve().name) / run_dir.relative_to(root)).as_posix()
-            runs.append(Run(run_dir, record["command"], record, label, root))
+            runs.append(Run(run_dir, command_name, result, label, root))
         reports += junit
     runs.sort(key=lambda r: REPORT_COMMANDS.index(r.command))
     return runs, reports
@@ -117,8 +114,10 @@ def build_report(dirs: Sequence[Path], golden: Path | None = None) -> str:
     return _page(dirs, golden)[0]
 
 
-def _page(dirs: Sequence[Path], golden: Path | None) -> tuple[str, dict[str, Any]]:
-    """The HTML page and the summary of what it says (runs, verdicts, what is absent)."""
+def _page(
+    dirs: Sequence[Path], golden: Path | None
+) -> tuple[str, list[Run], list[Verdict], list[str]]:
+    """The HTML page and what it says: the runs, the verdicts, what is absent."""
     runs, regressions = find_inputs(dirs)
     if golden is not None:
         regressions.insert(0, golden_regression(golden, runs))
@@ -140,45 +139,41 @@ def _page(dirs: Sequence[Path], golden: Path | None) -> tuple[str, dict[str, Any
         ]
     body += _figures(runs) + _tables(runs, regressions) + _provenance(runs, dirs, golden)
     subtitle = f"{len(runs)} run(s) from " + ", ".join(str(d) for d in dirs)
-    summary = {
-        "runs": [
-            {"command": r.command, "label": r.label, "directory": str(r.directory)} for r in runs
-        ],
-        "verdicts": [{"topic": v.topic, "sentence": v.sentence} for v in found],
-        "absent": absent,
-    }
-    return html.page("otb-diag report", subtitle, "\n".join(body)), summary
+    return html.page("otb-diag report", subtitle, "\n".join(body)), runs, found, absent
 
 
-def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) -> dict[str, Any]:
-    """Write the page to `out`; returns its summary: `out` (resolved), `runs` (command, label,
+def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) -> ReportResult:
+    """Write the page to `out`; returns the result: `out` (resolved), `runs` (command, label,
     directory), `verdicts` (topic, sentence) and `absent` (what no run measured)."""
-    page, summary = _page(dirs, golden)
+    page, runs, found, absent = _page(dirs, golden)
     write_text(out, page)
-    return {"out": str(out.resolve()), **summary}
+    return ReportResult(
+        out=str(out.resolve()),
+        runs=[ReportedRun(r.command, r.label, str(r.directory)) for r in runs],
+        verdicts=found,
+        absent=absent,
+    )
 
 
-def _verdicts(
-    runs: list[Run], regressions: list[Regression]
-) -> tuple[list[verdicts.Verdict], list[str]]:
+def _verdicts(runs: list[Run], regressions: list[Regression]) -> tuple[list[Verdict], list[str]]:
     # The budget recommendations lead: they answer what a user came to decide.
-    found: list[verdicts.Verdict] = [
+    found: list[Verdict] = [
         v for run in runs if run.command == "variance-compare"
-        for v in verdicts.budget_verdict(run.record, run.label)
+        for v in verdicts.budget_verdict(run.result, run.label)
     ]  # fmt: skip
     absent: list[str] = []
     for run in runs:
         if run.command == "variance-compare":
-            found += verdicts.variance_verdicts(run.directory, run.record, run.label)
+            found += verdicts.variance_verdicts(run.directory, run.result, run.label)
             fidelity = read_fidelity(run.directory / "fidelity.csv")
             found += verdicts.fidelity_verdicts(fidelity, run.label)
-            absent += verdicts.absent_modes(run.record, run.label)
+            absent += verdicts.absent_modes(run.result, run.label)
         elif run.command == "energy":
-            found += verdicts.energy_verdicts(run.record, run.label)
+            found += verdicts.energy_verdicts(run.result, run.label)
         elif run.command == "dynamics":
-            found += verdicts.collapse_verdicts(run.record, run.label)
+            found += verdicts.collapse_verdicts(run.result, run.label)
         else:
-            found += verdicts.train_verdicts(run.record, run.label)
+            found += verdicts.train_verdicts(run.result, run.label)
     found += [verdicts.regression_verdict(r.counts, r.source) for r in regressions]
     commands = {r.command for r in runs}
     missing = {
@@ -243,8 +238,8 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
     for run in runs:
         record_file = run.directory / RECORD_FILES[run.command]
         files = [("record", str(record_file), file_sha256(record_file))]
-        files += list(input_files(run.command, run.record))
-        settings = run.record.get("settings") or run.record.get("rule") or {}
+        files += list(input_files(run.command, run.result))
+        settings = _settings(run)
         made = [name for name, _ in figures(run)]
         parts += [
             html.element("h3", html.text(f"{run.command}: {run.label}")),
@@ -256,9 +251,14 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
                 "p",
                 "Command (redraws " + html.text(", ".join(made) if made else "no figure") + "):",
             ),
-            html.code_block(command(run.command, run.record, run.directory.resolve())),
+            html.code_block(command(run.command, run.result, run.directory.resolve())),
         ]
-        versions = run.record.get("versions")
+        versions = None if run.command == "dynamics" else run.result.versions
         if versions:
             parts.append(html.table(["library", "version"], sorted(versions.items())))
     return parts
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    """The settings a run was made with: its result's, or dynamics' rule."""
+    return run.result.rule if run.command == "dynamics" else run.result.settings

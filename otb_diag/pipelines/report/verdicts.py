@@ -16,13 +16,16 @@ re-measured here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
+from otb_diag.pipelines.results.dynamics import DynamicsResult
+from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.report import Verdict
+from otb_diag.pipelines.results.train import TrainResult
+from otb_diag.pipelines.results.variance import CLAIM_EQUIVALENT_N, CLAIM_N, VarianceResult
 
 MODES = ("proxy", "head", "full")
 MODE_NAMES = {
@@ -30,15 +33,6 @@ MODE_NAMES = {
     "head": "exact output-layer gradients",
     "full": "exact gradients of every parameter",
 }
-CLAIM_N = 4  # the paper's OTB group size (pipelines.variance.CLAIM_N; not imported: torch)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One finding: `topic` (a short label) and one sentence."""
-
-    topic: str
-    sentence: str
 
 
 def _interval(low: float, high: float, fmt: str) -> str:
@@ -54,37 +48,33 @@ def _fraction(x: float) -> str:
     return f"{x:.0%}".replace("%", " %")
 
 
-def budget_verdict(summary: dict[str, Any], label: str) -> list[Verdict]:
-    """The recommendation sentence of summary.json's `noise_scale` (none from older runs)."""
-    advice = summary.get("noise_scale")
-    if not advice:
-        return []
-    mode = advice.get("mode")
-    where = f"{mode} mode, {advice.get('aggregation')}" if mode else "no signal"
-    return [Verdict(f"prompts and responses per step ({label})", f"{advice['text']} ({where}).")]
+def budget_verdict(result: VarianceResult, label: str) -> list[Verdict]:
+    """The recommendation sentence of summary.json's `noise_scale`."""
+    sentence = f"{result.recommendation} ({result.recommendation_where})."
+    return [Verdict(f"prompts and responses per step ({label})", sentence)]
 
 
-def variance_verdicts(run_dir: Path, summary: dict[str, Any], label: str) -> list[Verdict]:
+def variance_verdicts(run_dir: Path, result: VarianceResult, label: str) -> list[Verdict]:
     """Per mode, OTB at N = 4 (else the smallest N) against the `mean` baseline, then the
     paper-claim verdicts."""
-    metrics = variance_metrics(run_dir, summary)
-    sizes = [int(n) for n in summary.get("settings", {}).get("group_sizes", [])]
-    rows = summary.get("headline", [])
+    metrics = variance_metrics(run_dir, result)
+    sizes = result.group_sizes
+    rows = result.headline
     step_prefix = _step_prefix(run_dir)
     verdicts = []
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        mine = {r["group_size"]: r for r in rows if r["mode"] == mode}
+    for mode in dict.fromkeys(r.mode for r in rows):
+        mine = {r.group_size: r for r in rows if r.mode == mode}
         if not mine:
             continue
         row = mine.get(CLAIM_N) or mine[min(mine)]
-        n, agg = row["group_size"], row["aggregation"]
+        n, agg = row.group_size, row.aggregation
         measured = [s for s in sizes if s in mine] or list(mine)
         max_n = max(measured)
         key = f"{step_prefix}{mode}/{agg}/otb/N{n}/"
         ratio = metrics[key + "ratio_to_mean"]
         equiv = metrics[key + "equivalent_mean_group_size"]
         saving = metrics[key + "token_savings"]
-        bound = "at least " if row.get("equivalent_range") == "beyond" else ""
+        bound = "at least " if row.equivalent_range == "beyond" else ""
         sentence = (
             f"With {MODE_NAMES.get(mode, mode)} ({mode} mode, {agg}), OTB at N = {n} has "
             f"{ratio.value:.3f}× the gradient variance of the mean baseline "
@@ -99,12 +89,12 @@ def variance_verdicts(run_dir: Path, summary: dict[str, Any], label: str) -> lis
             f"{_fraction(saving.interval()[0])} to {_fraction(saving.interval()[1])})."
         )
         verdicts.append(Verdict(f"OTB vs mean, {mode} ({label})", sentence))
-    for claim in summary.get("paper_claim", []):
+    for claim in result.paper_claim:
         verdicts.append(
             Verdict(
-                f"paper's claim, {claim['mode']} ({label})",
-                f"The paper's claim (OTB at N = 4 as steady as the mean baseline at N = 32) is "
-                f"{claim['verdict']} in {claim['mode']} mode: {claim['text']}.",
+                f"paper's claim, {claim.mode} ({label})",
+                f"The paper's claim (OTB at N = {CLAIM_N} as steady as the mean baseline at "
+                f"N = {CLAIM_EQUIVALENT_N}) is {claim.verdict} in {claim.mode} mode: {claim.text}.",
             )
         )
     return verdicts
@@ -124,9 +114,9 @@ def _step_prefix(run_dir: Path) -> str:
     return ""
 
 
-def absent_modes(summary: dict[str, Any], label: str) -> list[str]:
+def absent_modes(result: VarianceResult, label: str) -> list[str]:
     """What a variance run did not measure, said plainly."""
-    modes = summary.get("settings", {}).get("modes", [])
+    modes = result.modes
     notes = []
     if "full" not in modes:
         notes.append(
@@ -167,11 +157,11 @@ def fidelity_verdicts(fidelity: pd.DataFrame, label: str) -> list[Verdict]:
     return verdicts
 
 
-def collapse_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
+def collapse_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
     """One sentence per run of collapse.json."""
-    rule = record.get("rule", {})
+    rule = result.rule
     verdicts = []
-    for r in record.get("runs", []):
+    for r in result.runs:
         span = f"steps {r['first_step']}–{r['last_step']}, {r['points']} logged points"
         if r.get("collapse_step") is None:
             sentence = (
@@ -200,28 +190,28 @@ def collapse_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
     return verdicts
 
 
-def energy_verdicts(summary: dict[str, Any], label: str) -> list[Verdict]:
-    e, t = summary["energy"], summary["totals"]
+def energy_verdicts(result: EnergyResult, label: str) -> list[Verdict]:
+    e, t = result.energy, result.totals
     sentence = (
-        f"At checkpoint step {e['step']}, the realized energy W(τ) of the {t['responses']:,} "
-        f"responses has mean {e['sequence_energy_mean']:.3g} and median "
-        f"{e['sequence_energy_median']:.3g} (max/min {e['sequence_energy_max_min_ratio']:.3g}); "
+        f"At checkpoint step {e.step}, the realized energy W(τ) of the {t.responses:,} "
+        f"responses has mean {e.sequence_energy_mean:.3g} and median "
+        f"{e.sequence_energy_median:.3g} (max/min {e.sequence_energy_max_min_ratio:.3g}); "
         f"inside a group its coefficient of variation has median "
-        f"{e['group_energy_cv_median']:.2f} over {t['groups']} groups, "
-        f"{e['groups_with_mixed_rewards']} of which have mixed rewards (the only ones a group "
+        f"{e.group_energy_cv_median:.2f} over {t.groups} groups, "
+        f"{e.groups_with_mixed_rewards} of which have mixed rewards (the only ones a group "
         "baseline learns from)."
     )
     return [Verdict(f"energy ({label})", sentence)]
 
 
-def train_verdicts(record: dict[str, Any], label: str) -> list[Verdict]:
-    s, k = record["settings"], record["window"]
+def train_verdicts(result: TrainResult, label: str) -> list[Verdict]:
+    s, k = result.settings, result.window
     sentence = (
         f"Training with the {s['baseline']} baseline at N = {s['group_size']}, lr {s['lr']:g}, "
-        f"{record['totals']['steps']} steps: mean reward "
-        f"{record['early']['mean_reward']:.3f} over the first {k} step(s), "
-        f"{record['late']['mean_reward']:.3f} over the last {k} "
-        f"({record['totals']['tokens_sampled']:,} tokens sampled; one step's reward is noisy, "
+        f"{result.totals.steps} steps: mean reward "
+        f"{result.early['mean_reward']:.3f} over the first {k} step(s), "
+        f"{result.late['mean_reward']:.3f} over the last {k} "
+        f"({result.totals.tokens_sampled:,} tokens sampled; one step's reward is noisy, "
         "see the table)."
     )
     return [Verdict(f"training ({label})", sentence)]

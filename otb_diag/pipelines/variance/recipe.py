@@ -32,6 +32,8 @@ from otb_diag.maths.variance.paired_draws import (
     paired_estimates,
     variance_table,
 )
+from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.variance.measure import Measured, full_record, measure
 from otb_diag.pipelines.variance.measure import fidelity_rows as fidelity_rows_of
 from otb_diag.pipelines.variance.measure import response_tokens_for_balance as balance_size
@@ -42,8 +44,7 @@ from otb_diag.pipelines.variance.summary import (
     paper_claim,
     write_noise,
 )
-from otb_diag.plots import variance as plots_variance
-from otb_diag.plots.style import save_figure
+from otb_diag.plots.registry import save_figures
 from otb_diag.policy.scores.token_scores import proxy_scores
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, session
@@ -57,13 +58,14 @@ def run_variance(
     *,
     progress: bool = True,
     notify: Callable[[str], None] | None = None,
-) -> dict[str, Any] | None:
+) -> VarianceResult | None:
     """Write variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
-    summary.json into `out`. `notify` receives the full-mode cost estimate before the run.
+    summary.json (the result's `to_json()`) into `out`. `notify` receives the full-mode cost
+    estimate before the run.
 
     Under torchrun each rank measures the statistics and score vectors of its share of the
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
-    the whole pool with the same seeds as one process, writes, and returns the summary; the other
+    the whole pool with the same seeds as one process, writes, and returns the result; the other
     ranks return None."""
     settings.check()
     settings.load.check()
@@ -72,11 +74,11 @@ def run_variance(
             _run(d, checkpoints, rollouts_path, out, settings, progress, notify)
             return None
         with staged_output(out) as stage:
-            summary = _run(d, checkpoints, rollouts_path, stage, settings, progress, notify)
-            assert summary is not None  # rank 0
-            summary["out"] = str(out.resolve())
-            write_json(stage / "summary.json", summary)
-        return summary
+            staged = _run(d, checkpoints, rollouts_path, stage, settings, progress, notify)
+            assert staged is not None  # rank 0
+            result = replace(staged, out=str(out.resolve()))
+            write_json(stage / "summary.json", result.to_json())
+        return result
 
 
 def _run(
@@ -87,7 +89,7 @@ def _run(
     settings: VarianceSettings,
     progress: bool,
     notify: Callable[[str], None] | None,
-) -> dict[str, Any] | None:
+) -> VarianceResult | None:
     """Per checkpoint: measure this rank's share (gathered on rank 0), then in each mode draw
     the groups over the whole pool and accumulate the tables; rank 0 writes and summarises."""
     started = time.perf_counter()
@@ -225,9 +227,9 @@ def _summary(
     started: float,
     rank_tokens: list[int],
     d: Dist,
-) -> dict[str, Any]:
+) -> VarianceResult:
     """Rank 0: the tables concatenated (a `step` column only with several checkpoints), every
-    file written into `out`, and summary.json's content."""
+    file written into `out`, and the result (summary.json's content)."""
 
     def stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
         table = pd.concat(frames, ignore_index=True)
@@ -243,22 +245,22 @@ def _summary(
     outputs += write_noise(out, noise, last_noise)
     tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
-    return {
-        "command": "variance-compare",
-        "inputs": {"rollouts": rollouts_record(rollouts), "checkpoints": tables.checkpoints},
-        "settings": asdict(settings),
-        "draws": tables.draws,
-        "headline": rows,
-        "paper_claim": paper_claim(rows, int(variance["group_size"].max())),
-        "noise_scale": recommend(last_noise, settings.current_n),
-        "knee": knee_rows(last_noise),
-        "fidelity": tables.fidelity_rows,
-        "distributed": {"world_size": d.world_size, "rank_tokens": rank_tokens},
-        "full": tables.full,
-        "timings": tables.timings,
-        "versions": library_versions(),
-        "outputs": [*outputs, "summary.json"],
-    }
+    return VarianceResult(
+        inputs=RunInputs(rollouts=rollouts_record(rollouts), checkpoints=tables.checkpoints),
+        settings=asdict(settings),
+        draws=tables.draws,
+        headline=rows,
+        paper_claim=paper_claim(rows, int(variance["group_size"].max())),
+        noise_scale=recommend(last_noise, settings.current_n),
+        knee=knee_rows(last_noise),
+        fidelity=tables.fidelity_rows,
+        distributed={"world_size": d.world_size, "rank_tokens": rank_tokens},
+        full=tables.full,
+        timings=tables.timings,
+        versions=library_versions(),
+        outputs=[*outputs, "summary.json"],
+        out=str(out),  # the staging directory; run_variance puts the final one
+    )
 
 
 def _write(
@@ -279,25 +281,17 @@ def _write(
     final = (
         variance if "step" not in variance else variance[variance["step"] == variance["step"].max()]
     )
-    figures = {}
+    aggregation = settings.aggregations[0]
     for mode in settings.modes:
-        rows = final[final["mode"] == mode]
-        figures[f"variance_vs_n_{mode}"] = plots_variance.fig_variance_vs_group_size(
-            rows, aggregation=settings.aggregations[0]
-        )
-        figures[f"ratio_to_mean_{mode}"] = plots_variance.fig_ratio_to_mean(
-            rows, aggregation=settings.aggregations[0]
-        )
+        rows = {"variance_rows": final[final["mode"] == mode], "aggregation": aggregation}
+        files += save_figures("variance-compare", rows, out, mode)
+    figure_data: dict[str, object] = {"aggregation": aggregation}
     if fidelity_tokens:
         tokens = pd.concat(fidelity_tokens, ignore_index=True)
         last = tokens[tokens["step"] == tokens["step"].max()]
         exact = "full" if (last["mode"] == "full").any() else "head"
-        figures["proxy_fidelity"] = plots_variance.fig_proxy_fidelity(last[last["mode"] == exact])
+        figure_data["fidelity_tokens"] = last[last["mode"] == exact]
     if blocks is not None:
         last = blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
-        figures["variance_by_block"] = plots_variance.fig_variance_by_block(
-            last, aggregation=settings.aggregations[0]
-        )
-    for name, fig in figures.items():
-        files += [p.name for p in save_figure(fig, out, name)]
-    return files
+        figure_data["block_rows"] = last
+    return files + save_figures("variance-compare", figure_data, out)

@@ -22,6 +22,7 @@ from otb_diag.io.rollouts.scan import scan_columns
 from otb_diag.io.rollouts.stream import index_rollouts
 from otb_diag.pipelines.energy import stream as energy_stream
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
+from otb_diag.pipelines.results.energy import EnergyResult
 
 
 def rows(seed: int, groups: int, per_group: int, *, text_every: int = 0) -> list[dict]:
@@ -129,11 +130,10 @@ def test_column_scan_leaves_json_lines_and_trainer_dumps_to_the_row_scan(tmp_pat
     assert scan_columns([write_parquet(tmp_path / "v.parquet", verl)]) is None
 
 
-def run(rollouts: Path, out: Path) -> dict:
-    settings = EnergySettings()
-    summary = run_energy([], rollouts, out, settings, progress=False)
-    assert summary is not None
-    return summary
+def run(rollouts: Path, out: Path) -> EnergyResult:
+    result = run_energy([], rollouts, out, EnergySettings(), progress=False)
+    assert result is not None
+    return result
 
 
 def test_energy_over_chunks_of_parquet_equals_jsonl(
@@ -146,10 +146,10 @@ def test_energy_over_chunks_of_parquet_equals_jsonl(
     records = rows(3, 6, 5)
     jsonl = run(write_jsonl(tmp_path / "r.jsonl", records), tmp_path / "a")
     parquet = run(write_parquet(tmp_path / "r.parquet", records), tmp_path / "b")
-    assert parquet["consistency"] == jsonl["consistency"]
-    clamped = parquet["consistency"]["clamped"]
+    assert parquet.consistency == jsonl.consistency
+    clamped = parquet.consistency["clamped"]
     assert clamped == {"logprobs": 6, "sum_pi2": 6}  # rows 1, 6, 11, ... of 30
-    assert parquet["energy"] == jsonl["energy"] and parquet["proxies"] == jsonl["proxies"]
+    assert parquet.energy == jsonl.energy and parquet.proxies == jsonl.proxies
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "a" / "tokens.parquet"),
         pd.read_parquet(tmp_path / "b" / "tokens.parquet"),

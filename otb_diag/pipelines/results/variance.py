@@ -1,0 +1,224 @@
+"""The result of `otb-diag variance-compare`: summary.json's content as fields (the headline,
+the paper-claim verdicts, the knee and the recommendation), and the text it prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.results.schema import RunInputs
+
+# The paper's claim: OTB with 4 responses per prompt matches the group-mean baseline with 32.
+CLAIM_N, CLAIM_EQUIVALENT_N = 4, 32
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    """OTB against the mean baseline at one mode and N (the first aggregation, last checkpoint)."""
+
+    mode: str
+    aggregation: str
+    group_size: int
+    otb_ratio_to_mean: float
+    otb_ratio_to_rloo: float | None  # None: no rloo at this N
+    equivalent_mean_group_size: float  # N′; inf beyond the measured N
+    equivalent_range: str | None  # "beyond" / "below" the measured N, None inside
+    token_savings: float  # 1 − N/N′
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """Whether one mode reproduces "OTB at N = 4 ≈ mean at N = 32"."""
+
+    mode: str
+    verdict: str  # "reproduced", "not reproduced" or "undecided"
+    text: str
+
+
+@dataclass(frozen=True)
+class KneeRow:
+    """The within-prompt share of a step's noise and the knee at one baseline and N, with 95 %
+    intervals (`maths/variance/knee.py`; inf and NaN stay floats)."""
+
+    baseline: str
+    group_size: int
+    within_share: float
+    within_share_low: float
+    within_share_high: float
+    noise_scale: float
+    noise_scale_low: float
+    noise_scale_high: float
+    noise_scale_tokens: float
+    noise_scale_tokens_low: float
+    noise_scale_tokens_high: float
+    snr: float
+    grad_sq_resolved: bool
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The knee rows of the most exact mode with a signal, for its first aggregation."""
+
+    mode: str
+    aggregation: str
+    rows: list[KneeRow]
+
+
+@dataclass(frozen=True)
+class VarianceResult:
+    """What `otb-diag variance-compare` measured and wrote (`to_json()` is its summary.json)."""
+
+    command: ClassVar[str] = "variance-compare"
+
+    inputs: RunInputs
+    settings: dict[str, Any]  # VarianceSettings as written
+    draws: dict[str, Any]  # "<mode>@<step>" -> the paired draws' metadata
+    headline: list[HeadlineRow]
+    paper_claim: list[ClaimVerdict]
+    noise_scale: dict[str, Any]  # maths/variance/knee.py:recommend (its `text`, `mode`, ...)
+    knee: Knee
+    fidelity: list[dict[str, Any]]  # the rows of fidelity.csv
+    distributed: dict[str, Any]
+    full: dict[str, Any]  # step -> full mode's engine, ‖s_t‖² source and projection error
+    timings: dict[str, float]
+    versions: dict[str, str]
+    outputs: list[str]
+    out: str
+
+    @property
+    def model_free(self) -> bool:
+        return False  # variance-compare always runs the model
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self.settings["modes"])
+
+    @property
+    def aggregation(self) -> str:
+        """The first aggregation: the one the headline, figures and tables show."""
+        return str(self.settings["aggregations"][0])
+
+    @property
+    def group_sizes(self) -> list[int]:
+        return [int(n) for n in self.settings["group_sizes"]]
+
+    @property
+    def sketch_dim(self) -> int:
+        return int(self.settings["sketch_dim"])
+
+    @property
+    def recommendation(self) -> str:
+        return str(self.noise_scale["text"])
+
+    @property
+    def recommendation_where(self) -> str:
+        """The mode and aggregation the recommendation reads, or that no mode had a signal."""
+        mode = self.noise_scale.get("mode")
+        return f"{mode} mode, {self.noise_scale.get('aggregation')}" if mode else "no signal"
+
+    def to_json(self) -> dict[str, Any]:
+        return schema.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> VarianceResult:
+        return schema.from_json(cls, data, path)
+
+    def format(self) -> str:
+        """The short human summary `otb-diag variance-compare` prints: the headline, plainly."""
+        lines = [
+            f"{'mode':<6} {'N':>3} {'OTB/mean':>9} {'OTB/RLOO':>9} {'mean-equivalent N':>18}"
+            f" {'token saving':>13}"
+        ]
+        bound = {"beyond": "≥", "below": "≤"}  # savings are bounds outside the measured N
+        max_n = max(h.group_size for h in self.headline)  # requested N are capped at M/2
+        for h in self.headline:
+            equiv, where = h.equivalent_mean_group_size, h.equivalent_range
+            shown = f"> {max_n}" if where == "beyond" else (f"{equiv:.1f}")
+            ratio_rloo = h.otb_ratio_to_rloo
+            saving = f"{bound.get(where or '', '')}{h.token_savings:.0%}"
+            lines.append(
+                f"{h.mode:<6} {h.group_size:>3} {h.otb_ratio_to_mean:>9.3f} "
+                f"{(f'{ratio_rloo:.3f}' if ratio_rloo is not None else '-'):>9} {shown:>18} "
+                f"{saving:>13}"
+            )
+        lines.append("")
+        lines.append(
+            "OTB/mean < 1 means OTB has lower variance than the group mean at the same N; "
+            "the mean-equivalent N is the group size at which the mean baseline would "
+            "reach OTB's variance (log-log interpolation over the measured N)."
+        )
+        for c in self.paper_claim:
+            lines.append(
+                f"paper's claim (OTB N={CLAIM_N} ≈ mean N={CLAIM_EQUIVALENT_N}), {c.mode}: "
+                f"{c.verdict}: {c.text}."
+            )
+        lines += self._knee_lines()
+        for step, full in self.full.items():
+            err = full["jl_error"]
+            lines.append(
+                f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² "
+                f"{full['sq_norm']}"
+            )
+            if err:
+                lines.append(
+                    f"projection error (k={err['k']}, measured over {err['subsketches']} "
+                    f"sub-sketches): variances ±{err['variance_relative_error']:.1%} (worst case "
+                    f"√(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
+                    f"±{err['ratio_relative_error']:.1%}"
+                )
+        for f in self.fidelity:
+            if f.get("block", "all") != "all":
+                continue
+            lines.append(
+                f"proxy fidelity ({f['mode']}, step {f['step']}): Spearman "
+                f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "
+                f"{f['tokens']} tokens"
+            )
+        lines.append(f"wrote {len(self.outputs)} files to {self.out}")
+        return "\n".join(lines)
+
+    def _knee_lines(self) -> list[str]:
+        """The split and the knee per baseline and N, then the recommendation."""
+        knee = self.knee
+        lines = [
+            "",
+            f"noise of a step ({knee.mode} mode, {knee.aggregation}): the within-prompt share "
+            "and the knee (prompts, k tokens a step at the noise scale), with 95 % intervals",
+            f"{'baseline':<12} {'N':>3} {'within':>22} {'knee prompts':>24} {'knee k tokens':>26}",
+        ]
+        for r in knee.rows:
+            share = f"{r.within_share:.0%} " + _interval(
+                100 * r.within_share_low, 100 * r.within_share_high, fmt=".0f"
+            )
+            if knee.mode == "proxy":
+                prompts = tokens = "-"
+            elif not r.grad_sq_resolved:  # only a lower bound: |G|² may be 0
+                prompts = f"≥ {r.noise_scale_low:.3g} (|G|² ~ 0)"
+                tokens = f"≥ {r.noise_scale_tokens_low / 1e3:.3g} (|G|² ~ 0)"
+            else:
+                prompts = f"{r.noise_scale:.3g} " + _interval(r.noise_scale_low, r.noise_scale_high)
+                tokens = f"{r.noise_scale_tokens / 1e3:.3g} " + _interval(
+                    r.noise_scale_tokens_low, r.noise_scale_tokens_high, scale=1e3
+                )
+            lines.append(
+                f"{r.baseline:<12} {r.group_size:>3} {share:>22} {prompts:>24} {tokens:>26}"
+            )
+        if knee.mode == "proxy":
+            lines.append("proxy scores are noise independent of the reward: |G|² = 0, no knee.")
+        if any(r.within_share > 1 for r in knee.rows):
+            lines.append(
+                "a within share above 100 % means the between-prompt estimate came out below 0 "
+                "(its noise corrections exceed the measured spread): no between-prompt spread is "
+                "measurable there."
+            )
+        lines.append(f"recommendation: {self.recommendation}")
+        return lines
+
+
+def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
+    def one(x: float) -> str:
+        return "∞" if x == float("inf") else format(x / scale, fmt)
+
+    return f"[{one(low)}, {one(high)}]"

@@ -1,0 +1,219 @@
+"""Every figure the project draws, one entry each: its file stem, the plot function, the data it
+needs, the command that writes it, its caption for the report, and whether `otb-diag figures`
+keeps it. The commands draw their figures with `save_figures`, `report` captions them and
+`figures` collects them by looping over `FIGURES`; no other module spells a figure's name.
+
+To add a figure: a function `tables -> Figure` in `plots/energy.py`, `variance.py` or
+`dynamics.py`, and one `FigureEntry` below naming the data its command hands over."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+MODES = ("proxy", "head", "full")  # variance-compare's score modes, in the order files are read
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    """One figure. `plot` names its function as `module.function` under `otb_diag/plots/`
+    (imported when drawn, so that `report`, which needs the captions only, loads neither
+    matplotlib nor torch). `needs` maps each argument of the plot to the key of the command's
+    figure data that supplies it; the figure is drawn when every key is there. With `modes`,
+    one file per mode, `<stem>_<mode>.png`; `in_set`: `otb-diag figures` keeps it (the exact
+    mode's file); `in_sweep`: it also keeps the learning-rate sweep's copy."""
+
+    stem: str
+    command: str
+    plot: str
+    needs: Mapping[str, str]
+    caption: str
+    modes: tuple[str, ...] = ()
+    in_set: bool = True
+    in_sweep: bool = False
+
+    def file_stem(self, mode: str | None = None) -> str:
+        """The file's name without its suffix: `<stem>_<mode>` for a per-mode figure."""
+        return f"{self.stem}_{mode}" if self.modes else self.stem
+
+    def file_stems(self) -> list[str]:
+        """Every file this figure can be written as, in reading order."""
+        return [self.file_stem(m) for m in self.modes] if self.modes else [self.stem]
+
+    def mode_of(self, file_stem: str) -> str | None:
+        """The mode a file of this figure was drawn for (None: not per mode)."""
+        return file_stem.removeprefix(self.stem + "_") if self.modes else None
+
+    @property
+    def plot_function(self) -> Callable[..., Figure]:
+        module, name = self.plot.rsplit(".", 1)
+        return getattr(importlib.import_module(f"otb_diag.plots.{module}"), name)
+
+    def draw(self, data: Mapping[str, Any]) -> Figure:
+        args = {arg: data[key] for arg, key in self.needs.items()}
+        return self.plot_function(**args)
+
+
+FIGURES = (
+    FigureEntry(
+        "fig3_sequence_energy",
+        "energy",
+        "energy.fig3_sequence_energy",
+        {"sequences": "sequences", "group": "group"},
+        "Each bar is one response of the group shown (the most heterogeneous group with mixed "
+        "rewards, or --group), its height the total realized energy W(τ) = Σ_t w_t; green "
+        "bars earned a reward. Very unequal bars mean one group baseline weights gradients of "
+        "very different size alike, which the energy-weighted baselines (optseq, otb) correct.",
+    ),
+    FigureEntry(
+        "fig4_cumulative_energy",
+        "energy",
+        "energy.fig4_cumulative_energy",
+        {"tokens": "group_tokens", "samples": "shown", "group": "group"},
+        "Each line is one response's cumulative energy W_t against its position t (up to 8 "
+        "responses with distinct profiles, spread over the group's energies; responses with "
+        "identical profiles share one line and one legend entry). The box lists the responses "
+        "from lowest to highest W_t at the dotted positions (25/50/75 % of the longest shown): "
+        "when that order changes along t, no sequence-level weight is right at every token.",
+    ),
+    FigureEntry(
+        "fig5_probability_vs_gradient",
+        "energy",
+        "energy.fig5_probability_vs_gradient",
+        {"tokens": "sampled_tokens", "vocab_size": "vocab_size"},
+        "Each hexagon counts generated tokens by their probability p_t (x) and logit-gradient "
+        "norm w_t (y, τ = 1 units), log colour scale; the dashed curves are the analytic bounds "
+        "of w for a given p. Confident tokens (p_t → 1) carry almost no gradient; points "
+        "outside the bounds would mean a bug.",
+    ),
+    FigureEntry(
+        "fig_energy_by_step",
+        "energy",
+        "energy.fig_energy_by_step",
+        {"sequences": "sequences_by_step"},
+        "Distribution of sequence energy W(τ) at each checkpoint (box: quartiles, line: "
+        "median, whiskers: 1.5 IQR, dots beyond; log scale): how the gradient magnitude of "
+        "the same rollouts changes as training proceeds.",
+    ),
+    FigureEntry(
+        "variance_vs_n",
+        "variance-compare",
+        "variance.fig_variance_vs_group_size",
+        {"table": "variance_rows", "aggregation": "aggregation"},
+        "Variance of the policy-gradient estimate (trace of its covariance over the paired "
+        "draws, log scale) against the group size N, one line per baseline, the band its 95 % "
+        "bootstrap interval. Lower is better. The dotted read-off goes from OTB at N = 4 "
+        "across to the mean baseline's curve: the N′ where it meets it is the group size the "
+        "mean baseline needs for OTB's variance.",
+        modes=MODES,
+    ),
+    FigureEntry(
+        "ratio_to_mean",
+        "variance-compare",
+        "variance.fig_ratio_to_mean",
+        {"table": "variance_rows", "aggregation": "aggregation"},
+        "Each bar is a baseline's variance divided by the mean baseline's at the same N (log "
+        "scale); bars below the line at 1 beat the group mean. rloo/mean = (N/(N−1))² by "
+        "construction (the mean baseline shrinks the gradient by (N−1)/N).",
+        modes=MODES,
+    ),
+    FigureEntry(
+        "knee_tokens",
+        "variance-compare",
+        "variance.fig_knee_tokens",
+        {"table": "noise_rows", "aggregation": "noise_aggregation"},
+        "Tokens a step costs at the gradient noise scale, B·N·L̄ (B = tr Σ/|G|² prompts, N "
+        "responses each, L̄ tokens a response), against N, one line per baseline with its 95 % "
+        "jackknife interval over prompts; an arrow marks an interval open above. Lower is "
+        "cheaper: past the knee, more prompts per step buy little. Only points whose |G|² is "
+        "resolved from zero are drawn.",
+        modes=("head", "full"),  # proxy scores carry no signal: no knee
+    ),
+    FigureEntry(
+        "proxy_fidelity",
+        "variance-compare",
+        "variance.fig_proxy_fidelity",
+        {"tokens": "fidelity_tokens"},
+        "Each hexagon counts tokens by the forward-only proxy w_t (x) and the true per-token "
+        "squared gradient norm (y), both log scale, log colour. A narrow rising band means "
+        "the proxy orders tokens as the real gradients do (Spearman ρ in the title).",
+    ),
+    FigureEntry(
+        "variance_by_block",
+        "variance-compare",
+        "variance.fig_variance_by_block",
+        {"blocks": "block_rows", "aggregation": "aggregation"},
+        "Where the gradient variance lives (full mode, --by-block): the trace of the covariance "
+        "of the gradient estimate restricted to each parameter block, one bar per baseline, at "
+        "N = 4 (or the largest N below it), log scale.",
+        in_set=False,
+    ),
+    FigureEntry(
+        "fig1_grad_norm_and_score",
+        "dynamics",
+        "dynamics.fig1_grad_norm_and_score",
+        {"table": "table", "runs": "runs"},
+        "Top: gradient norm per logged step (log scale); bottom: score (mean reward). One line "
+        "per run: colour = baseline, line style = group size. A dotted vertical line in a "
+        "run's colour marks its detected collapse (none drawn: none detected).",
+        in_sweep=True,
+    ),
+    FigureEntry(
+        "fig2_variance_and_grad_norm",
+        "dynamics",
+        "dynamics.fig2_variance_and_grad_norm",
+        {"table": "table", "runs": "runs"},
+        "Top: the logged variance proxy; bottom: the gradient norm (both log scale). Dashed "
+        "vertical line: the variance warning, dotted: the collapse; the distance between them "
+        "is the lead time a monitor would have had.",
+    ),
+    FigureEntry(
+        "fig_live_otb",
+        "dynamics",
+        "dynamics.fig_live_otb",
+        {"table": "table", "runs": "live_runs"},
+        "The OTB diagnostics the trainer logged at every step (docs/live.md) beside its "
+        "gradient norm: mean realized energy, its median spread within a group, and OTB's "
+        "variance proxy over the mean baseline's (below the dashed line at 1 OTB would cut the "
+        "step's variance). A dotted vertical line marks a detected collapse.",
+        in_set=False,
+    ),
+    FigureEntry(
+        "score_vs_tokens",
+        "dynamics",
+        "dynamics.fig_score_vs_tokens",
+        {"table": "table", "runs": "runs", "target": "target"},
+        "Score against the running total of sampled tokens: a run further left reaches a "
+        "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
+        "line is the target and a dot marks where each run first reaches it.",
+    ),
+)
+
+
+def figures_of(command: str) -> list[FigureEntry]:
+    """The figures `command` writes, in reading order."""
+    return [f for f in FIGURES if f.command == command]
+
+
+def save_figures(
+    command: str, data: Mapping[str, Any], out: Path, mode: str | None = None
+) -> list[str]:
+    """Draw and save (PNG + PDF, `plots/style.py:save_figure`) each figure of `command` whose
+    needs `data` holds: with `mode`, the per-mode figures of that mode; without, the others.
+    Returns the file names written."""
+    from otb_diag.plots.style import save_figure  # matplotlib: only when drawing
+
+    files: list[str] = []
+    for entry in figures_of(command):
+        if (mode not in entry.modes) if mode is not None else bool(entry.modes):
+            continue
+        if all(key in data for key in entry.needs.values()):
+            fig = entry.draw(data)
+            files += [p.name for p in save_figure(fig, out, entry.file_stem(mode))]
+    return files
