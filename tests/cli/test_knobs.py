@@ -8,6 +8,7 @@ import dataclasses
 import math
 import re
 import typing
+from types import SimpleNamespace
 
 import pytest
 import typer.main
@@ -236,10 +237,9 @@ def test_train_with_no_options_trains_the_scenarios_settings(
 
     def fake_train(start, out, settings, progress):
         seen["settings"] = settings
-        return {}
+        return SimpleNamespace(format=lambda: "", to_json=dict)  # a result that prints nothing
 
     monkeypatch.setattr(rl_training, "train", fake_train)
-    monkeypatch.setattr(rl_training, "format_summary", lambda summary: "")
     result = runner.invoke(app, ["train", "--scenario", scenario, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen["settings"] == rl_training.scenario_settings(scenario)
