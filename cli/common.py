@@ -181,6 +181,14 @@ DeviceMapOption = Annotated[
 DtypeOption = Annotated[
     str, typer.Option("--dtype", help="auto (the checkpoint's), float32, bfloat16, float16.")
 ]
+FullHashOption = Annotated[
+    bool,
+    typer.Option(
+        "--full-hash",
+        help="Hash every byte of each checkpoint for summary.json (default: a fingerprint of "
+        "names, sizes, small files, safetensors headers and sampled blocks).",
+    ),
+]
 BatchTokensOption = Annotated[
     int, typer.Option("--batch-tokens", help="Padded tokens per forward batch.")
 ]

@@ -15,6 +15,7 @@ from otb_diag.cli.common import (
     DeviceMapOption,
     DeviceOption,
     DtypeOption,
+    FullHashOption,
     JsonOption,
     OutOption,
     QuietOption,
@@ -57,6 +58,7 @@ def energy(
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
+    full_hash: FullHashOption = False,
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
     group: Annotated[
@@ -116,7 +118,9 @@ def energy(
         chunk_size=chunk_size,
         group=group,
         handle_zero_tail=handle_zero_tail,
-        load=LoadOptions(device, dtype, allow_pickle, trust_remote_code, chat_template, device_map),
+        load=LoadOptions(
+            device, dtype, allow_pickle, trust_remote_code, chat_template, device_map, full_hash
+        ),
         steps=steps,
         reward_columns=tuple(reward_column) if reward_column else None,
         trainer_baseline=trainer_baseline,

@@ -15,6 +15,7 @@ from otb_diag.cli.common import (
     DeviceMapOption,
     DeviceOption,
     DtypeOption,
+    FullHashOption,
     JsonOption,
     OutOption,
     QuietOption,
@@ -165,6 +166,7 @@ def variance_compare(
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
     dtype: DtypeOption = "auto",
+    full_hash: FullHashOption = False,
     batch_tokens: BatchTokensOption = 16384,
     chunk_size: ChunkSizeOption = 256,
     handle_zero_tail: ZeroTailOption = True,
@@ -222,7 +224,7 @@ def variance_compare(
         chunk_size=chunk_size,
         handle_zero_tail=handle_zero_tail,
         load=LoadOptions(
-            device, dtype, allow_pickle, trust_remote_code, chat_template, device_map=device_map
+            device, dtype, allow_pickle, trust_remote_code, chat_template, device_map, full_hash
         ),
         engine=engine,
         params=params,

@@ -178,7 +178,7 @@ def _run(
         timings[f"measure_s@{step}"] = time.perf_counter() - t0
         if found is None:
             continue
-        records.append(checkpoint_record(ckpt))
+        records.append(checkpoint_record(ckpt, settings.load.full_hash))
         batch = found.batch
         returns = returns_to_go(batch.token_rewards, batch.mask)
         # The same estimator as `energy`: TIR decided on the pool, importance weights as w·ρ².
