@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numerics import assert_close_to_norm
+from tiny import char_tokenizer, tiny_model
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -23,6 +24,7 @@ from transformers import (
 )
 
 from otb_diag.errors import InputError
+from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy, sequence_energy, stats_from_logits
 from otb_diag.policy.forward_pass import (
     BATCH_TOKENS,
@@ -334,3 +336,21 @@ def test_checkpoint_stats_is_the_per_row_statistics_on_a_padded_grid():
             n = len(RESPONSES[i])
             assert_close_to_norm(value[i, :n], getattr(one, name), rel=1e-5, msg=name)
             assert (value[i, n:] == 0).all()
+
+
+def test_dtype_auto_keeps_a_bf16_checkpoint_in_bf16_with_fp32_statistics(tmp_path):
+    """`--dtype auto` (the default): a checkpoint saved in bf16 loads in bf16, and its statistics
+    come out fp32, within bf16 rounding of the same weights run in fp32."""
+    model = tiny_model(seed=7).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path, dtype="auto").model
+    assert loaded.dtype == torch.bfloat16
+    prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]
+    ids = torch.tensor([r + [0] * (4 - len(r)) for r in responses])
+    batch = SimpleNamespace(prompt_ids=prompts, response_ids=ids, length=torch.tensor([4, 2]),
+                            temperature=torch.ones(2))  # fmt: skip
+    got, ref = checkpoint_stats(loaded, batch), checkpoint_stats(model.float(), batch)
+    for name in ("logprob", "w", "sum_pi2", "entropy"):
+        assert getattr(got, name).dtype == torch.float32
+        assert_close_to_norm(getattr(got, name), getattr(ref, name), rel=5e-2, msg=name)
