@@ -184,11 +184,26 @@ def stats_ratio(model, device, rows: int, tokens: int, reps: int) -> tuple[float
     with torch.no_grad():
         bare = timed(lambda: bare_chunked_logprobs(model, ids, prompt), device, reps)
         ours = timed(lambda: checkpoint_stats(model, batch), device, reps)
+        memory = ""
+        if device.type == "cuda":  # peak allocated above what was there before, each path
+            peaks = [peak_bytes(lambda: bare_chunked_logprobs(model, ids, prompt), device),
+                     peak_bytes(lambda: checkpoint_stats(model, batch), device)]  # fmt: skip
+            memory = f"; peak {peaks[1] / 2**30:.2f} GiB vs {peaks[0] / 2**30:.2f} GiB bare"
     chunk, batch_tokens = stats_plan(model)
     return ours / bare, (
         f"{ours:.3f} s vs {bare:.3f} s bare; {rows * tokens / ours:,.0f} tok/s; planned chunk "
-        f"{chunk}, batch tokens {batch_tokens}"
+        f"{chunk}, batch tokens {batch_tokens}{memory}"
     )
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Bytes of device memory `fn()` allocates at its peak beyond what was allocated before."""
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def sampler_ratio(model, device, rows: int, new: int, reps: int) -> tuple[float, str]:
