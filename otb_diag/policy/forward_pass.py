@@ -191,9 +191,10 @@ def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, 
 
 
 def _to(x: Tensor, device: torch.device) -> Tensor:
-    """`x` (on the CPU) on `device` without waiting for the device: a pinned copy is queued on
-    CUDA's stream, where a pageable one would first wait for all the work queued before it."""
-    if device.type != "cuda":
+    """`x` on `device`; from the CPU to CUDA without waiting for the device: a pinned copy is
+    queued on CUDA's stream, where a pageable one would first wait for the work queued before it
+    (the caching host allocator keeps the pinned block until the copy is done)."""
+    if device.type != "cuda" or x.device.type != "cpu":
         return x.to(device)
     return x.pin_memory().to(device, non_blocking=True)
 
