@@ -24,9 +24,10 @@ they are held, per product otherwise).
 Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
 forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2) + 4 · HEAD_BUFFERS ·
 chunk · V` (the output layer's tangent forms no `[chunk, V]` logits: `forward_mode.TargetLogProb`)
-with `A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when they
-are formed a query chunk at a time (`chunked_attention.py`); reverse `layers · L · (34 d + 5 h L)
-· 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held columns and the pending gradients.
+with `A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when
+they are formed a query chunk at a time (`chunked_attention.py`); reverse
+`layers · L · (34 d + 5 h L) · 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held
+columns and the pending gradients.
 Each engine takes the largest batching that fits in `MEMORY_SHARE` of the memory available on the
 device; one that does not fit at its smallest batching is not run (a clear error, never the
 kernel's OOM killer). The head's chunk of tokens is planned first, from `HEAD_SHARE` of it.
