@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,12 @@ test-fast: setup
 bench: setup
 	$(BIN)/python bench/bench_stats.py
 	$(BIN)/python bench/bench_variance.py
+
+# Every row of issue 25's table on one GPU (bench/gpu.py), then the CUDA-against-CPU tests. Run
+# by the Python that has a CUDA torch (not `setup`'s venv, which pins the CPU wheel).
+bench-gpu:
+	cd bench && $(PYTHON) gpu.py
+	$(PYTHON) -m pytest -q -m gpu tests/gpu
 
 lint: setup
 	$(BIN)/ruff check .

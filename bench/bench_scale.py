@@ -103,7 +103,13 @@ def torchrun_vs_one(tmp: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    sizes = (300_000, 1_250_000) if parser.parse_args().quick else (3_000_000, 12_500_000)
+    parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
+    args = parser.parse_args()
+    sizes = (
+        (20_000, 40_000) if args.tiny
+        else (300_000, 1_250_000) if args.quick
+        else (3_000_000, 12_500_000)
+    )  # fmt: skip
     results = {"load_average": os.getloadavg(), "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:

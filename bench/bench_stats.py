@@ -239,6 +239,7 @@ def print_report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, shorter rows")
+    parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
     parser.add_argument("--_memory", choices=["stats", "naive"], help=argparse.SUPPRESS)
     parser.add_argument("--_response-len", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,9 +247,10 @@ def main() -> None:
         print(_peak_extra_rss(args._memory, args._response_len))
         return
     load_before = os.getloadavg()[0]
-    reps = 3 if args.quick else 7
-    times = [toy_case(reps), gpt2_50m_case(reps, 448 if args.quick else 960)]
-    memory = memory_case(1984 if args.quick else 4032)
+    reps = 1 if args.tiny else 3 if args.quick else 7
+    response_len = 64 if args.tiny else 448 if args.quick else 960
+    times = [toy_case(reps), gpt2_50m_case(reps, response_len)]
+    memory = memory_case(64 if args.tiny else 1984 if args.quick else 4032)
     print_report(times, memory, args.quick, load_before)
 
 

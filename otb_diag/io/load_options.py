@@ -37,6 +37,11 @@ class LoadOptions:
         "(every visible GPU, then CPU offload) or a list such as cuda:0,cuda:1,cpu. Replaces "
         "--device; not under torchrun.",
     )
+    full_hash: bool = knob(
+        False,
+        help="Hash every byte of each checkpoint for summary.json (default: a fingerprint of "
+        "names, sizes, small files, safetensors headers and sampled blocks).",
+    )
 
     def check(self) -> None:
         """Raise `InputError` now, before anything is read or written, for a device this

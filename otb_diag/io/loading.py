@@ -11,7 +11,7 @@ from typing import Any
 from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.load_options import LoadOptions as LoadOptions  # re-exported
-from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.io.provenance import checkpoint_fingerprint, file_sha256
 from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
 from otb_diag.io.rollouts.stream import read_set
 from otb_diag.io.rollouts.to_batch import make_batch
@@ -62,8 +62,12 @@ def checkpoint_batch(
     return ckpt, make_batch(tokenized), len(issues)
 
 
-def checkpoint_record(ckpt: Checkpoint) -> dict[str, Any]:
-    return {"path": str(ckpt.path), "sha256": directory_sha256(ckpt.path), "step": ckpt.step}
+def checkpoint_record(ckpt: Checkpoint, full_hash: bool = False) -> dict[str, Any]:
+    """Path, hash (`checkpoint_fingerprint`: what was hashed is said beside it) and step."""
+    return {
+        "path": str(ckpt.path), **checkpoint_fingerprint(ckpt.path, full=full_hash),
+        "step": ckpt.step,
+    }  # fmt: skip
 
 
 def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import TokenStats, _stats_in_place
-from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.runtime.memory import available_memory, rows_that_fit
 
 
 def pack_by_tokens(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -155,13 +156,56 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
         )
 
 
+# Statistics pass defaults. The CPU keeps `[chunk, V]` buffers small enough to stay in cache and
+# batches of `BATCH_TOKENS`; on CUDA both come from the free memory (`stats_plan`).
+STATS_CHUNK = 256
+BATCH_TOKENS = 16384
+STATS_BUFFERS = 2  # fp32 `[chunk, V]` buffers of the statistics pass: the logits and the scratch
+ACTIVATION_BYTES_PER_WIDTH = (
+    16 * 4
+)  # fp32 activations of a no-grad forward, per token and unit of d
+PLANNED_SHARE = 0.25  # of the free memory, for each of the two: the logit chunk, the batch
+MAX_STATS_CHUNK = 8192
+MAX_BATCH_TOKENS = 1 << 17
+
+
+def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, int]:
+    """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device: `STATS_CHUNK` and
+    `BATCH_TOKENS` off CUDA; on CUDA the largest powers of two whose `[chunk, V]` fp32 buffers and
+    whose batch's activations (`16 d` fp32 per token) each take at most `PLANNED_SHARE` of
+    `free_bytes` (default: what the device has free now), never below the CPU's sizes."""
+    weight = output_layer(model)[0]
+    if weight.device.type != "cuda" and free_bytes is None:
+        return STATS_CHUNK, BATCH_TOKENS
+    free = available_memory(weight.device) if free_bytes is None else free_bytes
+    vocab, width = weight.shape
+    chunk = rows_that_fit(
+        free, STATS_BUFFERS * 4 * vocab, share=PLANNED_SHARE, smallest=STATS_CHUNK,
+        largest=MAX_STATS_CHUNK,
+    )  # fmt: skip
+    tokens = rows_that_fit(
+        free, ACTIVATION_BYTES_PER_WIDTH * width, share=PLANNED_SHARE, smallest=BATCH_TOKENS,
+        largest=MAX_BATCH_TOKENS,
+    )  # fmt: skip
+    return chunk, tokens
+
+
+def _to(x: Tensor, device: torch.device) -> Tensor:
+    """`x` on `device`; from the CPU to CUDA without waiting for the device: a pinned copy is
+    queued on CUDA's stream, where a pageable one would first wait for the work queued before it
+    (the caching host allocator keeps the pinned block until the copy is done)."""
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
 def response_token_stats(
     model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
     response_start: Tensor,
     temperature: float | Tensor = 1.0,
-    chunk_size: int = 256,
+    chunk_size: int = STATS_CHUNK,
     check_head: bool = True,
 ) -> TokenStats:
     """Statistics of every response token of a right-padded batch, `[B, T]` with `T = max_i T_i`.
@@ -177,6 +221,8 @@ def response_token_stats(
     response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
     Memory beyond the forward pass: two `[chunk, V]` fp32 buffers, plus an fp32 copy of the
     output embedding (`V · d · 4` bytes) when the model is in half precision.
+    The inputs are checked and indexed where they are (the CPU for `checkpoint_stats`), then
+    queued to the device: nothing here waits for the device.
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InputError("input_ids and attention_mask must both be [B, L]")
@@ -186,23 +232,26 @@ def response_token_stats(
         check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)
     device = weight.device
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    start = response_start.to(device=device, dtype=torch.long)
+    start = response_start.to(dtype=torch.long)
     n_real = attention_mask.sum(-1)
-    positions = torch.arange(input_ids.shape[1], device=device)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     if (attention_mask.bool() != (positions[None] < n_real[:, None])).any():
         raise InputError("attention_mask must be right-padded: each row's 1s come first")
     if (start < 1).any() or (start > n_real).any():
         raise InputError("response_start must lie in [1, number of real tokens] for every row")
-    tau = torch.as_tensor(temperature, dtype=torch.float32, device=device).expand(len(start))
+    tau = torch.as_tensor(temperature, dtype=torch.float32).expand(len(start))
     if (tau <= 0).any():
         raise InputError("temperature must be positive")
     tempered = bool((tau != 1).any())
 
     length = n_real - start  # T_i
-    t = torch.arange(int(length.max()), device=device)
+    t = torch.arange(int(length.max()), device=start.device)
     rows, cols = (t[None] < length[:, None]).nonzero(as_tuple=True)  # the N valid (i, t) pairs
     target_pos = start[rows] + cols  # 0-based position of response token t + 1 (1-based)
+    input_ids, attention_mask, rows, cols, target_pos = (
+        _to(x, device) for x in (input_ids, attention_mask, rows, cols, target_pos)
+    )
+    tau = _to(tau.contiguous(), device)
 
     parts = []
     with torch.no_grad(), eval_mode(model):
@@ -236,70 +285,84 @@ def stats_for_sequences(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     temperature: float | Sequence[float] = 1.0,
-    chunk_size: int = 256,
-    batch_tokens: int = 16384,
+    chunk_size: int | None = None,
+    batch_tokens: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[TokenStats]:
     """`response_token_stats` over many `(prompt, response)` token-id pairs, batched by tokens.
 
-    temperature: one float or one per sequence.
+    temperature: one float or one per sequence. chunk_size, batch_tokens: `stats_plan`'s unless
+    given.
     progress: called with the number of response tokens of each finished batch.
     Returns, in input order, one `TokenStats [T_i]` per response, on the CPU.
     """
     if len(prompts) != len(responses):
         raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
     taus = torch.as_tensor(temperature, dtype=torch.float32).expand(len(prompts))
-    check_output_layer(model)
-    result: dict[int, TokenStats] = {}
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    for batch in pack_by_tokens(lengths, batch_tokens):
-        ids, mask, start = pad_batch([prompts[i] for i in batch], [responses[i] for i in batch])
-        stats = response_token_stats(
-            model, ids, mask, start, taus[batch], chunk_size, check_head=False
-        )
-        for row, i in enumerate(batch):
-            n = len(responses[i])
-            result[i] = TokenStats(
-                **{f.name: getattr(stats, f.name)[row, :n].cpu() for f in fields(TokenStats)}
-            )
-        if progress is not None:
-            progress(sum(len(responses[i]) for i in batch))
-    return [result[i] for i in range(len(prompts))]
+    lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
+    grids = _stats_grids(
+        model, prompts, responses, lengths, taus, chunk_size, batch_tokens, progress
+    )
+    return [
+        TokenStats(**{name: grid[i, : int(n)] for name, grid in grids.items()})
+        for i, n in enumerate(lengths)
+    ]
 
 
 def checkpoint_stats(
     model: torch.nn.Module,
     batch: ResponseBatch,
     *,
-    batch_tokens: int = 16384,
-    chunk_size: int = 256,
+    batch_tokens: int | None = None,
+    chunk_size: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> TokenStats:
-    """Per-token statistics of every response under the checkpoint, `[B, T]` fp32 on the CPU.
+    """Per-token statistics of every response under the checkpoint, `[B, T]` fp32 on the CPU, 0 on
+    padding (`response_token_stats` per packed batch; chunk_size, batch_tokens: `stats_plan`'s
+    unless given).
 
     `progress(n)` is called with the number of response tokens of each finished model batch."""
-    per_row = stats_for_sequences(
-        model,
-        batch.prompt_ids,
-        [
-            ids[:n]
-            for ids, n in zip(batch.response_ids.tolist(), batch.length.tolist(), strict=True)
-        ],
-        batch.temperature.tolist(),
-        chunk_size=chunk_size,
-        batch_tokens=batch_tokens,
-        progress=progress,
-    )
-    width = batch.response_ids.shape[1]
+    rows = batch.response_ids.tolist()  # the inputs' ids, read once; the statistics stay tensors
+    responses = [ids[:n] for ids, n in zip(rows, batch.length.tolist(), strict=True)]
+    grids = _stats_grids(
+        model, batch.prompt_ids, responses, batch.length, batch.temperature, chunk_size,
+        batch_tokens, progress, width=batch.response_ids.shape[1],
+    )  # fmt: skip
+    return TokenStats(**grids)
 
-    def grid(name: str) -> Tensor:
-        return pad([getattr(s, name).tolist() for s in per_row], width)
 
-    return TokenStats(
-        logprob=grid("logprob"),
-        prob=grid("prob"),
-        sum_pi2=grid("sum_pi2"),
-        entropy=grid("entropy"),
-        w=grid("w"),
-        h_sq=grid("h_sq"),
-    )
+def _stats_grids(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    lengths: Tensor,
+    taus: Tensor,
+    chunk_size: int | None,
+    batch_tokens: int | None,
+    progress: Callable[[int], None] | None,
+    width: int | None = None,
+) -> dict[str, Tensor]:
+    """`{statistic: [B, width]}` fp32 on the CPU (width: the longest response by default): every
+    model batch's statistics written into grids on the model's device, copied to the CPU once,
+    when all the batches are done."""
+    check_output_layer(model)
+    planned_chunk, planned_tokens = stats_plan(model)
+    chunk_size = chunk_size or planned_chunk
+    batch_tokens = batch_tokens or planned_tokens
+    device = output_layer(model)[0].device
+    n_resp = lengths.tolist()
+    width = max(n_resp, default=0) if width is None else width
+    grids = {f.name: torch.zeros(len(n_resp), width, device=device) for f in fields(TokenStats)}
+    packed = [len(p) + n for p, n in zip(prompts, n_resp, strict=True)]
+    for group in pack_by_tokens(packed, batch_tokens):
+        ids, mask, start = pad_batch([prompts[i] for i in group], [responses[i] for i in group])
+        stats = response_token_stats(
+            model, ids, mask, start, taus[group], chunk_size, check_head=False
+        )
+        index = _to(torch.tensor(group), device)
+        for name, grid in grids.items():
+            value = getattr(stats, name)  # [rows, T_group], 0 beyond each row's T_i
+            grid[index, : value.shape[1]] = value
+        if progress is not None:
+            progress(sum(n_resp[i] for i in group))
+    return {name: grid.cpu() for name, grid in grids.items()}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numerics import assert_close_to_norm
+from tiny import char_tokenizer, tiny_model
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -21,13 +24,18 @@ from transformers import (
 )
 
 from otb_diag.errors import InputError
+from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy, sequence_energy, stats_from_logits
 from otb_diag.policy.forward_pass import (
+    BATCH_TOKENS,
+    STATS_CHUNK,
     check_output_layer,
+    checkpoint_stats,
     pack_by_tokens,
     pad_batch,
     response_token_stats,
     stats_for_sequences,
+    stats_plan,
 )
 
 V = 50
@@ -297,3 +305,52 @@ def test_cumulative_energy_hand_case():
     expected = torch.tensor([[0.5, 0.5, 0.75, 2.75, 2.75], [0.0, 1.0, 2.0, 2.0, 2.0]])
     torch.testing.assert_close(W, expected)
     torch.testing.assert_close(sequence_energy(w, mask.bool()), torch.tensor([2.75, 2.0]))
+
+
+def test_stats_plan_from_a_given_free_memory():
+    model = tiny_gpt2()  # V = 50, d = 32: a chunk row is 2 · 4 · 50 = 400 bytes, a token 2 KiB
+    assert stats_plan(model) == (STATS_CHUNK, BATCH_TOKENS)  # the CPU's sizes when not told
+    # 4 GiB free, a quarter each: 2^30 / 400 → 2^21, capped at 8192; 2^30 / 2048 = 2^19 tokens,
+    # capped at 2^17
+    assert stats_plan(model, free_bytes=4 * 2**30) == (8192, 2**17)
+    # 8 MiB free: 2 MiB / 400 B = 5242 rows → 4096; 2 MiB / 2 KiB = 1024 tokens → the floor
+    assert stats_plan(model, free_bytes=8 * 2**20) == (4096, BATCH_TOKENS)
+    assert stats_plan(model, free_bytes=0) == (STATS_CHUNK, BATCH_TOKENS)
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_checkpoint_stats_is_the_per_row_statistics_on_a_padded_grid():
+    model = tiny_gpt2(seed=6)
+    width = max(map(len, RESPONSES)) + 2  # the batch's width may exceed its longest response
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in RESPONSES])
+    batch = SimpleNamespace(
+        prompt_ids=PROMPTS, response_ids=ids, length=torch.tensor([len(r) for r in RESPONSES]),
+        temperature=torch.tensor([0.7, 1.0, 1.3, 2.0]),
+    )  # fmt: skip
+    grid = checkpoint_stats(model, batch, batch_tokens=9, chunk_size=2)
+    rows = stats_for_sequences(model, PROMPTS, RESPONSES, [0.7, 1.0, 1.3, 2.0])
+    for name in ("logprob", "prob", "sum_pi2", "entropy", "w", "h_sq"):
+        value = getattr(grid, name)
+        assert value.shape == (4, width) and value.device.type == "cpu"
+        for i, one in enumerate(rows):
+            n = len(RESPONSES[i])
+            assert_close_to_norm(value[i, :n], getattr(one, name), rel=1e-5, msg=name)
+            assert (value[i, n:] == 0).all()
+
+
+def test_dtype_auto_keeps_a_bf16_checkpoint_in_bf16_with_fp32_statistics(tmp_path):
+    """`--dtype auto` (the default): a checkpoint saved in bf16 loads in bf16, and its statistics
+    come out fp32, within bf16 rounding of the same weights run in fp32."""
+    model = tiny_model(seed=7).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path, dtype="auto").model
+    assert loaded.dtype == torch.bfloat16
+    prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]
+    ids = torch.tensor([r + [0] * (4 - len(r)) for r in responses])
+    batch = SimpleNamespace(prompt_ids=prompts, response_ids=ids, length=torch.tensor([4, 2]),
+                            temperature=torch.ones(2))  # fmt: skip
+    got, ref = checkpoint_stats(loaded, batch), checkpoint_stats(model.float(), batch)
+    for name in ("logprob", "w", "sum_pi2", "entropy"):
+        assert getattr(got, name).dtype == torch.float32
+        assert_close_to_norm(getattr(got, name), getattr(ref, name), rel=5e-2, msg=name)

@@ -154,7 +154,7 @@ def measure_and_write(
                     bar.update(len(merged.tokens))
             timings["measure_s"] += time.perf_counter() - t0
             if d.is_main:
-                results.append(acc.result(step, ckpt))
+                results.append(acc.result(step, ckpt, settings.load.full_hash))
         bar.close()
         if not d.is_main:
             return None
@@ -336,11 +336,11 @@ class _Accumulator:
             self.fig5.append(merged.tokens.loc[keep, ["prob", "w", "mask", "temperature"]])
         self.tokens += len(merged.tokens)
 
-    def result(self, step: int, ckpt: Checkpoint | None) -> StepResult:
+    def result(self, step: int, ckpt: Checkpoint | None, full_hash: bool) -> StepResult:
         names = self.proxies[0][0]
         return StepResult(
             step=step,
-            checkpoint=checkpoint_record(ckpt) if ckpt else None,
+            checkpoint=checkpoint_record(ckpt, full_hash) if ckpt else None,
             vocab_size=ckpt.vocab_size if ckpt else None,
             sequences=_concat(self.sequences),
             groups=_concat(self.groups),

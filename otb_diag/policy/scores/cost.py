@@ -2,13 +2,18 @@
 model's shape, and the choice between them (`--engine auto`).
 
 Forward mode (`forward_mode.py`): `Σ_b ⌈k_b / d⌉` vmapped jvp calls per packed batch (d the
-directions per call), each costing about 3 forward passes per direction, independent of T:
+directions per call), each costing about 2 forward passes per direction, independent of T, and
+per packed batch the draw of every direction's tangent over its block's parameters:
 
-    forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)
+    forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)  +  s_r · batches · Σ_b k_b n_b
 
 with `s_f` the seconds per direction and token measured on a calibration batch of about
-`CALIBRATION_TOKENS` tokens. Reverse mode (`reverse_mode.py`): per response token a backward
-pass over its chunk's prefix L and a projection, `n · (6 L + 2 K)` flops:
+`CALIBRATION_TOKENS` tokens, less its draws, and `s_r` the seconds per drawn element (a direction
+over all `n` selected parameters timed apart): the draws do not grow with the tokens, so counting
+them per token would overstate long batches and understate short ones.
+
+Reverse mode (`reverse_mode.py`): per response token a backward pass over its chunk's prefix L
+and a projection, `n · (6 L + 2 K)` flops:
 
     reverse_s ≈ s_b · Σ_t L_t  +  s_p · n · K · tokens  +  columns
 
@@ -17,13 +22,15 @@ projection product, and `columns` the time to draw the `n × K` direction column
 they are held, per product otherwise).
 
 Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
-forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2 + chunk · V · 3)` with
-`A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when they
-are formed a query chunk at a time (`chunked_attention.py`); reverse `layers · L · (34 d + 5 h L)
-· 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held columns and the pending gradients.
+forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2) + 4 · HEAD_BUFFERS ·
+chunk · V` (the output layer's tangent forms no `[chunk, V]` logits: `forward_mode.TargetLogProb`)
+with `A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when
+they are formed a query chunk at a time (`chunked_attention.py`); reverse
+`layers · L · (34 d + 5 h L) · 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held
+columns and the pending gradients.
 Each engine takes the largest batching that fits in `MEMORY_SHARE` of the memory available on the
 device; one that does not fit at its smallest batching is not run (a clear error, never the
-kernel's OOM killer).
+kernel's OOM killer). The head's chunk of tokens is planned first, from `HEAD_SHARE` of it.
 """
 
 from __future__ import annotations
@@ -41,10 +48,15 @@ from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import pack_by_tokens
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
-from otb_diag.policy.scores.directions import Block, projection_columns
-from otb_diag.policy.scores.forward_mode import HEAD_CHUNK, forward_scores, switchable
+from otb_diag.policy.scores.directions import Block, projection_columns, unit_pieces
+from otb_diag.policy.scores.forward_mode import (
+    HEAD_BUFFERS,
+    HEAD_CHUNK,
+    forward_scores,
+    switchable,
+)
 from otb_diag.policy.scores.reverse_mode import HOLD_BYTES, PENDING_BYTES, reverse_scores
-from otb_diag.runtime.memory import available_memory
+from otb_diag.runtime.memory import available_memory, rows_that_fit
 
 CALIBRATION_TOKENS = 256
 # Forward mode on the CPU packs at most this many padded tokens per batch. Its cost per direction
@@ -53,13 +65,17 @@ CALIBRATION_TOKENS = 256
 # the activations outgrow the caches; a GPU keeps `batch_tokens` (the larger, the busier).
 CPU_FORWARD_BATCH_TOKENS = 1024
 MEMORY_SHARE = 0.7
+HEAD_SHARE = 0.1  # of the available memory, for the head's `[chunk, V]` fp32 buffers
+MIN_HEAD_CHUNK = 16
+MAX_HEAD_CHUNK = 4096  # on a GPU; the CPU keeps `HEAD_CHUNK` (cache-sized products)
 DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
 DEFAULT_BUDGET_S = 7200.0
 # `auto` keeps the reverse engine unless forward mode is this much cheaper: the reverse engine
 # gives the exact per-token norms (optseq-true, otb-true, fidelity), forward mode estimates.
 EXACT_NORMS_PREMIUM = 2.0
-# Forward passes one jvp direction costs (measured 3-4.7 on CPU, issue 10), and a backward pass
-# in forward passes: the flop counts of the deterministic engine choice (`work_counts`).
+# Forward passes one jvp direction costs (3-4.7 on CPU in issue 10, 2.0-2.1 with issue 25's
+# closed-form head), and a backward pass in forward passes: the flop counts of the deterministic
+# engine choice (`work_counts`; kept at 3, as changing it would move `auto`'s choice).
 JVP_PASSES = 3.0
 BACKWARD_PASSES = 2.0
 
@@ -80,6 +96,7 @@ class FullPlan:
     available_bytes: float
     directions_batch: int
     forward_batch_tokens: int  # padded tokens per forward-mode batch
+    head_chunk: int  # tokens whose fp32 logits forward mode forms at once
     reverse_chunk: int
     budget_s: float | None
     calibration: dict[str, float] = field(default_factory=dict)
@@ -176,14 +193,15 @@ def plan_full(
     force: bool = False,
     batch_tokens: int = 16384,
     chunk_size: int = 32,
-    head_chunk: int = HEAD_CHUNK,
+    head_chunk: int | None = None,
     available_bytes: float | None = None,
 ) -> FullPlan:
     """Estimate both engines (module docstring), choose one, and refuse what cannot run.
 
     engine: `auto` (of the engines that fit, the reverse one unless forward mode's counted work
     is less than 1/`EXACT_NORMS_PREMIUM` of it: `work_counts`), `jvp` or `vjp`. batch_tokens:
-    forward mode's padded tokens per batch (at most `CPU_FORWARD_BATCH_TOKENS` on the CPU). Raises
+    forward mode's padded tokens per batch (at most `CPU_FORWARD_BATCH_TOKENS` on the CPU).
+    head_chunk: forward mode's tokens of fp32 logits at once (default: `head_chunk_for`). Raises
     `InputError` when the chosen engine does not fit in memory, or its estimate exceeds
     `budget_s` and not `force`.
     """
@@ -206,6 +224,7 @@ def plan_full(
     tok_batch = max(len(g) * max(sum(rows[i]) for i in g) for g in groups)
     biggest_block = max(sum(params[name].numel() for name in b.params) for b in blocks)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_chunk = head_chunk or head_chunk_for(device, vocab, available)
 
     attention = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
     if switchable(model):  # query-chunked: one chunk's scores (chunked_attention.py)
@@ -213,8 +232,9 @@ def plan_full(
         attention = min(attention, max(SCORES_PER_CHUNK, rows_max * heads * longest))
 
     def forward_peak(nd: int) -> float:
-        acts = tok_batch * 16 * d + attention * 2 + head_chunk * vocab * 3
-        return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts
+        acts = tok_batch * 16 * d + attention * 2
+        head = HEAD_BUFFERS * 4 * head_chunk * vocab
+        return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts + head
 
     def reverse_peak(c: int) -> float:
         stored = layers * longest * (34 * d + 5 * heads * longest) * 4
@@ -235,11 +255,17 @@ def plan_full(
         t0 = time.perf_counter()
         forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
                        directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
+        cal_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for name, p in params.items():
+            unit_pieces(seed, range(1), name, p.shape, device)
+        draw_s = time.perf_counter() - t0  # one direction over all n parameters
         cal_tokens = len(cal.prompt_ids) * max(p + t for p, t in _rows(cal))
-        calibration["forward_s_per_direction_token"] = (time.perf_counter() - t0) / (
-            nd * cal_tokens
-        )
-        forward_s = calibration["forward_s_per_direction_token"] * k_total * padded
+        per_token = max(cal_s - nd * draw_s, 0.0) / (nd * cal_tokens)
+        drawn = len(groups) * sum(b.k * sum(params[x].numel() for x in b.params) for b in blocks)
+        calibration["forward_s_per_direction_token"] = per_token
+        calibration["forward_draw_s_per_element"] = draw_s / n
+        forward_s = per_token * k_total * padded + draw_s / n * drawn
     if chunk and engine in ("auto", "vjp"):
         reverse_s, more = _reverse_estimate(model, batch, params, seed, chunk, k_total, rows)
         calibration.update(more)
@@ -250,8 +276,8 @@ def plan_full(
         engine = choose_engine(forward_w if nd else math.inf, reverse_w if chunk else math.inf)
     plan = FullPlan(
         engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
-        reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, max(chunk, 1), budget_s,
-        calibration,
+        reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, head_chunk,
+        max(chunk, 1), budget_s, calibration,
     )  # fmt: skip
     if not math.isfinite(plan.estimate_s):
         peak = plan.forward_peak_bytes if plan.engine == "jvp" else plan.reverse_peak_bytes
@@ -270,6 +296,17 @@ def plan_full(
             "--directions-per-block) or parameters (--params).",
         )
     return plan
+
+
+def head_chunk_for(device: torch.device, vocab: int, available_bytes: float) -> int:
+    """Forward mode's head chunk: the largest power of two whose `HEAD_BUFFERS` fp32 `[chunk, V]`
+    buffers take at most `HEAD_SHARE` of `available_bytes`, at most `HEAD_CHUNK` on the CPU (its
+    products run as fast at 256 tokens, in cache) and `MAX_HEAD_CHUNK` on a GPU."""
+    largest = HEAD_CHUNK if device.type == "cpu" else MAX_HEAD_CHUNK
+    return rows_that_fit(
+        available_bytes, HEAD_BUFFERS * 4 * vocab, share=HEAD_SHARE, smallest=MIN_HEAD_CHUNK,
+        largest=largest,
+    )  # fmt: skip
 
 
 def work_counts(

@@ -47,9 +47,67 @@ from otb_diag.policy.scores import chunked_attention
 from otb_diag.policy.scores.directions import Block, unit_pieces
 
 _PREFIX = "lm."  # parameter names inside `_TokenLogProbs`
-# Tokens whose fp32 logits `[chunk, V]` (and their tangents) are formed at once: 64 halves a
-# 5 M model's peak memory against 256 at T = 256 (bench/README.md) at the same speed.
-HEAD_CHUNK = 64
+# Tokens whose fp32 logits `[chunk, V]` exist at once when nothing larger is planned
+# (`cost.py:plan_full` sizes it from the free memory with `runtime/memory.py:rows_that_fit`).
+HEAD_CHUNK = 256
+# fp32 `[chunk, V]` buffers of one head chunk (`TargetLogProb`): logits, log-softmax, `r`.
+HEAD_BUFFERS = 3
+
+
+class TargetLogProb(torch.autograd.Function):
+    """`log p(y) = log_softmax(c·tanh((h Uᵀ + b)/c) / τ)[y]` per token, `[n]` fp32, with its
+    forward-mode derivative in closed form.
+
+    With `z = c·tanh(a/c)`, `a = h Uᵀ + b`, `π = softmax(z/τ)`, the slope `s = ∂z/∂a = 1 − (z/c)²`
+    (1 without a softcap) and `r = (s_y e_y − π ∘ s)/τ ∈ R^V` per token:
+
+        d log p(y) = ⟨r, da⟩ = ⟨dh, r U⟩ + ⟨h, r dU⟩ + ⟨r, db⟩
+
+    so a tangent never forms `[directions, n, V]` logits: `r U` (`[n, d]`) is shared by every
+    direction and only a direction that moves `U` pays one `[n, V] × [V, d]` product, where
+    autograd's jvp would pay two products and a tangent log-softmax per direction.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(
+        h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, tau: Tensor,
+        softcap: float | None,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """`h [n, d]`, `weight [V, d]`, `bias [V]` fp32; `targets`, `tau [n]` → `(log p(y) [n],
+        r [n, V])`."""
+        a = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)  # [n, V]
+        z = a if softcap is None else a.div_(softcap).tanh_().mul_(softcap)  # c·tanh(a/c)
+        logp = torch.log_softmax(z / tau[:, None], dim=-1)  # [n, V]
+        picked = targets[:, None]
+        logp_y = logp.gather(-1, picked)[:, 0]
+        r = logp.exp_().neg_()  # −π, in the log-softmax's buffer
+        if softcap is not None:
+            r.mul_(1 - (z / softcap).square())  # −π ∘ s
+            slope_y = 1 - (z.gather(-1, picked) / softcap).square()
+        else:
+            slope_y = torch.ones_like(picked, dtype=r.dtype)
+        r.scatter_add_(-1, picked, slope_y).div_(tau[:, None])  # (s_y e_y − π ∘ s)/τ
+        return logp_y, r
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 (autograd.Function API)
+        h, weight = inputs[0], inputs[1]
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_forward(h, weight, output[1])
+
+    @staticmethod
+    def jvp(ctx, dh, dweight, dbias, *_) -> tuple[Tensor, None]:  # noqa: ANN001
+        h, weight, r = ctx.saved_tensors
+        du = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+        if dh is not None:
+            du = du + (dh * (r @ weight)).sum(-1)  # ⟨dh, r U⟩
+        if dweight is not None:
+            du = du + (h * (r @ dweight)).sum(-1)  # ⟨h, r dU⟩
+        if dbias is not None:
+            du = du + r @ dbias  # ⟨r, db⟩
+        return du, None
 
 
 class _TokenLogProbs(nn.Module):
@@ -65,17 +123,14 @@ class _TokenLogProbs(nn.Module):
     ) -> Tensor:
         hidden = final_hidden(self.lm, ids, attention)[rows, pos - 1]  # [N, d]
         weight, bias, scale, softcap = output_layer(self.lm)
+        weight32 = weight.float()  # cast once per pass, not per chunk (a no-op in fp32)
+        bias32 = None if bias is None else bias.float()
+        h = hidden.float() * scale
         targets = ids[rows, pos]
         out = []
         for lo in range(0, len(rows), self.chunk_size):
             c = slice(lo, lo + self.chunk_size)
-            z = (hidden[c].float() * scale) @ weight.float().T  # fp32 logits [chunk, V]
-            if bias is not None:
-                z = z + bias.float()
-            if softcap is not None:
-                z = softcap * torch.tanh(z / softcap)
-            logp = torch.log_softmax(z / tau[c, None], dim=-1)
-            out.append(logp.gather(-1, targets[c, None])[:, 0])
+            out.append(TargetLogProb.apply(h[c], weight32, bias32, targets[c], tau[c], softcap)[0])
         return torch.cat(out)
 
 

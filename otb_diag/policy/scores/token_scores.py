@@ -157,7 +157,7 @@ def token_scores(
     else:
         proj = forward_scores(
             model, batch, selected, blocks, seed, batch_tokens=plan.forward_batch_tokens,
-            directions_batch=plan.directions_batch, progress=progress,
+            directions_batch=plan.directions_batch, chunk_size=plan.head_chunk, progress=progress,
         )  # fmt: skip
         # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
         block_sq = torch.stack(

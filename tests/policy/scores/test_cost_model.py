@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from test_full_engines import gpt2
 from test_token_scores import RESPONSES, make_batch
 from torch import nn
@@ -112,3 +113,20 @@ def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) ->
     eager_scores, chunk_scores = 3 * 2 * 8 * 8, 3 * 2 * 8
     expected = (1 + nd) * 4 * 2 * (eager_scores - chunk_scores)
     assert eager.forward_peak_bytes - chunked.forward_peak_bytes == expected
+
+
+def test_head_chunk_is_planned_from_the_free_memory() -> None:
+    """`HEAD_BUFFERS` fp32 `[chunk, V]` buffers in `HEAD_SHARE` of what is available: V = 151,936
+    is 1.82 MB a token; a GPU with 8 GiB free gets 2^⌊log2(0.1 · 8 GiB / 1.82 MB)⌋ = 256 tokens, one
+    with 80 GiB 4096 (the cap), the CPU at most `HEAD_CHUNK`, and a nearly full device the floor."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    per_token = full_cost.HEAD_BUFFERS * 4 * 151_936
+    assert per_token == 1_823_232
+    assert full_cost.head_chunk_for(cuda, 151_936, 8 * 2**30) == 256
+    assert full_cost.head_chunk_for(cuda, 151_936, 80 * 2**30) == 4096
+    assert full_cost.head_chunk_for(cpu, 151_936, 80 * 2**30) == scores_forward_module.HEAD_CHUNK
+    assert full_cost.head_chunk_for(cuda, 151_936, 2**20) == full_cost.MIN_HEAD_CHUNK
+    model, batch = gpt2(), make_batch()
+    planned = plan(model, batch, engine="jvp", budget_s=None, available_bytes=1e12)
+    assert planned.head_chunk == scores_forward_module.HEAD_CHUNK  # the CPU's cap
+    assert plan(model, batch, engine="jvp", budget_s=None, head_chunk=3).head_chunk == 3

@@ -35,6 +35,7 @@ from otb_diag.policy.scores.directions import (
     select_parameters,
     unit_pieces,
 )
+from otb_diag.policy.scores.forward_mode import TargetLogProb
 from otb_diag.policy.scores.token_scores import token_scores
 
 SMALL = {"vocab_size": V, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -220,3 +221,40 @@ def test_jvp_norms_are_the_unbiased_jl_estimate() -> None:
     )
     ratio = runs.mean(0)[batch.valid] / vjp.sq_norm[batch.valid]
     assert ratio.mean().item() == pytest.approx(1.0, abs=4 * math.sqrt(2 / 8 / 60))
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("biased", [False, True])
+def test_closed_form_head_jvp_is_autograds(softcap: float | None, biased: bool) -> None:
+    """The output layer's closed-form tangent (`TargetLogProb`) against torch.func's own jvp of
+    the plain formula, in float64, vmapped over directions as the engine runs it; per-token
+    temperatures and a softcap included."""
+    gen = torch.Generator().manual_seed(0)
+    n, d, vocab, dirs = 5, 6, 11, 3
+    h, weight = torch.randn(n, d, generator=gen).double(), torch.randn(vocab, d, generator=gen)
+    weight = weight.double()
+    bias = torch.randn(vocab, generator=gen).double() if biased else None
+    targets, tau = torch.randint(0, vocab, (n,), generator=gen), torch.tensor([0.7, 1, 1.3, 2, 1])
+    tau = tau.double()
+    tangents = [torch.randn(dirs, *x.shape, generator=gen).double() for x in (h, weight)]
+    if biased:
+        tangents.append(torch.randn(dirs, vocab, generator=gen).double())
+
+    def plain(h, w, b=None):
+        z = h @ w.T + (0 if b is None else b)
+        z = z if softcap is None else softcap * torch.tanh(z / softcap)
+        return torch.log_softmax(z / tau[:, None], -1).gather(-1, targets[:, None])[:, 0]
+
+    def closed(h, w, b=None):
+        return TargetLogProb.apply(h, w, b, targets, tau, softcap)[0]
+
+    primals = (h, weight, bias) if biased else (h, weight)
+    for f in (plain, closed):
+        assert_close_to_norm(f(*primals), plain(*primals), rel=1e-12, msg="log p")
+    expected = torch.func.vmap(lambda *t: torch.func.jvp(plain, primals, t)[1])(*tangents)
+    actual = torch.func.vmap(lambda *t: torch.func.jvp(closed, primals, t)[1])(*tangents)
+    assert_close_to_norm(actual, expected, rel=1e-12, msg="tangent")
+    # a direction that leaves the head alone: only the hidden state's tangent
+    only_h = torch.func.jvp(lambda x: closed(x, *primals[1:]), (h,), (tangents[0][0],))[1]
+    expected_h = torch.func.jvp(lambda x: plain(x, *primals[1:]), (h,), (tangents[0][0],))[1]
+    assert_close_to_norm(only_h, expected_h, rel=1e-12, msg="hidden only")
