@@ -58,7 +58,7 @@ from otb_diag.io.rollouts.readers import read_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import check_scenario
 from otb_diag.lab.build import SCENARIOS, LabConfig
-from otb_diag.lab.sample import sample_groups
+from otb_diag.lab.rollouts import sample_groups
 from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.energy.proxies import variance_proxies

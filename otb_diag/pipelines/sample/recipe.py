@@ -43,6 +43,7 @@ from otb_diag.io.loading import LoadOptions
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
 from otb_diag.pipelines.sample.verifiers import Verifier, get_verifier, require_math_verify
+from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, session, shard_by_tokens
@@ -366,7 +367,7 @@ def _sample_parts(
         samples = sample_batch(
             model,
             [prompt_ids[i] for i, _ in pairs],
-            [row_seed(settings.seed, i, j) for i, j in pairs],
+            RowNoise([row_seed(settings.seed, i, j) for i, j in pairs]),
             settings.sampling,
             eos_ids=eos_ids,
             pad_id=pad_id,
