@@ -41,7 +41,9 @@ _GAMMA = 0x9E3779B97F4A7C15
 _GOLDEN = _int64(_GAMMA)
 _MUL1 = _int64(0xBF58476D1CE4E5B9)
 _MUL2 = _int64(0x94D049BB133111EB)
-UNIFORM_BITS = 24  # a float32 uniform's mantissa: u takes 2^24 equally spaced values
+# u takes 2^23 equally spaced values: the centre of cell x, (x + ½)·2^-23, is exact in float32
+# (24 significant bits), where 2^24 cells would round the top one's centre up to u = 1.
+UNIFORM_BITS = 23
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -69,17 +71,17 @@ def stream_keys(seeds: Tensor, step: int) -> Tensor:
 def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     """`u [B, V]` float32 in (0, 1): `u_bv` a function of (seeds[b], step, v) alone.
 
-    `u_bv = (⌊mix(k_bs + γ·(v + 1)) / 2^40⌋ + ½) / 2^24`: the top 24 bits of output `v + 1` of
+    `u_bv = (⌊mix(k_bs + γ·(v + 1)) / 2^41⌋ + ½) / 2^23`: the top 23 bits of output `v + 1` of
     SplitMix64 from the stream key `k_bs` (`stream_keys`), centred in its cell, so u is never 0
-    or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.9, 17.3]). Two rows' (or
-    steps') streams overlap only when their keys differ by γ·d for some |d| < V: probability about
-    2V/2^64 per pair.
+    or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.9, 16.6]: the Gumbel tail
+    beyond has probability 6e-8). Two rows' (or steps') streams overlap only when their keys
+    differ by γ·d for some |d| < V: probability about 2V/2^64 per pair.
     seeds: `[B]` int64, the rows' seeds. One computation over `[B, V]`, whatever B.
     """
     ids = torch.arange(1, vocab + 1, device=seeds.device)  # [V]: v + 1
     x = _mix(stream_keys(seeds, step)[:, None] + ids * _GOLDEN)  # [B, V]
     x >>= 64 - UNIFORM_BITS
-    x &= (1 << UNIFORM_BITS) - 1  # the top 24 bits, as a non-negative integer
+    x &= (1 << UNIFORM_BITS) - 1  # the top 23 bits, as a non-negative integer
     return x.float().add_(0.5).mul_(2.0**-UNIFORM_BITS)
 
 
