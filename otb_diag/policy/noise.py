@@ -46,14 +46,15 @@ _MUL2 = _int64(0x94D049BB133111EB)
 UNIFORM_BITS = 23
 
 
-def _mix(x: Tensor) -> Tensor:
-    """SplitMix64's output function on int64 `x` (any shape), in place, returned.
+def _mix(x: Tensor, rounds: int = 3) -> Tensor:
+    """SplitMix64's output function on int64 `x` (any shape), in place, returned; `rounds=2`
+    leaves out the last xorshift `x ^= x >>> 31`, which changes only the low 33 bits.
 
     `x ^= x >>> k` needs a logical shift: torch's `>>` on int64 is arithmetic, so the bits it
     copies from the sign are masked off. Products wrap modulo 2^64 (two's complement), as the
     unsigned arithmetic of the reference does.
     """
-    for shift, mul in ((30, _MUL1), (27, _MUL2), (31, None)):
+    for shift, mul in ((30, _MUL1), (27, _MUL2), (31, None))[:rounds]:
         high = x >> shift
         high &= (1 << (64 - shift)) - 1  # x >>> shift
         x ^= high
@@ -79,7 +80,8 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     seeds: `[B]` int64, the rows' seeds. One computation over `[B, V]`, whatever B.
     """
     ids = torch.arange(1, vocab + 1, device=seeds.device)  # [V]: v + 1
-    x = _mix(stream_keys(seeds, step)[:, None] + ids * _GOLDEN)  # [B, V]
+    # Only the top 23 bits are kept: the last xorshift does not reach them.
+    x = _mix(stream_keys(seeds, step)[:, None] + ids * _GOLDEN, rounds=2)  # [B, V]
     x >>= 64 - UNIFORM_BITS
     x &= (1 << UNIFORM_BITS) - 1  # the top 23 bits, as a non-negative integer
     return x.float().add_(0.5).mul_(2.0**-UNIFORM_BITS)
@@ -95,9 +97,9 @@ class RowNoise:
     def __call__(self, z: Tensor, step: int) -> Tensor:
         if self.seeds.device != z.device:
             self.seeds = self.seeds.to(z.device)  # once per batch
-        g = hash_uniforms(self.seeds, step, z.shape[-1])  # [B, V], worked on in place
-        g.log_().neg_().log_().neg_()  # g = −log(−log u): standard Gumbel
-        return g.add_(z).argmax(-1)  # y = argmax_v (z_v + g_v) ~ softmax(z)
+        t = hash_uniforms(self.seeds, step, z.shape[-1])  # [B, V], worked on in place
+        t.log_().neg_().log_()  # t = log(−log u) = −g, g a standard Gumbel
+        return torch.sub(z, t, out=t).argmax(-1)  # y = argmax_v (z_v + g_v) ~ softmax(z)
 
 
 class GlobalRng:

@@ -80,8 +80,12 @@ class PolicySampler:
         self.sum_pi2: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        """scores: `[B, V]` fp32, `generate`'s own copy of the step's logits (after its default
+        processors), overwritten with the forced scores and returned."""
         tau = self.sampling.temperature
-        z = scores.float() / tau  # [B, V] tempered logits (HF's temperature warper: scores / τ)
+        z = scores.float()  # [B, V]; tempered as HF's warper does it: scores / τ, skipped at τ = 1
+        if tau != 1:
+            z = z / tau
         if not self.sampling.from_policy:
             z = truncate(z, self.sampling.top_k, self.sampling.top_p)
         tokens = self.noise(z, len(self.logprobs))  # [B]: y ~ softmax(z/τ) (truncated when asked)
@@ -89,8 +93,7 @@ class PolicySampler:
         stats = stats_from_logits(scores, tokens, tau)  # untruncated π_t = softmax(z/τ)
         self.logprobs.append(stats.logprob)
         self.sum_pi2.append(stats.sum_pi2)
-        forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, tokens[:, None], 0.0)
+        return scores.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
 
 
 @dataclass(frozen=True)
