@@ -19,9 +19,10 @@ updates, `checkpoint-<s>` holds the weights after update s):
    clipping; clip to `max_grad_norm`; one AdamW step.
 
 The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
-sampled. Everything random draws from the seed: prompts from a numpy generator, sampling from
-torch's RNG (forked, so the caller's RNG state is left alone). Same seed and thread count, same
-metrics (except `wall_time`).
+sampled. Everything random draws from the seed: prompts from a numpy generator, sampling (the one
+sampler, `otb_diag/policy/sampling.py:sample_batch`, through `otb_diag/lab/rollouts.py`) from
+torch's global RNG (forked, so the caller's RNG state is left alone). Same seed and thread count,
+same metrics (except `wall_time`).
 
 Output layout::
 

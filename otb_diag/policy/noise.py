@@ -74,7 +74,7 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
 
     `u_bv = (⌊mix(k_bs + γ·(v + 1)) / 2^41⌋ + ½) / 2^23`: the top 23 bits of output `v + 1` of
     SplitMix64 from the stream key `k_bs` (`stream_keys`), centred in its cell, so u is never 0
-    or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.9, 16.6]: the Gumbel tail
+    or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.82, 16.64]: the Gumbel tail
     beyond has probability 6e-8). Two rows' (or steps') streams overlap only when their keys
     differ by γ·d for some |d| < V: probability about 2V/2^64 per pair.
     seeds: `[B]` int64, the rows' seeds. One computation over `[B, V]`, whatever B.
