@@ -4,14 +4,13 @@
 
 Throughput: generated tokens per second of `otb_diag.policy.sampling.sample_batch` (per-row
 Gumbel-max from the counter-based hash noise inside `generate`, `logprobs` and `sum_pi2`
-recorded every step) against a
-bare `model.generate(do_sample=True, temperature=τ, top_k=0, top_p=1)` on the same left-padded
-batch, same model, both under `torch.no_grad()`, EOS disabled so both generate exactly `--new`
-tokens per row; one warm-up each, then alternated, median of `--reps`; at every batch size of
-`--rows`. Memory: the growth of
-the peak resident set (`VmHWM` after a reset) over the resident set once model and inputs are
-ready, each path in a fresh subprocess. On the embedded toy model, and on SmolLM2-135M-Instruct
-with `--gguf`. Prints a table, then one JSON line with every number.
+recorded every step) against a bare `model.generate(do_sample=True, temperature=τ, top_k=0,
+top_p=1)` on the same left-padded batch, same model, both under `torch.no_grad()`, EOS disabled
+so both generate exactly `--new` tokens per row; one warm-up each, then alternated, median of
+`--reps` (the ratio: the median of the repetitions' paired ratios); at every batch size of
+`--rows`. Memory: the growth of the peak resident set (`VmHWM` after a reset) over the resident
+set once model and inputs are ready, each path in a fresh subprocess. On the embedded toy model,
+and on SmolLM2-135M-Instruct with `--gguf`. Prints a table, then one JSON line with every number.
 """
 
 from __future__ import annotations
@@ -153,7 +152,12 @@ def main() -> None:
                 "new_tokens": args.new,
                 "tok_s_bare": rate["bare"],
                 "tok_s_ours": rate["ours"],
-                "throughput_ratio": rate["ours"] / rate["bare"],
+                # Paired: each repetition's ratio, bare and ours back to back, then the median,
+                # so a change of the machine's load between repetitions cancels.
+                "throughput_ratio": statistics.median(
+                    tokens["ours"] / ours * bare / tokens["bare"]
+                    for bare, ours in zip(times["bare"], times["ours"], strict=True)
+                ),
                 "peak_mib_bare": peak["bare"],
                 "peak_mib_ours": peak["ours"],
                 "memory_ratio": peak["ours"] / peak["bare"],

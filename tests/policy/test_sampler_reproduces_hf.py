@@ -7,6 +7,7 @@ went), kept here only as the reference."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
@@ -98,8 +99,8 @@ def test_tool_use_and_groups_draw_what_hf_drew(lab, monkeypatch: pytest.MonkeyPa
     """The multi-turn TIR path and whole groups (one padded batch, and group by group), with the
     former sampler patched in as the reference."""
     model, tok = lab
-    rng_problems = __import__("numpy").random.default_rng(3)
-    tool = [make_problem(rng_problems, TOOL_OP, n).prompt for n in (3, 5, 8, 9)]
+    rng = np.random.default_rng(3)
+    tool = [make_problem(rng, TOOL_OP, n).prompt for n in (3, 5, 8, 9)]
     plain = ["C:684=", "S:27530=", "R:096="]
 
     def run() -> tuple:
