@@ -1,15 +1,16 @@
 """Cost of `rollouts sample`'s sampler against a bare `model.generate`, as ratios within one run.
 
-    python bench/bench_sample.py [--gguf PATH_TO_SmolLM2.gguf] [--rows 16] [--new 64] [--reps 3]
+    python bench/bench_sample.py [--gguf PATH_TO_SmolLM2.gguf] [--rows 64,512] [--new 64] [--reps 3]
 
 Throughput: generated tokens per second of `otb_diag.policy.sampling.sample_batch` (per-row
-seeded Gumbel-max inside `generate`, `logprobs` and `sum_pi2` recorded every step) against a
-bare `model.generate(do_sample=True, temperature=τ, top_k=0, top_p=1)` on the same left-padded
-batch, same model, both under `torch.no_grad()`, EOS disabled so both generate exactly `--new`
-tokens per row; one warm-up each, then alternated, median of `--reps`. Memory: the growth of
-the peak resident set (`VmHWM` after a reset) over the resident set once model and inputs are
-ready, each path in a fresh subprocess. On the embedded toy model, and on SmolLM2-135M-Instruct
-with `--gguf`. Prints a table, then one JSON line with every number.
+Gumbel-max from the counter-based hash noise inside `generate`, `logprobs` and `sum_pi2`
+recorded every step) against a bare `model.generate(do_sample=True, temperature=τ, top_k=0,
+top_p=1)` on the same left-padded batch, same model, both under `torch.no_grad()`, EOS disabled
+so both generate exactly `--new` tokens per row; one warm-up each, then alternated, median of
+`--reps` (the ratio: the median of the repetitions' paired ratios); at every batch size of
+`--rows`. Memory: the growth of the peak resident set (`VmHWM` after a reset) over the resident
+set once model and inputs are ready, each path in a fresh subprocess. On the embedded toy model,
+and on SmolLM2-135M-Instruct with `--gguf`. Prints a table, then one JSON line with every number.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 
 TAU = 1.0
@@ -70,7 +72,7 @@ def _ours(model, prompts, new: int, no_eos: int, pad: int) -> int:
     samples = sample_batch(
         model,
         prompts,
-        [row_seed(0, i, 0) for i in range(len(prompts))],
+        RowNoise([row_seed(0, i, 0) for i in range(len(prompts))]),
         Sampling(TAU, 0, 1.0, new),
         eos_ids=[no_eos],
         pad_id=pad,
@@ -88,7 +90,7 @@ def _kib(field: str) -> int:
     raise RuntimeError(field)
 
 
-def _peak_child(path: str, args) -> float:
+def _peak_child(path: str, args, rows: int) -> float:
     """MiB by which a fresh process's peak RSS grows over its RSS once model and inputs are
     ready, running `path` once."""
     cmd = [
@@ -99,7 +101,7 @@ def _peak_child(path: str, args) -> float:
         "--model",
         args.model,
         "--rows",
-        str(args.rows),
+        str(rows),
         "--new",
         str(args.new),
     ] + (["--gguf", args.gguf] if args.gguf else [])
@@ -113,7 +115,7 @@ def main() -> None:
     parser.add_argument(
         "--gguf", help="SmolLM2-135M-Instruct .gguf (tests/real_model.py caches one)"
     )
-    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--rows", default="64,512", help="batch sizes, comma-separated")
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--_memory", choices=list(PATHS), help=argparse.SUPPRESS)
@@ -121,7 +123,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     models = [args.model] if args.model else ["embedded"] + (["smollm2"] if args.gguf else [])
     if args._memory:
-        ckpt, prompts, no_eos = _setup(args.model, args.gguf, args.rows)
+        ckpt, prompts, no_eos = _setup(args.model, args.gguf, int(args.rows))
         pad = ckpt.tokenizer.pad_token_id or 0
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         base = _kib("VmRSS")
@@ -129,9 +131,9 @@ def main() -> None:
         print((_kib("VmHWM") - base) / 1024)
         return
     results = []
-    for name in models:
+    for name, rows in [(m, int(r)) for m in models for r in str(args.rows).split(",")]:
         args.model = name
-        ckpt, prompts, no_eos = _setup(name, args.gguf, args.rows)
+        ckpt, prompts, no_eos = _setup(name, args.gguf, rows)
         pad = ckpt.tokenizer.pad_token_id or 0
         times: dict[str, list[float]] = {"bare": [], "ours": []}
         tokens = {}
@@ -142,15 +144,20 @@ def main() -> None:
                 if rep:  # rep 0 warms up
                     times[path].append(time.perf_counter() - start)
         rate = {p: tokens[p] / statistics.median(times[p]) for p in PATHS}
-        peak = {p: _peak_child(p, args) for p in PATHS}
+        peak = {p: _peak_child(p, args, rows) for p in PATHS}
         results.append(
             {
                 "model": name,
-                "rows": args.rows,
+                "rows": rows,
                 "new_tokens": args.new,
                 "tok_s_bare": rate["bare"],
                 "tok_s_ours": rate["ours"],
-                "throughput_ratio": rate["ours"] / rate["bare"],
+                # Paired: each repetition's ratio, bare and ours back to back, then the median,
+                # so a change of the machine's load between repetitions cancels.
+                "throughput_ratio": statistics.median(
+                    tokens["ours"] / ours * bare / tokens["bare"]
+                    for bare, ours in zip(times["bare"], times["ours"], strict=True)
+                ),
                 "peak_mib_bare": peak["bare"],
                 "peak_mib_ours": peak["ours"],
                 "memory_ratio": peak["ours"] / peak["bare"],
@@ -161,12 +168,12 @@ def main() -> None:
         f"load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"{'model':10} {'bare tok/s':>10} {'ours tok/s':>10} {'ratio':>6} {'target':>7}"
+        f"{'model':10} {'rows':>5} {'bare tok/s':>10} {'ours tok/s':>10} {'ratio':>6} {'target':>7}"
         f" {'bare MiB':>9} {'ours MiB':>9} {'ratio':>6} {'target':>7}"
     )
     for r in results:
         print(
-            f"{r['model']:10} {r['tok_s_bare']:10.0f} {r['tok_s_ours']:10.0f}"
+            f"{r['model']:10} {r['rows']:5} {r['tok_s_bare']:10.0f} {r['tok_s_ours']:10.0f}"
             f" {r['throughput_ratio']:6.3f} {'≥ ' + str(THROUGHPUT_TARGET):>7}"
             f" {r['peak_mib_bare']:9.1f} {r['peak_mib_ours']:9.1f} {r['memory_ratio']:6.3f}"
             f" {'≤ ' + str(MEMORY_TARGET):>7}"

@@ -39,7 +39,7 @@ from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import no_transformers_progress_bars
 from otb_diag.io.scenarios import SCENARIOS as SCENARIO_NAMES
 from otb_diag.lab.model import build_model, n_params
-from otb_diag.lab.sample import (
+from otb_diag.lab.rollouts import (
     rollout_rows,
     sample_groups,
     sample_responses,

@@ -19,9 +19,10 @@ updates, `checkpoint-<s>` holds the weights after update s):
    clipping; clip to `max_grad_norm`; one AdamW step.
 
 The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
-sampled. Everything random draws from the seed: prompts from a numpy generator, sampling from
-torch's RNG (forked, so the caller's RNG state is left alone). Same seed and thread count, same
-metrics (except `wall_time`).
+sampled. Everything random draws from the seed: prompts from a numpy generator, sampling (the one
+sampler, `otb_diag/policy/sampling.py:sample_batch`, through `otb_diag/lab/rollouts.py`) from
+torch's global RNG (forked, so the caller's RNG state is left alone). Same seed and thread count,
+same metrics (except `wall_time`).
 
 Output layout::
 
@@ -57,7 +58,7 @@ from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import check_scenario
 from otb_diag.lab.build import SCENARIOS
-from otb_diag.lab.sample import sample_groups
+from otb_diag.lab.rollouts import sample_groups
 from otb_diag.lab.task import Problem, make_problem
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.energy.proxies import variance_proxies

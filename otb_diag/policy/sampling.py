@@ -1,16 +1,18 @@
-"""Sampling responses from a causal LM with `generate`, one random stream per response, and the
-per-token statistics of the sampling policy recorded on the fly.
+"""Sampling responses from a causal LM with `generate`, and the per-token statistics of the
+sampling policy recorded on the fly: the one sampler of `rollouts sample`, `train` and
+`lab build`.
 
 The policy is `π_t = softmax(z_t / τ)` (docs/theory.md §1). `generate` runs greedily
 (`do_sample=False`) with one extra logits processor, `PolicySampler`, which at every step:
 
-1. draws each row's token by the Gumbel-max trick, `y = argmax_v (z_v/τ + g_v)`,
-   `g_v = −log(−log u_v)`, `u ~ U(0, 1)^V` from that row's own `torch.Generator`: an exact sample
-   of `π_t` (of its top-k / top-p truncation when asked) that depends only on the row's seed and
-   its logits, never on which other rows share the batch;
+1. draws each row's token from the tempered logits `z/τ` (top-k / top-p truncated when asked)
+   with a noise source of `otb_diag/policy/noise.py`: per-row streams (`RowNoise`: a row draws
+   the same whatever rows share its batch) or torch's global RNG (`GlobalRng`: Hugging Face's
+   own `do_sample=True` draw, bit for bit);
 2. records `logprob = log π_t(y)` and `sum_pi2 = Σ_v π_t(v)²` of the *untruncated* tempered
    policy (what trainers recompute and what `energy`'s forward pass gives), with the formulas of
-   `otb_diag/maths/energy/token_stats.py:stats_from_logits`;
+   `otb_diag/maths/energy/token_stats.py:stats_from_logits`, kept on the model's device until
+   the batch ends (no copy, so no device sync, per step);
 3. returns scores that are `0` at `y` and `−inf` elsewhere, so the greedy step picks `y`.
 
 Memory: the processor keeps two `[B]` vectors per step; the `[B, V]` scores of a step are freed
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.policy.noise import Noise
 from otb_diag.policy.sampling_options import Sampling as Sampling  # re-exported
 
 
@@ -52,32 +55,30 @@ def truncate(z: Tensor, top_k: int, top_p: float) -> Tensor:
 
 
 class PolicySampler:
-    """A `generate` logits processor that samples every row from its own generator and records
+    """A `generate` logits processor that draws every row's token with `noise` and records
     `logprob` and `sum_pi2` of each step (see the module docstring)."""
 
-    def __init__(self, generators: Sequence[torch.Generator], sampling: Sampling) -> None:
-        self.generators = list(generators)
+    def __init__(self, noise: Noise, sampling: Sampling) -> None:
+        self.noise = noise
         self.sampling = sampling
-        self.logprobs: list[Tensor] = []  # one [B] per step
+        self.logprobs: list[Tensor] = []  # one [B] per step, on the scores' device
         self.sum_pi2: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        """scores: `[B, V]` fp32, `generate`'s own copy of the step's logits (after its default
+        processors), overwritten with the forced scores and returned."""
         tau = self.sampling.temperature
-        z = scores.float() / tau  # [B, V] tempered logits
+        z = scores.float()  # [B, V]; tempered as HF's warper does it: scores / τ, skipped at τ = 1
+        if tau != 1:
+            z = z / tau
         if not self.sampling.from_policy:
             z = truncate(z, self.sampling.top_k, self.sampling.top_p)
-        # One uniform vector per row from the row's generator: g = −log(−log u).
-        u = torch.stack(
-            [torch.rand(z.shape[-1], generator=g, device=z.device) for g in self.generators]
-        )
-        gumbel = -torch.log(-torch.log(u.clamp_(min=torch.finfo(u.dtype).tiny)))
-        tokens = (z + gumbel).argmax(-1)  # [B]: y ~ softmax(z/τ) (truncated when asked)
-        del z, u, gumbel
+        tokens = self.noise(z, len(self.logprobs))  # [B]: y ~ softmax(z/τ) (truncated when asked)
+        del z
         stats = stats_from_logits(scores, tokens, tau)  # untruncated π_t = softmax(z/τ)
-        self.logprobs.append(stats.logprob.cpu())
-        self.sum_pi2.append(stats.sum_pi2.cpu())
-        forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, tokens[:, None], 0.0)
+        self.logprobs.append(stats.logprob)
+        self.sum_pi2.append(stats.sum_pi2)
+        return scores.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
 
 
 @dataclass(frozen=True)
@@ -94,13 +95,14 @@ class Sample:
 def sample_batch(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
-    seeds: Sequence[int],
+    noise: Noise,
     sampling: Sampling,
     *,
     eos_ids: Sequence[int],
     pad_id: int,
 ) -> list[Sample]:
-    """One response per prompt (repeat a prompt for a group), row i drawn with seed `seeds[i]`.
+    """One response per prompt (repeat a prompt for a group), drawn with `noise` (with
+    `RowNoise(seeds)`, row i from seed `seeds[i]`).
 
     prompts: B token-id lists, left-padded here to `[B, P]` with `pad_id` and masked.
     Responses end at the first id in `eos_ids` (kept, as trainers keep it) or after
@@ -112,8 +114,7 @@ def sample_batch(
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-    sampler = PolicySampler(generators, sampling)
+    sampler = PolicySampler(noise, sampling)
     config = GenerationConfig(
         do_sample=False,  # PolicySampler has already drawn the token: greedy picks it
         num_beams=1,
@@ -129,8 +130,9 @@ def sample_batch(
             logits_processor=LogitsProcessorList([sampler]),
         )  # [B, P + steps]
     steps = len(sampler.logprobs)
-    logprobs = torch.stack(sampler.logprobs, 1) if steps else torch.zeros(len(prompts), 0)
-    sum_pi2 = torch.stack(sampler.sum_pi2, 1) if steps else torch.zeros(len(prompts), 0)
+    # [B, steps] each, copied off the device once per batch
+    logprobs = torch.stack(sampler.logprobs, 1).cpu() if steps else torch.zeros(len(prompts), 0)
+    sum_pi2 = torch.stack(sampler.sum_pi2, 1).cpu() if steps else torch.zeros(len(prompts), 0)
     eos = set(eos_ids)
     samples = []
     for i, row in enumerate(out[:, width:].tolist()):

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.lab.build import LONG, LabConfig, build_lab
-from otb_diag.lab.sample import sample_continuations
+from otb_diag.lab.rollouts import sample_continuations
 from otb_diag.lab.sft import digit_ceiling
 from otb_diag.lab.task import (
     END,

@@ -12,6 +12,7 @@ from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.pipelines.sample.recipe import SampleSettings, plan_batches, run_sample
 from otb_diag.policy.forward_pass import stats_for_sequences
+from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch, truncate
 
 runner = CliRunner()
@@ -38,7 +39,9 @@ def test_logged_statistics_agree_with_the_forward_pass_of_energy(ckpt) -> None:
     prompts = [tok(p["prompt"])["input_ids"] for p in PROMPTS for _ in range(6)]
     sampling = Sampling(temperature=0.7, max_new_tokens=30)
     seeds = [row_seed(3, i, 0) for i in range(len(prompts))]
-    out = sample_batch(ckpt.model, prompts, seeds, sampling, eos_ids=[tok.eos_token_id], pad_id=0)
+    out = sample_batch(
+        ckpt.model, prompts, RowNoise(seeds), sampling, eos_ids=[tok.eos_token_id], pad_id=0
+    )
     stats = stats_for_sequences(ckpt.model, prompts, [s.response_ids for s in out], 0.7)
     for s, ref in zip(out, stats, strict=True):
         assert len(s.logprobs) == len(s.response_ids) == len(ref.logprob)
@@ -55,7 +58,7 @@ def test_eos_is_kept_and_the_token_limit_sets_truncated(ckpt) -> None:
     full = sample_batch(
         ckpt.model,
         [prompt] * 8,
-        seeds,
+        RowNoise(seeds),
         Sampling(max_new_tokens=40),
         eos_ids=[tok.eos_token_id],
         pad_id=0,
@@ -64,7 +67,7 @@ def test_eos_is_kept_and_the_token_limit_sets_truncated(ckpt) -> None:
     short = sample_batch(
         ckpt.model,
         [prompt] * 8,
-        seeds,
+        RowNoise(seeds),
         Sampling(max_new_tokens=2),
         eos_ids=[tok.eos_token_id],
         pad_id=0,
@@ -78,9 +81,14 @@ def test_a_row_draws_the_same_whatever_shares_its_batch(ckpt) -> None:
     tok = ckpt.tokenizer
     a, b = tok("C:684=")["input_ids"], tok("R:096=")["input_ids"]  # equal lengths: no padding
     s = Sampling(max_new_tokens=12)
-    alone = sample_batch(ckpt.model, [a], [row_seed(1, 0, 0)], s, eos_ids=[2], pad_id=0)
+    alone = sample_batch(ckpt.model, [a], RowNoise([row_seed(1, 0, 0)]), s, eos_ids=[2], pad_id=0)
     mixed = sample_batch(
-        ckpt.model, [b, a], [row_seed(1, 1, 0), row_seed(1, 0, 0)], s, eos_ids=[2], pad_id=0
+        ckpt.model,
+        [b, a],
+        RowNoise([row_seed(1, 1, 0), row_seed(1, 0, 0)]),
+        s,
+        eos_ids=[2],
+        pad_id=0,
     )
     assert mixed[1] == alone[0]
 

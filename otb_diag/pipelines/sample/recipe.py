@@ -45,6 +45,7 @@ from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
 from otb_diag.pipelines.sample.verifiers import (
     Verifier,
 )
+from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import row_seed, sample_batch
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, agreed, session
@@ -381,7 +382,7 @@ def _sample_parts(
         samples = sample_batch(
             model,
             [prompt_ids[i] for i, _ in pairs],
-            [row_seed(settings.seed, i, j) for i, j in pairs],
+            RowNoise([row_seed(settings.seed, i, j) for i, j in pairs]),
             settings.sampling,
             eos_ids=eos_ids,
             pad_id=pad_id,

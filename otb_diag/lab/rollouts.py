@@ -1,8 +1,11 @@
-"""Sampling rollouts from a lab checkpoint: groups of N responses per prompt, verifier-scored.
+"""Rollouts from a lab checkpoint: groups of N verifier-scored responses per prompt, as rollout
+rows; plain, or tool-use (TIR) over several turns.
 
-Sampling is plain ancestral sampling from ``softmax(z / temperature)`` (``top_k=0``,
-``top_p=1.0``), the policy the diagnostics assume. Randomness comes from torch's global RNG:
-seed it (`torch.manual_seed`) before a call and the rows are a function of the seed.
+Every response is drawn by the one sampler, `otb_diag/policy/sampling.py:sample_batch`, from
+``softmax(z / temperature)`` (``top_k=0``, ``top_p=1.0``), the policy the diagnostics assume,
+with torch's global RNG as its noise (`otb_diag/policy/noise.py:GlobalRng`, the draw of
+Hugging Face's `generate(do_sample=True)`, with which the embedded labs were sampled): seed it
+(`torch.manual_seed`) before a call and the rows are a function of the seed.
 
 The tool-use (TIR) variant stops generation at ``<call>``, splices the tool's output into the
 response with mask 0 and lets the model continue, as multi-turn RL frameworks do.
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from otb_diag.lab.task import CALL, parse_prompt, tool_output, verify
+from otb_diag.policy.noise import GlobalRng
+from otb_diag.policy.sampling import Sampling, sample_batch
 
 
 def sample_continuations(
@@ -34,26 +38,15 @@ def sample_continuations(
     (equal to float rounding; equal lengths need no padding at all). A continuation without a
     stop token ran out of `max_new_tokens`.
     """
-    width = max(len(c) for c in contexts)
-    input_ids = torch.tensor([[pad_id] * (width - len(c)) + c for c in contexts])  # [B, P]
-    attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_id,
-        )  # [B, P + L]
-    continuations = []
-    for row in out[:, input_ids.shape[1] :].tolist():
-        stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
-        continuations.append(row if stop is None else row[: stop + 1])
-    return continuations
+    samples = sample_batch(
+        model,
+        contexts,
+        GlobalRng(),
+        Sampling(temperature=temperature, max_new_tokens=max_new_tokens),
+        eos_ids=stop_ids,
+        pad_id=pad_id,
+    )
+    return [s.response_ids for s in samples]
 
 
 def sample_responses(
