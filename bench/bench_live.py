@@ -109,9 +109,12 @@ def live_state_bytes(live) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 rounds x 8 timed steps")
+    parser.add_argument("--rounds", type=int, help="rounds per configuration (default 3)")
+    parser.add_argument("--steps", type=int, help="timed steps per round (default 12)")
     args = parser.parse_args()
     rounds, steps = (2, 8) if args.quick else (3, 12)
+    rounds, steps = args.rounds or rounds, args.steps or steps
     warnings.filterwarnings("ignore")
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
     hooks: dict[str, float] = dict.fromkeys(CONFIGS, 0.0)

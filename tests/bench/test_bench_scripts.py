@@ -22,6 +22,7 @@ SMALLEST = {
     "bench_sample.py": ["--rows", "2", "--new", "4", "--reps", "1"],
     "bench_scale.py": ["--tiny"],
     "gpu.py": ["--tiny", "--reps", "1"],
+    "bench_live.py": ["--rounds", "1", "--steps", "2"],
 }  # fmt: skip
 
 
