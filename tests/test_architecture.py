@@ -84,3 +84,30 @@ def test_every_module_belongs_to_a_layer() -> None:
     """A new subpackage must be given its place in RANK (and in ARCHITECTURE.md)."""
     unplaced = [m for m, _ in sources() if layer(m) == "__init__" and m != "otb_diag"]
     assert not unplaced
+
+
+PIPELINE_FUNCTION_LINES = 80  # a recipe step a reader holds in view at once
+
+
+def test_pipelines_read_like_the_algorithm() -> None:
+    """No function under pipelines/ runs over ~80 lines, and none wraps a step in a
+    `Dist.checked(lambda ...)`: a phase every rank agrees on is an `@agreed` function
+    (runtime/torchrun.py), so the science never sees ranks."""
+    long, wrapped = [], []
+    for module, path in sources():
+        if not module.startswith("otb_diag.pipelines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > PIPELINE_FUNCTION_LINES:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "checked"
+                and any(isinstance(a, ast.Lambda) for a in node.args)
+            ):
+                wrapped.append(f"{module}:{node.lineno}")
+    assert not long, long
+    assert not wrapped, wrapped

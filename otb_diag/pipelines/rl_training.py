@@ -188,17 +188,7 @@ def train(
     check_settings(settings)
     loaded = load_checkpoint(ckpt, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
-    longest_prompt = max(
-        len(tokenizer.encode(Problem(op, "0" * n).prompt, add_special_tokens=False))
-        for op, n in settings.prompt_cells
-    )
-    positions = getattr(model.config, "n_positions", math.inf)  # GPT-2's name, as the lab's
-    if longest_prompt + settings.max_new_tokens > positions:
-        raise InputError(
-            f"prompts of up to {longest_prompt} tokens plus max_new_tokens "
-            f"{settings.max_new_tokens} exceed the model's {positions} positions.",
-            field="max_new_tokens",
-        )
+    _check_positions(model, tokenizer, settings)
     out.mkdir(parents=True, exist_ok=True)
     _clear_previous_run(out)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
@@ -225,20 +215,8 @@ def train(
                 ),
             )  # fmt: skip
             batch = make_batch(load_rollouts(rows_path))
-
-            stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
-            advantages = batch_advantages(batch, stats.w, [settings.baseline]).by_baseline[
-                settings.baseline
-            ]
-            optimizer.zero_grad(set_to_none=True)
-            loss = surrogate_loss(model, batch, advantages, settings.aggregation)
-            loss.backward()  # .grad = −ĝ
-            # ‖ĝ‖ before clipping (clip_grad_norm_ returns the norm it measured).
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
-            optimizer.step()
-
+            metrics = _update(model, optimizer, batch, settings, step, clip)
             tokens_sampled += int(batch.length.sum())
-            metrics = step_metrics(step, batch, stats, advantages, loss.item(), grad_norm)
             metrics |= {
                 "tokens_sampled": tokens_sampled,
                 "wall_time": time.perf_counter() - started,
@@ -249,7 +227,9 @@ def train(
             if step == settings.steps or (settings.save_every and step % settings.save_every == 0):
                 save_checkpoint(model, tokenizer, out / f"checkpoint-{step}")
             bar.set_postfix(
-                step=step, reward=f"{metrics['mean_reward']:.3f}", grad_norm=f"{grad_norm:.3g}"
+                step=step,
+                reward=f"{metrics['mean_reward']:.3f}",
+                grad_norm=f"{metrics['grad_norm']:.3g}",
             )
             bar.update(1)
 
@@ -267,6 +247,44 @@ def train(
     )
     write_json(out / "train.json", result.to_json())
     return result
+
+
+def _check_positions(model: Any, tokenizer: Any, settings: TrainSettings) -> None:
+    """The longest prompt of the task plus `max_new_tokens` must fit the model's positions."""
+    longest_prompt = max(
+        len(tokenizer.encode(Problem(op, "0" * n).prompt, add_special_tokens=False))
+        for op, n in settings.prompt_cells
+    )
+    positions = getattr(model.config, "n_positions", math.inf)  # GPT-2's name, as the lab's
+    if longest_prompt + settings.max_new_tokens > positions:
+        raise InputError(
+            f"prompts of up to {longest_prompt} tokens plus max_new_tokens "
+            f"{settings.max_new_tokens} exceed the model's {positions} positions.",
+            field="max_new_tokens",
+        )
+
+
+def _update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: ResponseBatch,
+    settings: TrainSettings,
+    step: int,
+    clip: float,
+) -> dict[str, Any]:
+    """One policy-gradient step on the sampled `batch`: w under the sampling policy, the
+    `--baseline` advantages, the surrogate's gradient −ĝ, clipped; returns the step's metrics."""
+    stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
+    advantages = batch_advantages(batch, stats.w, [settings.baseline]).by_baseline[
+        settings.baseline
+    ]
+    optimizer.zero_grad(set_to_none=True)
+    loss = surrogate_loss(model, batch, advantages, settings.aggregation)
+    loss.backward()  # .grad = −ĝ
+    # ‖ĝ‖ before clipping (clip_grad_norm_ returns the norm it measured).
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+    optimizer.step()
+    return step_metrics(step, batch, stats, advantages, loss.item(), grad_norm)
 
 
 def _early_and_late(history: list[dict[str, Any]]) -> dict[str, Any]:

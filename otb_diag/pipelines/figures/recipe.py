@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
 from otb_diag.pipelines.results.figures import FiguresResult
+from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.plots.registry import figures_of
@@ -96,96 +97,26 @@ def run_figures(
 ) -> FiguresResult:
     """Regenerate every figure of `settings.scenario` into `out`; returns (and writes as
     `figures.json`) the result: what made each file. `settings.jobs` trainings run at once."""
-    quick, seed, scenario, jobs = settings.quick, settings.seed, settings.scenario, settings.jobs
+    quick, seed, scenario = settings.quick, settings.seed, settings.scenario
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)
     start = checkpoints[-1]  # the one the rollouts were sampled from; trainings start there
     runs = out / "runs"
+    kept = _Kept(out, "" if scenario == "default" else f" --scenario {scenario}")
     timings: dict[str, float] = {}
-    made: dict[str, str] = {}
-    scenario_flag = "" if scenario == "default" else f" --scenario {scenario}"
-
-    def keep(run_dir: Path, names: list[str], command: str, prefix: str = "") -> None:
-        for name in names:
-            for ext in ("png", "pdf"):
-                shutil.copyfile(run_dir / f"{name}.{ext}", out / f"{prefix}{name}.{ext}")
-            made[f"{prefix}{name}.png"] = command
 
     t0 = time.perf_counter()
     run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
-    keep(
-        runs / "energy",
-        _kept("energy"),
-        f"otb-diag energy --ckpt {_shown(start.parent)}{scenario_flag}",
-    )
+    kept.keep(runs / "energy", _kept("energy"), f"otb-diag energy --ckpt {_shown(start.parent)}")
     timings["energy_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    settings = VarianceSettings(
-        modes=plan.variance_modes,
-        baselines=baseline_names(),  # every registered baseline, leave-one-out variants too
-        draws=plan.draws,
-        bootstrap=plan.bootstrap,
-        sketch_dim=plan.sketch_dim,
-        group_sizes=plan.group_sizes,
-        seed=seed,
-    )
-    variance = run_variance([start], rollouts, runs / "variance", settings, progress=progress)
-    exact = plan.variance_modes[-1]
-    keep(
-        runs / "variance",
-        _kept("variance-compare", exact),
-        f"otb-diag variance-compare{scenario_flag} --mode {','.join(plan.variance_modes)} "
-        f"--baselines {','.join(settings.baselines)} "
-        f"--group-sizes {','.join(map(str, plan.group_sizes))} "
-        f"--draws {plan.draws} --sketch-dim {plan.sketch_dim}",
-    )
+    variance = _variance(plan, start, rollouts, runs / "variance", seed, kept, progress)
     timings["variance_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    train_flags = (
-        f"otb-diag train{scenario_flag} --updates {plan.train_steps} "
-        f"--prompts-per-step {plan.prompts_per_step} --seed {seed}"
-    )
-
-    def job(baseline: str, n: int, lr: float) -> TrainingJob:
-        label = f"{baseline} N={n}" + (f" lr={lr:g}" if plan.sweep_lrs else "")
-        name = f"train-{baseline}-n{n}" + (f"-lr{lr:g}" if plan.sweep_lrs else "")
-        return TrainingJob(
-            start,
-            runs / name,
-            scenario_settings(
-                scenario,
-                baseline=baseline,
-                group_size=n,
-                steps=plan.train_steps,
-                seed=seed,
-                save_every=0,
-                lr=lr,
-                prompts_per_step=plan.prompts_per_step,
-            ),  # fmt: skip
-            label,
-        )
-
-    sweep: dict[str, Any] | None = None
-    if plan.sweep_lrs:
-        sweep_jobs = [job("mean", 4, lr) for lr in plan.sweep_lrs]
-        run_trainings(sweep_jobs, jobs, progress)
-        sweep = _sweep_verdicts(sweep_jobs, runs / "sweep-dynamics")
-        keep(
-            runs / "sweep-dynamics",
-            _kept("dynamics", sweep=True),
-            f"{train_flags} --baseline mean --group-size 4 at --lr "
-            f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
-            prefix="lr_sweep_",
-        )
-        lr = sweep["chosen_lr"]
-        compared = [sweep_jobs[plan.sweep_lrs.index(lr)], job("otb", 4, lr), job("optseq", 4, lr)]
-        run_trainings(compared[1:], jobs, progress)
-    else:
-        compared = [job(b, n, plan.lr) for b, n in plan.trainings]
-        run_trainings(compared, jobs, progress)
+    compared, sweep = _trainings(plan, start, runs, settings, kept, progress)
     timings["train_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -196,10 +127,12 @@ def run_figures(
         DetectionRule(),
         target=None,
     )
-    keep(
+    kept.keep(
         runs / "dynamics",
         _kept("dynamics"),
-        f"{train_flags} ({', '.join(j.label for j in compared)}), then otb-diag dynamics",
+        f"{_train_flags(plan, seed, kept.flag)} ({', '.join(j.label for j in compared)}), then "
+        "otb-diag dynamics",
+        flag=False,
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
@@ -207,7 +140,7 @@ def run_figures(
         scenario=scenario,
         quick=quick,
         seed=seed,
-        figures=made,
+        figures=kept.made,
         timings=timings,
         paper_claim=variance.paper_claim if variance else None,
         noise_scale=variance.noise_scale if variance else None,
@@ -219,6 +152,114 @@ def run_figures(
     )
     write_json(out / "figures.json", result.to_json())
     return result
+
+
+@dataclass
+class _Kept:
+    """The figures copied from the runs into `out`, each with the command that made it (the
+    scenario's `flag` added to commands that take it)."""
+
+    out: Path
+    flag: str
+    made: dict[str, str] = field(default_factory=dict)
+
+    def keep(
+        self, run_dir: Path, names: list[str], command: str, prefix: str = "", flag: bool = True
+    ) -> None:
+        for name in names:
+            for ext in ("png", "pdf"):
+                shutil.copyfile(run_dir / f"{name}.{ext}", self.out / f"{prefix}{name}.{ext}")
+            self.made[f"{prefix}{name}.png"] = command + (self.flag if flag else "")
+
+
+def _variance(
+    plan: FigurePlan,
+    start: Path,
+    rollouts: Path,
+    run_dir: Path,
+    seed: int,
+    kept: _Kept,
+    progress: bool,
+) -> VarianceResult | None:
+    """variance-compare over every registered baseline (leave-one-out variants too)."""
+    settings = VarianceSettings(
+        modes=plan.variance_modes,
+        baselines=baseline_names(),
+        draws=plan.draws,
+        bootstrap=plan.bootstrap,
+        sketch_dim=plan.sketch_dim,
+        group_sizes=plan.group_sizes,
+        seed=seed,
+    )
+    variance = run_variance([start], rollouts, run_dir, settings, progress=progress)
+    kept.keep(
+        run_dir,
+        _kept("variance-compare", plan.variance_modes[-1]),
+        f"otb-diag variance-compare{kept.flag} --mode {','.join(plan.variance_modes)} "
+        f"--baselines {','.join(settings.baselines)} "
+        f"--group-sizes {','.join(map(str, plan.group_sizes))} "
+        f"--draws {plan.draws} --sketch-dim {plan.sketch_dim}",
+        flag=False,
+    )
+    return variance
+
+
+def _train_flags(plan: FigurePlan, seed: int, scenario_flag: str) -> str:
+    return (
+        f"otb-diag train{scenario_flag} --updates {plan.train_steps} "
+        f"--prompts-per-step {plan.prompts_per_step} --seed {seed}"
+    )
+
+
+def _trainings(
+    plan: FigurePlan,
+    start: Path,
+    runs: Path,
+    settings: FiguresSettings,
+    kept: _Kept,
+    progress: bool,
+) -> tuple[list[TrainingJob], dict[str, Any] | None]:
+    """The trainings the dynamics figures compare (after the learning-rate sweep, when the
+    plan has one: its figures kept, the chosen rate used); returns them and the sweep."""
+
+    def job(baseline: str, n: int, lr: float) -> TrainingJob:
+        label = f"{baseline} N={n}" + (f" lr={lr:g}" if plan.sweep_lrs else "")
+        name = f"train-{baseline}-n{n}" + (f"-lr{lr:g}" if plan.sweep_lrs else "")
+        return TrainingJob(
+            start,
+            runs / name,
+            scenario_settings(
+                settings.scenario,
+                baseline=baseline,
+                group_size=n,
+                steps=plan.train_steps,
+                seed=settings.seed,
+                save_every=0,
+                lr=lr,
+                prompts_per_step=plan.prompts_per_step,
+            ),  # fmt: skip
+            label,
+        )
+
+    if not plan.sweep_lrs:
+        compared = [job(b, n, plan.lr) for b, n in plan.trainings]
+        run_trainings(compared, settings.jobs, progress)
+        return compared, None
+    sweep_jobs = [job("mean", 4, lr) for lr in plan.sweep_lrs]
+    run_trainings(sweep_jobs, settings.jobs, progress)
+    sweep = _sweep_verdicts(sweep_jobs, runs / "sweep-dynamics")
+    kept.keep(
+        runs / "sweep-dynamics",
+        _kept("dynamics", sweep=True),
+        f"{_train_flags(plan, settings.seed, kept.flag)} --baseline mean --group-size 4 at --lr "
+        f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
+        prefix="lr_sweep_",
+        flag=False,
+    )
+    lr = sweep["chosen_lr"]
+    compared = [sweep_jobs[plan.sweep_lrs.index(lr)], job("otb", 4, lr), job("optseq", 4, lr)]
+    run_trainings(compared[1:], settings.jobs, progress)
+    return compared, sweep
 
 
 def _shown(path: Path) -> str:

@@ -115,8 +115,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A compact, aligned block of text for the terminal."""
     s = summary
     sizes = s["group_size"]
-    reward = s["reward"]
-    uniform = s["uniform_groups"]
     lines = [
         ("rollouts", f"{s['path']} ({s['format']})"),
         ("rows", str(s["rows"])),
@@ -142,30 +140,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             + f"; max/min {_n(tokens['max_over_min'])}",
         )
     )
-    reward_line = ", ".join(f"{k} {_n(reward[k])}" for k in ("mean", "std", "min", "max"))
-    if reward["binary"]:
-        reward_line += f"; binary: {_pct(reward['share_one'])} are 1"
-    lines.append(("reward", reward_line))
-    if reward["histogram"] is not None:
-        lines.append(
-            ("reward values", ", ".join(f"{v}: {n}" for v, n in reward["histogram"].items()))
-        )
-    lines.append(
-        (
-            "pass rate / group" if reward["binary"] else "mean reward / group",
-            ", ".join(f"{k} {_n(v)}" for k, v in s["group_mean_reward"].items()),
-        )
-    )
-    lines.append(
-        (
-            "all-equal groups",
-            "no groups of two or more"
-            if uniform["share"] is None
-            else f"{uniform['count']} of {uniform['of']} ({_pct(uniform['share'])})"
-            + "".join(f"; reward {v}: {n}" for v, n in uniform["by_value"].items())
-            + (" (no signal under a group baseline)" if uniform["count"] else ""),
-        )
-    )
+    lines += _reward_lines(s)
     masked = s["masked_tokens"]
     lines.append(
         (
@@ -193,6 +168,38 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
     width = max(len(label) for label, _ in lines)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+
+
+def _reward_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The reward, its values, the per-group means and the all-equal groups, labelled."""
+    reward = s["reward"]
+    uniform = s["uniform_groups"]
+    lines = []
+    reward_line = ", ".join(f"{k} {_n(reward[k])}" for k in ("mean", "std", "min", "max"))
+    if reward["binary"]:
+        reward_line += f"; binary: {_pct(reward['share_one'])} are 1"
+    lines.append(("reward", reward_line))
+    if reward["histogram"] is not None:
+        lines.append(
+            ("reward values", ", ".join(f"{v}: {n}" for v, n in reward["histogram"].items()))
+        )
+    lines.append(
+        (
+            "pass rate / group" if reward["binary"] else "mean reward / group",
+            ", ".join(f"{k} {_n(v)}" for k, v in s["group_mean_reward"].items()),
+        )
+    )
+    lines.append(
+        (
+            "all-equal groups",
+            "no groups of two or more"
+            if uniform["share"] is None
+            else f"{uniform['count']} of {uniform['of']} ({_pct(uniform['share'])})"
+            + "".join(f"; reward {v}: {n}" for v, n in uniform["by_value"].items())
+            + (" (no signal under a group baseline)" if uniform["count"] else ""),
+        )
+    )
+    return lines
 
 
 def _n(x: float) -> str:
