@@ -1,5 +1,5 @@
 """A real TRL `GRPOTrainer` on CPU from the embedded checkpoint, as
-tests/io/rollouts/test_trl_integration.py sets one up; shared by the live tests and
+tests/io/trainers/test_trl_integration.py sets one up; shared by the live tests and
 bench/bench_live.py.
 
 Every prompt is six tokens long, so TRL pads no prompt: its training forward gives a left-padded
@@ -20,7 +20,8 @@ GENERATIONS = 4
 
 
 def correct(prompts: list[str], completions: list[str], **_: object) -> list[float]:
-    """1 when the completion starts with the answer (TRL strips the end marker)."""
+    """1 when the completion starts with the answer: TRL decodes with skip_special_tokens, so
+    the end marker the toy model emits is not in the text a reward function sees."""
     out = []
     for p, c in zip(prompts, completions, strict=True):
         problem = parse_prompt(p)

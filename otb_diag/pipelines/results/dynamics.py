@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from otb_diag.dynamics.units import MIXED_UNITS
@@ -11,7 +10,7 @@ from otb_diag.pipelines.results import schema
 
 
 @dataclass(frozen=True)
-class DynamicsResult:
+class DynamicsResult(schema.Versioned):
     """What `otb-diag dynamics` found (`to_json()` is its collapse.json). `runs`: one row per
     training log (file, baseline, N, steps, collapse and warning steps, lead, tokens to target,
     the variance proxy's kind and units), the rows `plots/dynamics.py` draws from."""
@@ -22,13 +21,6 @@ class DynamicsResult:
     target: float | None
     runs: list[dict[str, Any]]
     outputs: str  # the output directory
-
-    def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> DynamicsResult:
-        return schema.from_json(cls, data, path)
 
     def format(self) -> str:
         """One line per run, then the rule and where the outputs are."""

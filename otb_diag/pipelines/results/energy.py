@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from otb_diag.pipelines.results import schema
@@ -37,7 +36,7 @@ class EnergyStats:
 
 
 @dataclass(frozen=True)
-class EnergyResult:
+class EnergyResult(schema.Versioned):
     """What `otb-diag energy` measured and wrote (`to_json()` is its summary.json)."""
 
     command: ClassVar[str] = "energy"
@@ -60,13 +59,6 @@ class EnergyResult:
     @property
     def model_free(self) -> bool:
         return self.mode == "model-free"
-
-    def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> EnergyResult:
-        return schema.from_json(cls, data, path)
 
     def format(self) -> str:
         """The short human summary `otb-diag energy` prints."""

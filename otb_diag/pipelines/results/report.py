@@ -4,7 +4,7 @@ what no run measured (what `--json` prints)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.results import schema
 
@@ -25,16 +25,13 @@ class ReportedRun:
 
 
 @dataclass(frozen=True)
-class ReportResult:
+class ReportResult(schema.Versioned):
     command: ClassVar[str] = "report"
 
     out: str  # the HTML page, resolved
     runs: list[ReportedRun]
     verdicts: list[Verdict]
     absent: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self)
 
     def format(self) -> str:
         return f"wrote {self.out}"

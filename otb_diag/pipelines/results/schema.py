@@ -8,7 +8,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from otb_diag.errors import InputError
 
@@ -38,6 +38,20 @@ class RunInputs:
     @property
     def checkpoint_paths(self) -> list[str]:
         return [c["path"] for c in self.checkpoints]
+
+
+class Versioned:
+    """What every command's result shares (mixed into its frozen dataclass): `to_json()`, its
+    record file's content with the schema version, and `from_json`, the one way back."""
+
+    command: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls: type[T], data: Any, path: Path) -> T:
+        return from_json(cls, data, path)
 
 
 def to_json(result: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from otb_diag.pipelines.results import schema
@@ -17,7 +16,7 @@ class TrainTotals:
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(schema.Versioned):
     """What `otb-diag train` did (`to_json()` is its train.json). `early` and `late`: the means
     of each logged metric (mean reward, grad norm, entropy, response length) over the first and
     the last `window` steps."""
@@ -32,13 +31,6 @@ class TrainResult:
     totals: TrainTotals
     versions: dict[str, str]
     out: str
-
-    def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> TrainResult:
-        return schema.from_json(cls, data, path)
 
     def format(self) -> str:
         """The short human summary `otb-diag train` prints: early and late steps side by side."""

@@ -4,7 +4,6 @@ the paper-claim verdicts, the knee and the recommendation), and the text it prin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from otb_diag.pipelines.results import schema
@@ -67,7 +66,7 @@ class Knee:
 
 
 @dataclass(frozen=True)
-class VarianceResult:
+class VarianceResult(schema.Versioned):
     """What `otb-diag variance-compare` measured and wrote (`to_json()` is its summary.json)."""
 
     command: ClassVar[str] = "variance-compare"
@@ -117,13 +116,6 @@ class VarianceResult:
         """The mode and aggregation the recommendation reads, or that no mode had a signal."""
         mode = self.noise_scale.get("mode")
         return f"{mode} mode, {self.noise_scale.get('aggregation')}" if mode else "no signal"
-
-    def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> VarianceResult:
-        return schema.from_json(cls, data, path)
 
     def format(self) -> str:
         """The short human summary `otb-diag variance-compare` prints: the headline, plainly."""

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from integrations.trl_toy import correct, short  # the toy reward functions of the live tests
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.io.scenarios import default_checkpoint
-from otb_diag.lab.task import answer, parse_prompt
 
 # slow: runs TRL's GRPOTrainer
 pytestmark = pytest.mark.slow
@@ -21,20 +21,6 @@ pytestmark = pytest.mark.slow
 runner = CliRunner()
 PROMPTS = ["C:684=", "R:372=", "S:951=", "C:20=", "R:58=", "S:310=", "C:7=", "R:41="]
 STEPS, GENERATIONS, PER_STEP = 3, 4, 8  # 2 prompts x 4 completions per step
-
-
-def correct(prompts: list[str], completions: list[str], **_: object) -> list[float]:
-    """1 when the completion starts with the answer: TRL decodes with skip_special_tokens, so
-    the end marker the toy model emits is not in the text a reward function sees."""
-    out = []
-    for p, c in zip(prompts, completions, strict=True):
-        problem = parse_prompt(p)
-        out.append(float(c.startswith(answer(problem.op, problem.digits))))
-    return out
-
-
-def short(prompts: list[str], completions: list[str], **_: object) -> list[float]:
-    return [0.1 if len(c) <= 3 else 0.0 for c in completions]
 
 
 def exact_ids(tokenizer):
