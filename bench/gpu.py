@@ -209,6 +209,7 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
 def sampler_ratio(model, device, rows: int, new: int, reps: int) -> tuple[float, str]:
     from transformers import GenerationConfig
 
+    from otb_diag.policy.noise import RowNoise
     from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 
     vocab = model.config.vocab_size
@@ -225,9 +226,9 @@ def sampler_ratio(model, device, rows: int, new: int, reps: int) -> tuple[float,
                                    generation_config=config),
             device, reps,
         )  # fmt: skip
-    seeds = [row_seed(0, i, 0) for i in range(rows)]
+    noise = RowNoise([row_seed(0, i, 0) for i in range(rows)])
     ours = timed(
-        lambda: sample_batch(model, prompts, seeds, Sampling(1.0, 0, 1.0, new), eos_ids=[no_eos],
+        lambda: sample_batch(model, prompts, noise, Sampling(1.0, 0, 1.0, new), eos_ids=[no_eos],
                              pad_id=pad),
         device, reps,
     )  # fmt: skip

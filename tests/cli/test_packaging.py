@@ -84,3 +84,18 @@ def test_the_embedded_scenarios_ship_in_the_wheel(installed: Path, scenario: str
     probe = run(installed, str(installed / "bin" / "python"), "-c", code)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["True", "True", "True"]
+
+
+def test_every_package_is_listed_for_the_wheel() -> None:
+    """pyproject's explicit `packages` names every folder of otb_diag/ with an __init__.py (a new
+    sub-package left out imports in the editable install and fails in a wheel)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(root).parts) for p in (root / "otb_diag").rglob("__init__.py")
+    }
+    assert found | {"otb_diag.cli"} == listed

@@ -117,7 +117,11 @@ def test_logged_statistics_match_an_independent_forward_and_autograd(pools, smol
         torch.log_softmax(zt / TAU, -1)[torch.arange(n), y].sum().backward()
         (stats,) = stats_for_sequences(ckpt.model, [r["prompt_ids"]], [r["response_ids"]], TAU)
         autograd_w = zt.grad.square().sum(-1)
-        assert torch.allclose(stats.w, autograd_w, rtol=1e-4, atol=1e-7)
+        # The statistics pass and this forward batch the model differently, so their float32
+        # logits round apart (by `gap` in log p, ~1e-5 here); w moves with the logits by a few
+        # times that, relative (measured up to 1.4e-4 at w = 0.04 with gap 1.6e-5).
+        gap = (stats.logprob - ref_lp).abs().max().item()
+        assert torch.allclose(stats.w, autograd_w, rtol=1e-4 + 20 * gap, atol=1e-7)
 
 
 def test_energy_variance_compare_and_report_run_on_the_pools(pools, smollm2, tmp_path) -> None:
