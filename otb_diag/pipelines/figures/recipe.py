@@ -108,7 +108,11 @@ def run_figures(
 
     t0 = time.perf_counter()
     run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
-    kept.keep(runs / "energy", _kept("energy"), f"otb-diag energy --ckpt {_shown(start.parent)}")
+    kept.keep(
+        runs / "energy",
+        _kept("energy"),
+        f"otb-diag energy --ckpt {_shown(start.parent)}{kept.flag}",
+    )
     timings["energy_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -132,7 +136,6 @@ def run_figures(
         _kept("dynamics"),
         f"{_train_flags(plan, seed, kept.flag)} ({', '.join(j.label for j in compared)}), then "
         "otb-diag dynamics",
-        flag=False,
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
@@ -157,19 +160,17 @@ def run_figures(
 @dataclass
 class _Kept:
     """The figures copied from the runs into `out`, each with the command that made it (the
-    scenario's `flag` added to commands that take it)."""
+    scenario's `flag`, ` --scenario NAME` or nothing, for the commands to name)."""
 
     out: Path
     flag: str
     made: dict[str, str] = field(default_factory=dict)
 
-    def keep(
-        self, run_dir: Path, names: list[str], command: str, prefix: str = "", flag: bool = True
-    ) -> None:
+    def keep(self, run_dir: Path, names: list[str], command: str, prefix: str = "") -> None:
         for name in names:
             for ext in ("png", "pdf"):
                 shutil.copyfile(run_dir / f"{name}.{ext}", self.out / f"{prefix}{name}.{ext}")
-            self.made[f"{prefix}{name}.png"] = command + (self.flag if flag else "")
+            self.made[f"{prefix}{name}.png"] = command
 
 
 def _variance(
@@ -199,7 +200,6 @@ def _variance(
         f"--baselines {','.join(settings.baselines)} "
         f"--group-sizes {','.join(map(str, plan.group_sizes))} "
         f"--draws {plan.draws} --sketch-dim {plan.sketch_dim}",
-        flag=False,
     )
     return variance
 
@@ -254,7 +254,6 @@ def _trainings(
         f"{_train_flags(plan, settings.seed, kept.flag)} --baseline mean --group-size 4 at --lr "
         f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
         prefix="lr_sweep_",
-        flag=False,
     )
     lr = sweep["chosen_lr"]
     compared = [sweep_jobs[plan.sweep_lrs.index(lr)], job("otb", 4, lr), job("optseq", 4, lr)]
