@@ -52,7 +52,7 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.pipelines.dynamics import default_names, run_dynamics
+    from otb_diag.pipelines.dynamics import run_dynamics
 
-    result = run_dynamics(run.log, run.label or default_names(run.log), run.out, rule, run.target)
+    result = run_dynamics(run.log, run.label, run.out, rule, run.target)
     show(result, run.as_json)

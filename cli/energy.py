@@ -33,20 +33,15 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """
     from otb_diag.pipelines.energy.recipe import run_energy
-    from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
 
-    rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
-    if run.model_free and run.ckpt:
-        note("--model-free given: ignoring --ckpt")
-    checkpoints = [] if run.model_free else checkpoint_dirs(run.ckpt, run.scenario, note)
-    result = run_energy(checkpoints, rollouts_path, run.out, settings, progress=not run.quiet)
+    result = run_energy(
+        run.inputs,
+        run.out,
+        settings,
+        model_free=run.model_free,
+        progress=not run.quiet,
+        say=note,
+    )
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    untemplated = result.totals.prompts_without_chat_template
-    if untemplated:
-        note(
-            f"note: {untemplated} prompts were tokenized without the checkpoint's chat template; "
-            "trainers dump text without special tokens, so if the trainer applied the template, "
-            "pass --chat-template (or dump exact ids: see the README)"
-        )
     show(result, run.as_json)

@@ -41,13 +41,9 @@ def build(run: BuildRun) -> None:
 
     Example: otb-diag lab build --scenario long --out ./long-lab --seed 0
     """
-    from otb_diag.io.scenarios import check_scenario
-    from otb_diag.lab.build import SCENARIOS, build_lab
-    from otb_diag.lab.summary import format_lab
+    from otb_diag.lab.build import build_scenario
 
-    config = SCENARIOS[check_scenario(run.scenario)]
-    manifest = build_lab(run.out, seed=run.seed, config=config, progress=not run.quiet)
-    show(manifest, run.as_json, lambda: format_lab(manifest, run.out))
+    show(build_scenario(run.out, run.seed, run.scenario, progress=not run.quiet), run.as_json)
 
 
 register(app, "build", build)

@@ -11,7 +11,6 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -19,24 +18,14 @@ import typer
 from otb_diag.cli.common import friendly_errors
 from typer.core import TyperCommand
 
-from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import KEY, Knob, knob
+from otb_diag.pipelines.inputs import CKPT as CKPT  # re-exported: train, rollouts
+from otb_diag.pipelines.inputs import ROLLOUTS as ROLLOUTS
+from otb_diag.pipelines.inputs import Inputs
 
 # Options of the commands themselves (not of a library setting) that several commands share:
-# declared once, so they read and behave the same everywhere.
-CKPT = Knob(
-    flag="--ckpt",
-    metavar="DIR",
-    help="Checkpoint directory (HF causal LM) or .gguf file (needs otb-diag[gguf]), repeatable "
-    "where a command measures several; or a run directory holding checkpoint-* (HF Trainer/TRL) "
-    "or global_step_* (verl) checkpoints. Default: the embedded final checkpoint.",
-)
-ROLLOUTS = Knob(
-    metavar="PATH",
-    help="Rollouts: a file (JSONL/Parquet, verl dump, TRL completion log), a directory (verl's "
-    "rollout_data_dir, a TRL output_dir; every *.jsonl/*.parquet in step order) or a quoted "
-    "glob. Default: embedded.",
-)
+# declared once, so they read and behave the same everywhere (--ckpt and --rollouts beside
+# `Inputs`, which takes them).
 OUT_DIR = Knob(flag="--out", metavar="DIR", help="Output directory (created).")
 OUT_FILE = Knob(flag="--out", metavar="FILE", help="File to write.")
 JSON = Knob(flag="--json", help="Print the summary as JSON on stdout instead of the text.")
@@ -47,11 +36,9 @@ QUIET = Knob(help="No progress bar.")
 class Measuring:
     """What a command measuring rollouts under checkpoints takes beside its settings."""
 
-    ckpt: list[Path] | None = knob(None, CKPT)
-    rollouts: Path | None = knob(None, ROLLOUTS)
+    inputs: Inputs = Inputs()  # --ckpt, --rollouts, --scenario: the entry point resolves them
     as_json: bool = knob(False, JSON)
     quiet: bool = knob(False, QUIET)
-    scenario: str = scenario_knob()
 
 
 def command(fn: Callable[..., None] | None = None, *, skip: tuple[str, ...] = ()) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.cli.common import note, show
@@ -44,12 +44,15 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
 
     Example: otb-diag train --baseline otb --group-size 4 --updates 20 --out run/
     """
-    from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
-    from otb_diag.pipelines.rl_training import scenario_settings
-    from otb_diag.pipelines.rl_training import train as run_training
+    from otb_diag.pipelines.rl_training import run_train
 
-    lab = scenario_settings(run.scenario, max_new_tokens=run.max_new_tokens)
-    settings = replace(settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens)
-    given = one_checkpoint(run.ckpt, "training starts from one checkpoint")
-    start = checkpoint_or_default(given, run.scenario, note)
-    show(run_training(start, run.out, settings, progress=not run.quiet), run.as_json)
+    result = run_train(
+        run.ckpt,
+        run.out,
+        settings,
+        scenario=run.scenario,
+        max_new_tokens=run.max_new_tokens,
+        progress=not run.quiet,
+        say=note,
+    )
+    show(result, run.as_json)

@@ -37,19 +37,9 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
 
     Example: otb-diag variance-compare --mode head,full --group-sizes 2,4,8 --draws 200
     """
-    from otb_diag.pipelines.inputs import checkpoint_dirs, rollouts_or_default
     from otb_diag.pipelines.variance.recipe import run_variance
 
-    rollouts_path = rollouts_or_default(run.rollouts, run.scenario, note)
-    settings.check()  # before the default checkpoint is looked up
-    result = run_variance(
-        checkpoint_dirs(run.ckpt, run.scenario, note),
-        rollouts_path,
-        run.out,
-        settings,
-        progress=not run.quiet,
-        notify=None if run.quiet else note,
-    )
+    result = run_variance(run.inputs, run.out, settings, progress=not run.quiet, say=note)
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     show(result, run.as_json)

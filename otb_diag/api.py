@@ -37,6 +37,7 @@ from otb_diag.maths.estimators.registry import (
 )
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.pipelines.energy.settings import EnergySettings
+from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -118,8 +119,7 @@ def variance_compare(
     `VarianceSettings` fields, e.g. `modes=("proxy", "head")`,
     `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
     return run_variance(
-        [Path(checkpoint)],
-        Path(rollouts),
+        Inputs(ckpt=[Path(checkpoint)], rollouts=Path(rollouts)),
         Path(out),
         replace(VarianceSettings(), **settings),
         progress=False,

@@ -1,9 +1,25 @@
-"""What `otb-diag lab build` prints: the lab.json manifest of a built lab in a few lines."""
+"""What `otb-diag lab build` returns and prints: the lab.json manifest of a built lab, and it in
+a few lines."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class BuiltLab:
+    """A lab `lab build` wrote into `out`: `to_json()` is its lab.json, `format()` the text."""
+
+    manifest: dict[str, Any]
+    out: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return self.manifest
+
+    def format(self) -> str:
+        return format_lab(self.manifest, self.out)
 
 
 def format_lab(manifest: dict[str, Any], out: Path) -> str:

@@ -50,10 +50,11 @@ def default_names(paths: list[Path]) -> list[str]:
 
 
 def run_dynamics(
-    logs: list[Path], names: list[str], out: Path, rule: DetectionRule, target: float | None
+    logs: list[Path], names: list[str] | None, out: Path, rule: DetectionRule, target: float | None
 ) -> DynamicsResult:
     """Read every log, analyse it, write the table, collapse.json and the figures; returns the
-    result (collapse.json is its `to_json()`)."""
+    result (collapse.json is its `to_json()`). `names`: one per log; none: `default_names`."""
+    names = names or default_names(logs)
     if len(names) != len(logs):
         raise InputError(
             f"{len(names)} --label for {len(logs)} --log: give one label per log, or none",

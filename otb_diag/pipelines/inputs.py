@@ -1,15 +1,57 @@
 """The checkpoints and rollouts a command was given, or the embedded scenario's in their place
-(said through `say`, so the user knows which files were measured)."""
+(said through `say`, so the user knows which files were measured).
+
+Every command's entry point takes what the command line gave, unresolved (`Inputs`: the raw
+--ckpt, --rollouts and --scenario), and resolves it here itself; so `cli/` only parses, calls
+the entry point and prints, and the Python API gets the same defaults and notes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.errors import InputError
-from otb_diag.io.scenarios import default_checkpoint, default_rollouts
+from otb_diag.io.scenarios import default_checkpoint, default_rollouts, scenario_knob
+from otb_diag.knobs import Knob, knob
 
 Say = Callable[[str], None]
+
+# The options naming a command's files, declared once for every command that takes them.
+CKPT = Knob(
+    flag="--ckpt",
+    metavar="DIR",
+    help="Checkpoint directory (HF causal LM) or .gguf file (needs otb-diag[gguf]), repeatable "
+    "where a command measures several; or a run directory holding checkpoint-* (HF Trainer/TRL) "
+    "or global_step_* (verl) checkpoints. Default: the embedded final checkpoint.",
+)
+ROLLOUTS = Knob(
+    metavar="PATH",
+    help="Rollouts: a file (JSONL/Parquet, verl dump, TRL completion log), a directory (verl's "
+    "rollout_data_dir, a TRL output_dir; every *.jsonl/*.parquet in step order) or a quoted "
+    "glob. Default: embedded.",
+)
+
+
+def silent(message: str) -> None:
+    """The `say` of a caller that wants no notes (the Python API's default)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files a command measuring rollouts under checkpoints was given, as given: --ckpt
+    (none, one or several; run directories allowed), --rollouts, and the --scenario whose
+    embedded files stand in for an omitted one."""
+
+    ckpt: list[Path] | None = knob(None, CKPT)
+    rollouts: Path | None = knob(None, ROLLOUTS)
+    scenario: str = scenario_knob()
+
+    def rollouts_path(self, say: Say) -> Path:
+        return rollouts_or_default(self.rollouts, self.scenario, say)
+
+    def checkpoint_dirs(self, say: Say) -> list[Path]:
+        return checkpoint_dirs(self.ckpt, self.scenario, say)
 
 
 def or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:

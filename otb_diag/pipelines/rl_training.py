@@ -66,6 +66,7 @@ from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.train import TrainResult, TrainTotals
 from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -178,6 +179,28 @@ def _json_line(metrics: dict[str, Any]) -> str:
         k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()
     }
     return json.dumps(finite, allow_nan=False) + "\n"
+
+
+def run_train(
+    ckpt: list[Path] | None,
+    out: Path,
+    settings: TrainSettings = TrainSettings(),
+    *,
+    scenario: str = "default",
+    max_new_tokens: int | None = None,
+    progress: bool = True,
+    say: Say = silent,
+) -> TrainResult:
+    """`otb-diag train` as given: the scenario's prompt cells and response budget
+    (`max_new_tokens`, when given, in its place), from the one checkpoint of `ckpt` or the
+    scenario's final one (said through `say`); then `train`."""
+    lab = scenario_settings(scenario, max_new_tokens=max_new_tokens)
+    settings = dataclasses.replace(
+        settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens
+    )
+    given = one_checkpoint(ckpt, "training starts from one checkpoint")
+    start = checkpoint_or_default(given, scenario, say)
+    return train(start, out, settings, progress=progress)
 
 
 def train(

@@ -15,6 +15,7 @@ from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
+from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.energy import EnergyResult, EnergyStats, EnergyTotals
 from otb_diag.pipelines.results.schema import RunInputs
 from otb_diag.runtime.devices import resolve_device
@@ -22,21 +23,47 @@ from otb_diag.runtime.torchrun import session
 
 
 def run_energy(
-    checkpoints: list[Path],
-    rollouts_path: Path,
+    inputs: Inputs,
     out: Path,
     settings: EnergySettings = EnergySettings(),
     *,
+    model_free: bool = False,
     progress: bool = True,
+    say: Say = silent,
 ) -> EnergyResult | None:
-    """Measure the rollouts under each checkpoint (model-free when `checkpoints` is empty), write
-    tokens.parquet, sequences.csv, groups.csv, proxies.json, the figures and summary.json into
-    `out`, and return the result (summary.json is its `to_json()`).
+    """Measure the rollouts of `inputs` under each of its checkpoints (model-free, from the
+    rollouts' own logprobs and sum_pi2, with `model_free`), write tokens.parquet, sequences.csv,
+    groups.csv, proxies.json, the figures and summary.json into `out`, and return the result
+    (summary.json is its `to_json()`). An omitted --ckpt or --rollouts is the scenario's, said
+    through `say`, as are prompts tokenized without the chat template.
 
     The rollouts stream through in chunks of groups (`io/rollouts/stream.py`), so memory is set
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""
+    rollouts_path = inputs.rollouts_path(say)
+    if model_free and inputs.ckpt:
+        say("--model-free given: ignoring --ckpt")
+    checkpoints = [] if model_free else inputs.checkpoint_dirs(say)
+    result = _measure(checkpoints, rollouts_path, out, settings, progress)
+    untemplated = result.totals.prompts_without_chat_template if result is not None else 0
+    if untemplated:
+        say(
+            f"note: {untemplated} prompts were tokenized without the checkpoint's chat template; "
+            "trainers dump text without special tokens, so if the trainer applied the template, "
+            "pass --chat-template (or dump exact ids: see the README)"
+        )
+    return result
+
+
+def _measure(
+    checkpoints: list[Path],
+    rollouts_path: Path,
+    out: Path,
+    settings: EnergySettings,
+    progress: bool,
+) -> EnergyResult | None:
+    """`run_energy` on resolved files (model-free when `checkpoints` is empty)."""
     settings.check()
     if checkpoints:
         settings.load.check()

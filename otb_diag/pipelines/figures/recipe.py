@@ -31,6 +31,7 @@ from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
+from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
@@ -107,7 +108,7 @@ def run_figures(
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    run_energy(checkpoints, rollouts, runs / "energy", progress=progress)
+    run_energy(Inputs(ckpt=checkpoints, rollouts=rollouts), runs / "energy", progress=progress)
     kept.keep(
         runs / "energy",
         _kept("energy"),
@@ -192,7 +193,8 @@ def _variance(
         group_sizes=plan.group_sizes,
         seed=seed,
     )
-    variance = run_variance([start], rollouts, run_dir, settings, progress=progress)
+    given = Inputs(ckpt=[start], rollouts=rollouts)
+    variance = run_variance(given, run_dir, settings, progress=progress)
     kept.keep(
         run_dir,
         _kept("variance-compare", plan.variance_modes[-1]),

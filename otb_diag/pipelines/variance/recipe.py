@@ -32,6 +32,7 @@ from otb_diag.maths.variance.paired_draws import (
     paired_estimates,
     variance_table,
 )
+from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.schema import RunInputs
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.variance.measure import Measured, full_record, measure
@@ -51,24 +52,28 @@ from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, ses
 
 
 def run_variance(
-    checkpoints: list[Path],
-    rollouts_path: Path,
+    inputs: Inputs,
     out: Path,
     settings: VarianceSettings = VarianceSettings(),
     *,
     progress: bool = True,
-    notify: Callable[[str], None] | None = None,
+    say: Say = silent,
 ) -> VarianceResult | None:
-    """Write variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
-    summary.json (the result's `to_json()`) into `out`. `notify` receives the full-mode cost
-    estimate before the run.
+    """Compare the baselines' gradient variance on the rollouts of `inputs` under each of its
+    checkpoints (an omitted --ckpt or --rollouts is the scenario's, said through `say`); write
+    variance.csv, fidelity.csv (variance_blocks.csv with `by_block`), the figures and
+    summary.json (the result's `to_json()`) into `out`. With `progress`, `say` also receives
+    the full-mode cost estimate before the run (news, like the progress bar).
 
     Under torchrun each rank measures the statistics and score vectors of its share of the
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
     the whole pool with the same seeds as one process, writes, and returns the result; the other
     ranks return None."""
-    settings.check()
+    rollouts_path = inputs.rollouts_path(say)
+    settings.check()  # before the default checkpoint is looked up
+    checkpoints = inputs.checkpoint_dirs(say)
     settings.load.check()
+    notify = say if progress else None
     with session(resolve_device(settings.load.device).type) as d:
         if not d.is_main:
             _run(d, checkpoints, rollouts_path, out, settings, progress, notify)
