@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+from typing import Any
 
 import pytest
 from test_knobs import COMMANDS
@@ -78,10 +79,38 @@ def calls_of(name: str) -> list[str]:
     return library_calls(ast.parse(source), cmd.__name__)
 
 
+def entry_point(name: str) -> Any:
+    """The library function the command `name` calls, found by the import that names it."""
+    cmd = dict(COMMANDS)[name]
+    (called,) = calls_of(name)
+    tree = ast.parse(inspect.getsource(importlib.import_module(cmd.__module__)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if (alias.asname or alias.name) == called:
+                    return getattr(importlib.import_module(node.module), alias.name)
+    raise LookupError(called)
+
+
 @pytest.mark.parametrize("name", [n for n, _ in COMMANDS if n not in EXEMPT])
 def test_a_command_calls_one_library_function(name: str) -> None:
     calls = calls_of(name)
     assert len(calls) == 1, f"`{name}` calls {calls}: move all but the entry point into it"
+
+
+@pytest.mark.parametrize("name", [n for n, _ in COMMANDS if n not in EXEMPT])
+def test_the_entry_points_defaults_are_the_command_lines(name: str) -> None:
+    """A keyword the entry point shares with the command's options (`scenario`, `seed`,
+    `model_free`, ...) has the option's default, and `progress` is on unless --quiet is: the
+    Python API behaves as the command line does when told nothing."""
+    defaults = {option.name: option.field.default for option in dict(COMMANDS)[name].options()}
+    for param in inspect.signature(entry_point(name)).parameters.values():
+        if param.default is inspect.Parameter.empty:
+            continue
+        if param.name == "progress":
+            assert param.default is not defaults.get("quiet", False), name
+        elif param.name in defaults:
+            assert param.default == defaults[param.name], f"{name}: {param.name}"
 
 
 @pytest.mark.parametrize("name", sorted(EXEMPT))
