@@ -2,7 +2,8 @@
 `DataProto` is stood in for by an object with `.batch`, `.non_tensor_batch`, `.meta_info`).
 The metrics equal `otb-diag energy --model-free` on the dumped batch, and OTB advantages made
 by verl's function (the project's `verl_otb_advantage`, equal to verl's to the last bit, as
-tests/maths/estimators show) audit clean, while perturbed ones do not."""
+tests/maths/estimators show) audit clean, while perturbed ones do not; the within/between split
+from given scores is that of verl's own advantages."""
 
 from __future__ import annotations
 
@@ -18,10 +19,14 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
+from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
+from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import stats_from_logits
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index
+from otb_diag.maths.variance.step_split import step_split
+from otb_diag.policy.scores.token_scores import token_scores
 
 runner = CliRunner()
 GROUPS, N, T, P, V = 3, 4, 7, 3, 11
@@ -150,3 +155,32 @@ def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> N
     assert run["source"] == "verl"
     assert run["otb"] == {k: v for k, v in metrics.items() if np.isfinite(v)}
     assert (out / "fig_live_otb.png").stat().st_size > 0
+
+
+def test_the_split_from_scores_is_that_of_verls_own_advantages() -> None:
+    """`otb/split/otb/...` from given scores equals the split of the contributions formed by
+    hand from the batch's verl OTB advantages under verl's default token-mean:
+    `x_i = B · Σ_t (mask_t / Σ mask) A_t s_t`."""
+    fields = verl_shaped(seed=4)
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
+    metrics = compute_otb_metrics(fields, adv_estimator="optimal_token_baseline", scores=scores)
+    mask, advantages = fields["response_mask"].double(), fields["advantages"].double()
+    x = GROUPS * N / mask.sum() * torch.einsum("bt,btk->bk", mask * advantages, scores.double())
+    by_hand = step_split(x, group_index(list(fields["uid"])))
+    for name, value in by_hand.items():
+        assert metrics[f"otb/split/otb/{name}"] == pytest.approx(value, rel=1e-5), name
+    assert "otb/split/otb/within" not in compute_otb_metrics(fields)  # no scores, no split
+
+
+def test_the_split_from_the_model_scores_it_in_head_mode() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint())
+    fields = verl_shaped(seed=6)
+    scores = token_scores(model, verl_batch(fields), SPLIT_MODE, 16, SPLIT_SEED).proj
+    from_model = compute_otb_metrics(fields, adv_estimator="grpo", model=model, split_k=16)
+    from_scores = compute_otb_metrics(fields, adv_estimator="grpo", scores=scores)
+    assert from_model == from_scores
+    assert {k for k in from_model if k.startswith("otb/split/")} >= {
+        f"otb/split/{b}/{name}" for b in ("grpo", "otb") for name in ("within", "between")
+    }
