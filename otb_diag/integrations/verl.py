@@ -75,6 +75,13 @@ def compute_otb_metrics(
     if scores is None and model is not None:
         scores = token_scores(model, step, SPLIT_MODE, split_k, SPLIT_SEED).proj
     if scores is not None:
+        rows, width = step.mask.shape
+        if scores.ndim != 3 or scores.shape[0] != rows or scores.shape[1] < width:
+            raise InputError(
+                f"scores must be [B, T, k] over the batch's {rows} responses of up to {width} "
+                f"tokens; got shape {list(scores.shape)}.",
+                field="scores",
+            )
         split = dict([audited]) if audited is not None else {}
         metrics |= split_metrics(step, scores, {**split, "otb": {}}, loss_agg_mode)
     return metrics

@@ -136,6 +136,8 @@ def test_bad_batches_get_one_clear_message() -> None:
         compute_otb_metrics(split)
     with pytest.raises(InputError, match="takes a verl DataProto or a dict"):
         compute_otb_metrics([1, 2, 3])
+    with pytest.raises(InputError, match=r"scores must be \[B, T, k\] over the batch's 12"):
+        compute_otb_metrics(fields, scores=torch.zeros(GROUPS * N - 1, T, 4))
 
 
 def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
