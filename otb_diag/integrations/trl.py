@@ -135,8 +135,8 @@ class LiveDiagnostics:
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
         self.audited = trainer_baseline("trl") if documented else None
         # The split under TRL's own estimator (when its settings are the documented ones) and OTB.
-        own = dict([self.audited]) if self.audited is not None else {}
-        self.split_baselines: dict[str, dict[str, Any]] = {**own, "otb": own.get("otb", {})}
+        own = [self.audited] if self.audited is not None else []
+        self.split_baselines: dict[str, dict[str, Any]] = dict([*own, ("otb", {})])
         self.aggregation = LOSS_AGGREGATION.get(getattr(trainer, "loss_type", ""), "")
 
     # -- hooks -------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ class LiveDiagnostics:
         check_whole_groups(batch, f"TRL step {p.step}")
         # The scores need the weights that sampled the batch: before the optimizer step, here.
         logged = (p.step - 1) // self.every  # this step's rank among the logged steps
-        split = self.split_every and logged % self.split_every == 0
+        split = self.split_every > 0 and logged % self.split_every == 0
         scores = self._head_scores(batch) if split else None
         # The tables are computed beside the backward pass and the optimizer step (torch's
         # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.

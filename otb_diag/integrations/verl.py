@@ -82,8 +82,8 @@ def compute_otb_metrics(
                 f"tokens; got shape {list(scores.shape)}.",
                 field="scores",
             )
-        split = dict([audited]) if audited is not None else {}
-        metrics |= split_metrics(step, scores, {**split, "otb": {}}, loss_agg_mode)
+        own = [audited] if audited is not None else []
+        metrics |= split_metrics(step, scores, dict([*own, ("otb", {})]), loss_agg_mode)
     return metrics
 
 
