@@ -29,7 +29,11 @@ from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
-from otb_diag.maths.variance.step_split import response_contributions, step_split
+from otb_diag.maths.variance.step_split import (
+    response_contributions,
+    step_split,
+    without_rounding,
+)
 
 PREFIX = "otb/"
 # The proxies logged per baseline (`maths/energy/proxies.py`); `expected_w` does not depend on
@@ -195,14 +199,16 @@ def split_metrics(
 
     scores: `[B, C, k]` projected per-token scores of the batch's responses (C ≥ its width),
     e.g. `token_scores(model, batch, SPLIT_MODE, k, SPLIT_SEED).proj`. The advantages are the
-    one estimator's (`batch_advantages`) on the logged w, as `step_metrics` computes them."""
+    one estimator's (`batch_advantages`) on the logged w and the batch's importance weights, as
+    `step_metrics` computes them, less their rounding (`step_split.without_rounding`)."""
     stats = logged_stats(batch)
     tir = has_tool_output(batch.mask, batch.valid)
     scores = scores[:, : batch.mask.shape[1]].cpu()
     out: dict[str, float] = {}
     for name, options in baselines.items():
         estimator = Estimator(handle_zero_tail, tir, options=dict(options))
-        advantages = batch_advantages(batch, stats.w, [name], estimator).by_baseline[name]
+        found = batch_advantages(batch, stats.w, [name], estimator)
+        advantages = without_rounding(found.by_baseline[name], found.returns)
         x = response_contributions(scores, advantages, batch.mask, aggregation)  # [B, k]
         out.update({f"split/{name}/{k}": v for k, v in step_split(x, batch.group).items()})
     return {PREFIX + k: v for k, v in out.items()}

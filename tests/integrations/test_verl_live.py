@@ -3,7 +3,8 @@
 The metrics equal `otb-diag energy --model-free` on the dumped batch, and OTB advantages made
 by verl's function (the project's `verl_otb_advantage`, equal to verl's to the last bit, as
 tests/maths/estimators show) audit clean, while perturbed ones do not; the within/between split
-from given scores is that of verl's own advantages."""
+from given scores is that of verl's own advantages, and 0 under OTB at a step whose groups all
+have equal rewards."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
-from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED
+from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import stats_from_logits
@@ -172,6 +173,34 @@ def test_the_split_from_scores_is_that_of_verls_own_advantages() -> None:
     for name, value in by_hand.items():
         assert metrics[f"otb/split/otb/{name}"] == pytest.approx(value, rel=1e-5), name
     assert "otb/split/otb/within" not in compute_otb_metrics(fields)  # no scores, no split
+
+
+def test_equal_rewards_give_otb_no_split_signal() -> None:
+    """Every group's rewards equal (0.7, 1.3, 3.0): OTB's float32 advantages are rounding, and
+    its split is grpo's exact zeros: 0 terms, undefined ratios. With verl's zero tail a group's
+    strictly longest member keeps `A = R` on its tail (`B = 0` there), a real advantage that the
+    rounding floor keeps (every group of this batch has a strictly longest member)."""
+    fields = verl_shaped(seed=0)
+    last = fields["response_mask"].sum(-1).long() - 1
+    rewards = torch.zeros(GROUPS * N, T)
+    index = group_index(list(fields["uid"]))
+    rewards[torch.arange(GROUPS * N), last] = torch.tensor([0.7, 1.3, 3.0])[index]
+    raw, _ = verl_otb_advantage(
+        rewards, fields["response_mask"], index, fields["old_log_probs"],
+        fields["sum_pi_squared"], handle_zero_tail=False,
+    )  # fmt: skip
+    assert 0 < raw.abs().max() < 1e-6  # rounding, not signal
+    batch = verl_batch({**fields, "token_level_rewards": rewards})
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
+    baselines = {"grpo": {}, "otb": {}}
+    split = split_metrics(batch, scores, baselines, "token-mean", handle_zero_tail=False)
+    for name in ("within", "between", "total", "grad_sq"):
+        assert split[f"otb/split/otb/{name}"] == split[f"otb/split/grpo/{name}"] == 0.0, name
+    for name in ("within_share", "snr"):
+        assert all(np.isnan(split[f"otb/split/{b}/{name}"]) for b in baselines), name
+    assert split["otb/split/otb/noise_scale"] == split["otb/split/grpo/noise_scale"] == np.inf
+    tail = split_metrics(batch, scores, baselines, "token-mean")  # zero tail on
+    assert tail["otb/split/otb/within"] > 0 and tail["otb/split/grpo/within"] == 0.0
 
 
 def test_the_split_from_the_model_scores_it_in_head_mode() -> None:

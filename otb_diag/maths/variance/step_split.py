@@ -9,7 +9,8 @@ A step of P prompts with N responses each estimates the gradient by
       = (1/P) Σ_p ĝ_p,    ĝ_p = (1/N) Σ_{i∈p} x_i,    x_i = P N Σ_t a_{i,t} s_{i,t}
 
 so response i contributes `x_i` (`response_contributions`; `ĝ_p` is `paired_draws.py`'s
-per-prompt estimate). With `m_p = ĝ_p` and `v_p = Σ_{i∈p} ‖x_i − m_p‖² / (N − 1)`:
+per-prompt estimate). With `m_p = ĝ_p` and
+`v_p = Σ_{i∈p} ‖x_i − m_p‖² / (N − 1)`:
 
     within       = mean_p v_p / N          tr Cov(ĝ_p | p), averaged over the prompts
     S_m          = Σ_p ‖m_p − m̄‖² / (P − 1)
@@ -19,14 +20,19 @@ per-prompt estimate). With `m_p = ĝ_p` and `v_p = Σ_{i∈p} ‖x_i − m_p‖�
     within_share = within / total,  noise_scale B = total / |G|²,  snr = P · |G|² / total
 
 These are `noise_scale.decompose`'s estimates, the N responses of a prompt taken as N draws of a
-one-response estimate from an infinite pool (fresh samples: no pool correction), its `within`
-then divided by N; the rounding floor of `|G|²` is decompose's. `within` is exact for a baseline
-independent of the group's rewards (`none`: the `x_i` of a prompt are independent draws) and
-first-order for the group baselines (mean, grpo, OTB), whose baseline ties a group's `x_i`
+one-response estimate from an infinite pool (fresh samples: no pool correction), its `within` then
+divided by N; the rounding floor of `|G|²` is decompose's. An advantage `A = G − B` within
+`ROUNDOFF_ULPS` ulps of `|G|` and `|B|` (`without_rounding`) is the rounding of that difference,
+not signal, and counts as 0: a step whose groups all have equal rewards then gives `within =
+between = |G|² = 0` under OTB (`B = Σ W G / Σ W`, an ulp off `G`; bar the zero tail of a group's
+strictly longest member, where `B = 0`) as under `mean`, its ratios undefined (`noise_scale` inf,
+`within_share` and `snr` 0/0), as decompose treats an unresolved `|G|²`. `within` is exact for a
+baseline independent of the group's rewards (`none`: the `x_i` of a prompt are independent draws)
+and first-order for the group baselines (mean, grpo, OTB), whose baseline ties a group's `x_i`
 together, as for `noise_scale.py`'s pool corrections. Every term is a trace, computed in the
-projected space of the scores (`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios.
-Prompts are the samples of `between` and `|G|²`: with the few prompts of one step they are
-noisy, so read them over many steps.
+projected space of the scores (`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios. Prompts
+are the samples of `between` and `|G|²`: with the few prompts of one step they are noisy, so read
+them over many steps.
 """
 
 from __future__ import annotations
@@ -36,10 +42,32 @@ import torch
 from torch import Tensor
 
 from otb_diag.maths.aggregation import aggregation_weights
-from otb_diag.maths.variance.noise_scale import PromptMoments, decompose, signal_and_noise
+from otb_diag.maths.variance.noise_scale import (
+    ROUNDOFF_ULPS,
+    PromptMoments,
+    decompose,
+    signal_and_noise,
+)
 
 # What `step_split` returns, in order (`noise_scale.decompose`'s names).
 SPLIT = ("within", "between", "total", "grad_sq", "within_share", "noise_scale", "snr")
+
+
+def without_rounding(advantages: Tensor, returns: Tensor) -> Tensor:
+    """`advantages` `[B, T]` with 0 where `|A| ≤ ROUNDOFF_ULPS · eps · max(|G|, |B|)`, `B = G − A`
+    the baseline, eps that of the advantages' dtype; returns: `[B, T]` the `G_t` they came from.
+
+    `A = G − B` cancels two terms: a baseline equal to the rewards in exact arithmetic (OTB's
+    `Σ_j W_j G_j / Σ_j W_j` over a group of equal `G`) comes out a few ulps off `G`, and that
+    rounding would pass as a signal of relative size 1e-7 with ratios of any value. The floor is
+    `noise_scale.decompose`'s for `|G|²`, in the advantages' precision. grpo divides such a
+    difference by the group's std, which lifts its rounding above any floor where the group's
+    mean is inexact (7 rewards of 0.1: |A| ≈ 0.007 at ε = 1e-6); those are the advantages the
+    trainer computes, and they stay."""
+    baseline = returns - advantages  # B_t
+    magnitude = torch.maximum(returns.abs(), baseline.abs())
+    floor = ROUNDOFF_ULPS * torch.finfo(advantages.dtype).eps * magnitude
+    return torch.where(advantages.abs() <= floor, 0.0, advantages)
 
 
 def response_contributions(

@@ -1,6 +1,6 @@
 """One step's within/between split, |G|², noise scale and SNR from its groups
-(maths/variance/step_split.py): a case by hand, and unbiasedness on a linear-Gaussian model with
-planted truth."""
+(maths/variance/step_split.py): a case by hand, unbiasedness on a linear-Gaussian model with
+planted truth, and advantages at rounding level counted as 0."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from otb_diag.maths.variance.step_split import response_contributions, step_split
+from otb_diag.maths.estimators.otb import otb_baseline
+from otb_diag.maths.variance.noise_scale import ROUNDOFF_ULPS
+from otb_diag.maths.variance.step_split import (
+    response_contributions,
+    step_split,
+    without_rounding,
+)
 
 
 def test_a_step_by_hand() -> None:
@@ -83,3 +89,70 @@ def test_one_prompt_gives_no_between_terms() -> None:
     split = step_split(torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
     assert split["within"] > 0
     assert math.isnan(split["between"]) and math.isnan(split["snr"])
+
+
+def test_rounding_of_g_minus_b_counts_as_zero() -> None:
+    """float32 (eps = 2⁻²³): `A = G − B` within 64 ulps of `|G|`, `|B|` is 0 (1, 4, 32 ulps); a
+    real difference, one from `G = 0`, 128 ulps, and 1e-7 in float64 (far above its floor) stay."""
+    assert ROUNDOFF_ULPS == 64
+    returns = torch.tensor([1.0, 1.0, 0.0, 3.0, 1.0, 1.0])
+    baseline = torch.tensor([1.0 - 2**-23, 0.9, 0.5, 3.0 + 2**-20, 1.0 - 2**-16, 1.0 - 2**-18])
+    advantages = returns - baseline
+    assert (advantages != 0).all()  # exact in float32: the rounding the floor is for
+    kept = without_rounding(advantages, returns)
+    assert kept.tolist() == [0.0, advantages[1].item(), -0.5, 0.0, 2**-16, 0.0]
+    wide = torch.tensor([1e-7], dtype=torch.float64)
+    assert without_rounding(wide, torch.ones(1, dtype=torch.float64)).tolist() == [1e-7]
+
+
+def otb_step(rewards: list[float], n: int = 4, t: int = 6, seed: int = 0):
+    """OTB's float32 advantages, returns, mask and group of a step whose groups have the given
+    outcome rewards (one list entry per response, groups of n in order), every response of full
+    length (no zero tail), energies random."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(rewards)
+    mask = torch.ones(b, t)
+    returns = torch.tensor(rewards, dtype=torch.float32)[:, None].expand(b, t).contiguous()
+    energy = torch.rand(b, t, generator=g).cumsum(-1)  # W_t
+    group = torch.arange(b) // n
+    return otb_baseline(returns, mask, group, energy), returns, mask, group
+
+
+def test_equal_rewards_give_no_signal_under_otb() -> None:
+    """Every group's rewards equal: OTB's float32 advantages are rounding (B = Σ W R / Σ W an
+    ulp off R), so without them the split is 0 and its ratios undefined: exactly the split of
+    exact zero advantages, what `mean` or a trainer's grpo give such a step."""
+    rewards = [0.7] * 4 + [1.3] * 4 + [3.0] * 4
+    advantages, returns, mask, group = otb_step(rewards)
+    assert advantages.abs().max() > 0  # the rounding is there
+    scores = torch.randn(len(rewards), 6, 3, generator=torch.Generator().manual_seed(1))
+    x = response_contributions(scores, without_rounding(advantages, returns), mask, "token-mean")
+    split = step_split(x, group)
+    silent = step_split(torch.zeros_like(x), group)  # exact zero advantages
+    assert split["within"] == split["between"] == split["grad_sq"] == split["total"] == 0.0
+    assert split["noise_scale"] == math.inf
+    for name in ("within_share", "snr"):
+        assert math.isnan(split[name]) and math.isnan(silent[name])
+    assert {k: v for k, v in split.items() if k not in ("within_share", "snr")} == {
+        k: v for k, v in silent.items() if k not in ("within_share", "snr")
+    }
+
+
+def test_a_moving_group_keeps_its_advantages() -> None:
+    """One group with mixed rewards among equal ones: its advantages pass untouched, the equal
+    groups' rounding goes, and within, between, total are the raw advantages' to rounding.
+    `|G|²` is exactly 0, as the algebra has it for one prompt with a signal among silent ones
+    (`‖m̄‖² = S_m / P = ‖m_1‖² / P²`); the raw advantages' rounding gave it 1.9e-9 here, a noise
+    scale of 7e6 prompts."""
+    rewards = [0.0, 1.0, 1.0, 0.0] + [1.3] * 4 + [3.0] * 4
+    advantages, returns, mask, group = otb_step(rewards, seed=2)
+    kept = without_rounding(advantages, returns)
+    assert torch.equal(kept[:4], advantages[:4]) and (kept[:4] != 0).all()
+    assert (kept[4:] == 0).all()
+    scores = torch.randn(len(rewards), 6, 3, generator=torch.Generator().manual_seed(3))
+    split = step_split(response_contributions(scores, kept, mask, "token-mean"), group)
+    raw = step_split(response_contributions(scores, advantages, mask, "token-mean"), group)
+    assert split["within"] > 0
+    for name in ("within", "between", "total", "within_share"):
+        assert split[name] == pytest.approx(raw[name], rel=1e-6), name
+    assert split["grad_sq"] == 0.0 and split["noise_scale"] == math.inf
