@@ -3,12 +3,13 @@
 The metrics equal `otb-diag energy --model-free` on the dumped batch, and OTB advantages made
 by verl's function (the project's `verl_otb_advantage`, equal to verl's to the last bit, as
 tests/maths/estimators show) audit clean, while perturbed ones do not; the within/between split
-from given scores is that of verl's own advantages, and 0 under OTB at a step whose groups all
-have equal rewards."""
+from given scores is that of verl's own advantages, with importance weights that of
+variance-compare's draws, and 0 under OTB at a step whose groups all have equal rewards."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,9 +24,16 @@ from otb_diag.errors import InputError
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
 from otb_diag.io.scenarios import default_checkpoint
-from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
+from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
-from otb_diag.maths.returns import group_index
+from otb_diag.maths.returns import group_index, returns_to_go
+from otb_diag.maths.variance.paired_draws import (
+    BaselineSpec,
+    draw_estimates,
+    pool_rows,
+    pool_score_means,
+)
 from otb_diag.maths.variance.step_split import step_split
 from otb_diag.policy.scores.token_scores import token_scores
 
@@ -160,11 +168,25 @@ def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> N
     assert (out / "fig_live_otb.png").stat().st_size > 0
 
 
-def test_the_split_from_scores_is_that_of_verls_own_advantages() -> None:
+def with_rho(fields: dict, seed: int) -> dict:
+    """`fields` with truncated importance weights ρ in [0.2, 2] and verl's OTB advantages made
+    with them (`w ρ²` before accumulating), as verl's `compute_advantage` hands them over."""
+    rho = 0.2 + 1.8 * torch.rand(GROUPS * N, T, generator=torch.Generator().manual_seed(seed))
+    advantages, _ = verl_otb_advantage(
+        fields["token_level_rewards"], fields["response_mask"], group_index(list(fields["uid"])),
+        fields["old_log_probs"], fields["sum_pi_squared"], rollout_is_weights=rho,
+    )  # fmt: skip
+    return {**fields, "rollout_is_weights": rho, "advantages": advantages}
+
+
+@pytest.mark.parametrize("importance_weights", [False, True])
+def test_the_split_from_scores_is_that_of_verls_own_advantages(importance_weights: bool) -> None:
     """`otb/split/otb/...` from given scores equals the split of the contributions formed by
-    hand from the batch's verl OTB advantages under verl's default token-mean:
-    `x_i = B · Σ_t (mask_t / Σ mask) A_t s_t`."""
+    hand from the batch's verl OTB advantages (with the batch's ρ when it has them) under verl's
+    default token-mean: `x_i = B · Σ_t (mask_t / Σ mask) A_t s_t`."""
     fields = verl_shaped(seed=4)
+    if importance_weights:
+        fields = with_rho(fields, seed=8)
     scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
     metrics = compute_otb_metrics(fields, adv_estimator="optimal_token_baseline", scores=scores)
     mask, advantages = fields["response_mask"].double(), fields["advantages"].double()
@@ -173,6 +195,35 @@ def test_the_split_from_scores_is_that_of_verls_own_advantages() -> None:
     for name, value in by_hand.items():
         assert metrics[f"otb/split/otb/{name}"] == pytest.approx(value, rel=1e-5), name
     assert "otb/split/otb/within" not in compute_otb_metrics(fields)  # no scores, no split
+
+
+def test_importance_weights_reach_the_split_as_they_reach_variance_compare() -> None:
+    """With ρ ≠ 1 the split's prompt estimates `ĝ_p` are those of variance-compare's draws
+    (`draw_estimates`, one draw of every prompt's whole pool, the same estimator, ρ and
+    aggregation): its `total` (S_m) and `|G|²` come out of `ĝ_p` alone. ρ changes OTB's split
+    (its baseline weights `w ρ²`) and not `mean`'s (no factor ρ on a token's term)."""
+    fields = with_rho(verl_shaped(seed=9), seed=10)
+    batch = verl_batch(fields)
+    scores = torch.randn(GROUPS * N, T, 4, generator=torch.Generator().manual_seed(11))
+    baselines = {"otb": {}, "mean": {}}
+    split = split_metrics(batch, scores, baselines, "token-mean")
+    on_policy = split_metrics(replace(batch, is_weights=None), scores, baselines, "token-mean")
+    assert split["otb/split/otb/within"] != pytest.approx(on_policy["otb/split/otb/within"])
+    assert split["otb/split/mean/within"] == on_policy["otb/split/mean/within"]
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    rows = np.stack(pool_rows(batch.group))[None]  # [1, P, N]: each prompt's whole pool
+    draws = draw_estimates(
+        returns, batch.mask, scores, {"proxy": logged_stats(batch).w}, rows,
+        pool_score_means(scores, batch.mask, batch.group),
+        [BaselineSpec(b, b, "proxy") for b in baselines], ["token-mean"],
+        is_weights=batch.is_weights, estimator=Estimator(tir=False),
+    )  # fmt: skip
+    for name in baselines:
+        g_p = draws["token-mean", name].prompt_sums  # [P, k] ĝ_p of the one draw
+        spread = float(np.square(g_p - g_p.mean(0)).sum() / (GROUPS - 1))  # S_m
+        grad_sq = float(np.square(g_p.mean(0)).sum()) - spread / GROUPS
+        assert split[f"otb/split/{name}/total"] == pytest.approx(spread, rel=1e-5), name
+        assert split[f"otb/split/{name}/grad_sq"] == pytest.approx(grad_sq, rel=1e-5), name
 
 
 def test_equal_rewards_give_otb_no_split_signal() -> None:

@@ -9,7 +9,9 @@ A step of P prompts with N responses each estimates the gradient by
       = (1/P) Σ_p ĝ_p,    ĝ_p = (1/N) Σ_{i∈p} x_i,    x_i = P N Σ_t a_{i,t} s_{i,t}
 
 so response i contributes `x_i` (`response_contributions`; `ĝ_p` is `paired_draws.py`'s
-per-prompt estimate). With `m_p = ĝ_p` and
+per-prompt estimate). Importance weights ρ reach `a` as they reach variance-compare's `c · A`
+(`paired_draws.py:draw_estimates`): through the advantages of the one estimator (OTB's baseline
+weights `w ρ²`), with no factor ρ of their own. With `m_p = ĝ_p` and
 `v_p = Σ_{i∈p} ‖x_i − m_p‖² / (N − 1)`:
 
     within       = mean_p v_p / N          tr Cov(ĝ_p | p), averaged over the prompts
