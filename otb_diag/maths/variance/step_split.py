@@ -26,15 +26,18 @@ one-response estimate from an infinite pool (fresh samples: no pool correction),
 divided by N; the rounding floor of `|G|²` is decompose's. An advantage `A = G − B` within
 `ROUNDOFF_ULPS` ulps of `|G|` and `|B|` (`without_rounding`) is the rounding of that difference,
 not signal, and counts as 0: a step whose groups all have equal rewards then gives `within =
-between = |G|² = 0` under OTB (`B = Σ W G / Σ W`, an ulp off `G`; bar the zero tail of a group's
-strictly longest member, where `B = 0`) as under `mean`, its ratios undefined (`noise_scale` inf,
-`within_share` and `snr` 0/0), as decompose treats an unresolved `|G|²`. `within` is exact for a
-baseline independent of the group's rewards (`none`: the `x_i` of a prompt are independent draws)
-and first-order for the group baselines (mean, grpo, OTB), whose baseline ties a group's `x_i`
-together, as for `noise_scale.py`'s pool corrections. Every term is a trace, computed in the
-projected space of the scores (`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios. Prompts
-are the samples of `between` and `|G|²`: with the few prompts of one step they are noisy, so read
-them over many steps.
+between = |G|² = 0` under OTB (`B = Σ W G / (Σ W + ε)`, an ulp off `G`) as under `mean`, its ratios
+undefined (`noise_scale` inf, `within_share` and `snr` 0/0), as decompose treats an unresolved
+`|G|²`. Two advantages of OTB's there are not rounding and stay: `A = G` on the zero tail of a
+group's strictly longest member (`B = 0`), and `A = G ε / (Σ W + ε)` where the group's `Σ W_t` is
+small enough for verl's `ε = 1e-8` to count (1e-4 of `G` at `Σ W_t = 1e-4`, a first token every
+response is near-certain of). `within` is exact for a baseline independent of the group's rewards
+(`none`: the `x_i` of a prompt are independent draws) and first-order for the group baselines
+(mean, grpo, OTB), whose baseline ties a group's `x_i` together, as for `noise_scale.py`'s pool
+corrections. Every term is a trace, computed in the projected space of the scores
+(`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios. Prompts are the samples of
+`between` and `|G|²`: with the few prompts of one step they are noisy, so read them over many
+steps.
 """
 
 from __future__ import annotations
