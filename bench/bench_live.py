@@ -6,7 +6,10 @@ embedded checkpoint, tests/integrations/trl_toy.py's set-up), and its memory ove
 
 Configurations, each a fresh trainer with the same seed: `plain` (no attach), `loss-logits`
 (attach, Σπ² from the loss's own forward through TRL's fused head), `extra-forward` (attach with
-one extra no-grad forward for Σπ²), `every-10` (loss logits, metrics every 10th step). A step's
+one extra no-grad forward for Σπ²), `every-10` (loss logits, metrics every 10th step), all three
+without the within/between split (`split_every=None`); then with it, on the loss's logits:
+`split` (the split at every step: one extra no-grad forward for the head-mode scores each step)
+and `split-every-10` (attach's default, the split at every 10th logged step). A step's
 time is the wall time between the trainer callbacks `on_step_begin` and `on_step_end` (the
 generation, the rewards, the loss, the backward and the optimizer step); the first 2 steps of
 each run are warm-up. Rounds alternate the configurations, and each configuration's figure is
@@ -63,7 +66,8 @@ class StepTimer(TrainerCallback):
 
 
 # The hooks that run on the training's critical path: the batch put together (`_start`,
-# `_take`, which includes `_finish`), and the wait for the worker thread's tables (`collect`).
+# `_take`, which includes `_finish` and the split's head-mode scores), and the wait for the
+# worker thread's tables (`collect`).
 HOOKS = ("_start", "_take", "collect")
 hook_seconds = [0.0]
 
@@ -84,9 +88,11 @@ for _hook in HOOKS:
 
 CONFIGS = {
     "plain": None,
-    "loss-logits": {},
-    "extra-forward": {"extra_forward": True},
-    "every-10": {"every": 10},
+    "loss-logits": {"split_every": None},
+    "extra-forward": {"extra_forward": True, "split_every": None},
+    "every-10": {"every": 10, "split_every": None},
+    "split": {"split_every": 1},
+    "split-every-10": {"split_every": 10},
 }
 
 
@@ -98,6 +104,8 @@ def one_run(name: str, steps: int, folder: Path) -> tuple[list[float], object]:
     timer = StepTimer()
     trainer.add_callback(timer)
     trainer.train()
+    if live is not None and not live.enabled:  # timing switched-off hooks would flatter them
+        raise RuntimeError(f"{name}: the live diagnostics switched themselves off")
     return timer.times[WARMUP:], live
 
 

@@ -15,7 +15,7 @@ same padding, same float32 values, so the two routes agree to the last bit.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,16 +24,23 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.tables import energy_tables
 from otb_diag.maths.energy.token_stats import logged_stats
-from otb_diag.maths.estimators.advantages import Estimator, has_tool_output
+from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
+from otb_diag.maths.variance.step_split import (
+    response_contributions,
+    step_split,
+    without_rounding,
+)
 
 PREFIX = "otb/"
 # The proxies logged per baseline (`maths/energy/proxies.py`); `expected_w` does not depend on
 # the baseline and is logged once.
 PER_BASELINE = ("proxy2_total_power", "token_total_power", "expected_a_squared")
+SPLIT_MODE = "head"  # the split's score vectors: the output layer's, one no-grad forward
+SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
 
 def response_batch(
@@ -173,6 +180,37 @@ def step_metrics(
         assert audit is not None  # the batch carries trainer advantages
         out["audit/max_abs_diff"] = audit["max_abs_diff"]
         out["audit/agrees"] = float(audit["agrees"])
+    return {PREFIX + k: v for k, v in out.items()}
+
+
+def split_metrics(
+    batch: ResponseBatch,
+    scores: Tensor,
+    baselines: Mapping[str, Mapping[str, Any]],
+    aggregation: str,
+    *,
+    handle_zero_tail: bool = True,
+) -> dict[str, float]:
+    """`otb/split/<baseline>/<name>` for every name of `step_split.SPLIT`: the step's noise
+    split within and between its prompts, `|G|²`, the noise scale and the SNR at the step's
+    prompts (`maths/variance/step_split.py`), under each registry baseline of `baselines`
+    (name -> the options it runs with, e.g. the trainer's ε) and the trainer's `aggregation`
+    (a `maths/aggregation.py` name).
+
+    scores: `[B, C, k]` projected per-token scores of the batch's responses (C ≥ its width),
+    e.g. `token_scores(model, batch, SPLIT_MODE, k, SPLIT_SEED).proj`. The advantages are the
+    one estimator's (`batch_advantages`) on the logged w and the batch's importance weights, as
+    `step_metrics` computes them, less their rounding (`step_split.without_rounding`)."""
+    stats = logged_stats(batch)
+    tir = has_tool_output(batch.mask, batch.valid)
+    scores = scores[:, : batch.mask.shape[1]].cpu()
+    out: dict[str, float] = {}
+    for name, options in baselines.items():
+        estimator = Estimator(handle_zero_tail, tir, options=dict(options))
+        found = batch_advantages(batch, stats.w, [name], estimator)
+        advantages = without_rounding(found.by_baseline[name], found.returns)
+        x = response_contributions(scores, advantages, batch.mask, aggregation)  # [B, k]
+        out.update({f"split/{name}/{k}": v for k, v in step_split(x, batch.group).items()})
     return {PREFIX + k: v for k, v in out.items()}
 
 

@@ -22,6 +22,11 @@ Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`):
   which TRL averages over the logging window and hands to every logger: `trainer_state.json`,
   W&B, TensorBoard.
 - the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
+- the within/between split and SNR (`split_every`): per-token score vectors of the output layer
+  (`policy/scores/token_scores.py:token_scores`, head mode) from one extra no-grad forward of the
+  body, run before the step's backward pass (the weights are those that sampled the batch); the
+  fused head's capture holds no hidden states, so no score comes from the loss's own forward.
+  TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -49,13 +54,17 @@ from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.dump import check_dump_dir, dump_step
 from otb_diag.integrations.step_metrics import (
     PREFIX,
+    SPLIT_MODE,
+    SPLIT_SEED,
     check_whole_groups,
     response_batch,
+    split_metrics,
     step_metrics,
 )
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.scores.token_scores import token_scores
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer the tests run
 HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
@@ -63,6 +72,21 @@ ROW_KEY = "otb_row"
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
 # TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
 TRL_DEFAULTS = {"scale_rewards": "group", "multi_objective_aggregation": "sum_then_normalize"}
+# TRL's `loss_type` -> how its loss averages per-token terms (`maths/aggregation.py`), read off
+# `GRPOTrainer._compute_loss`: grpo and sapo average each sequence's tokens, then the
+# sequences; bnpo, dapo, cispo, vespo divide by the tokens of the batch; dr_grpo by B times a
+# constant length (the padded width here: the split's ratios do not see the constant); luspo
+# sums each sequence's tokens and averages the sequences.
+LOSS_AGGREGATION = {
+    "grpo": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "luspo": "seq-mean-token-sum",
+}
 
 
 @dataclass
@@ -90,12 +114,16 @@ class LiveDiagnostics:
         dump_dir: Path | None,
         baselines: Sequence[str] | None,
         extra_forward: bool,
+        split_every: int = 0,
+        split_k: int = 64,
     ) -> None:
         self.trainer = trainer
         self.every = every
         self.dump_dir = dump_dir
         self.baselines = baselines
         self.extra_forward = extra_forward
+        self.split_every = split_every  # 0: no split
+        self.split_k = split_k
         self.watch = CollapseWatch()
         self.enabled = True
         self.last: dict[str, float] = {}  # the latest step's metrics (for a user's own use)
@@ -106,6 +134,10 @@ class LiveDiagnostics:
         self._job: tuple[_Pending, Future] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
         self.audited = trainer_baseline("trl") if documented else None
+        # The split under TRL's own estimator (when its settings are the documented ones) and OTB.
+        own = [self.audited] if self.audited is not None else []
+        self.split_baselines: dict[str, dict[str, Any]] = dict([*own, ("otb", {})])
+        self.aggregation = LOSS_AGGREGATION.get(getattr(trainer, "loss_type", ""), "")
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -208,12 +240,18 @@ class LiveDiagnostics:
         if not p.from_loss:
             batch = self._batch(p, *self._forward_stats(batch))
         check_whole_groups(batch, f"TRL step {p.step}")
+        # The scores need the weights that sampled the batch: before the optimizer step, here.
+        logged = (p.step - 1) // self.every  # this step's rank among the logged steps
+        split = self.split_every > 0 and logged % self.split_every == 0
+        scores = self._head_scores(batch) if split else None
         # The tables are computed beside the backward pass and the optimizer step (torch's
         # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.
-        self._job = (p, self._worker.submit(self._measure, batch, p.step))
+        self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
 
-    def _measure(self, batch: ResponseBatch, step: int) -> dict[str, float]:
+    def _measure(self, batch: ResponseBatch, step: int, scores: Tensor | None) -> dict[str, float]:
         metrics = step_metrics(batch, self.audited, self.baselines)
+        if scores is not None:
+            metrics |= split_metrics(batch, scores, self.split_baselines, self.aggregation)
         if self.dump_dir is not None:
             dump_step(self.dump_dir, batch, step)
         return metrics
@@ -275,6 +313,11 @@ class LiveDiagnostics:
             trainer_advantage=x["advantages"],
         )
 
+    def _head_scores(self, batch: ResponseBatch) -> Tensor:
+        """`[B, T, split_k]` head-mode score vectors of the batch (one no-grad forward)."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        return token_scores(model, batch, SPLIT_MODE, self.split_k, SPLIT_SEED).proj
+
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` from one no-grad forward of the policy."""
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
@@ -295,15 +338,23 @@ def attach(
     *,
     baselines: Sequence[str] | None = None,
     extra_forward: bool = False,
+    split_every: int | None = 10,
+    split_k: int = 64,
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer`) and, with `dump_dir`, write each such step's batch there as exact-id
     rollouts (`dump.py`). `baselines` default to the registry's defaults (as `otb-diag energy`);
     `extra_forward=True` takes Σπ² from one extra no-grad forward instead of the loss's logits
     (what a TRL without the fused head's field does; for the overhead benchmark).
+    `split_every=K` adds, at every K-th logged step (the 1st, the K+1-th, …), the step's noise
+    split within and between prompts, `|G|²`, the noise scale and the SNR under TRL's own
+    estimator and OTB (`otb/split/<baseline>/...`), from head-mode score vectors of dimension
+    `split_k`: one extra no-grad forward of the policy on those steps; None or 0 switches it off.
 
     Raises `InputError`, before anything is changed, for a trainer that is not a GRPOTrainer, a
-    TRL whose trainer lacks a hook, `every` < 1 or a dump directory that cannot be written."""
+    TRL whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a
+    whole number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, or a dump directory
+    that cannot be written."""
     import trl
 
     if not isinstance(trainer, trl.GRPOTrainer):
@@ -321,6 +372,18 @@ def attach(
         )
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a whole number ≥ 1; got {every!r}.")
+    split_every = split_every or 0
+    if not isinstance(split_every, int) or split_every < 0:
+        raise InputError(f"split_every must be a whole number ≥ 0 or None; got {split_every!r}.")
+    if not isinstance(split_k, int) or split_k < 1:
+        raise InputError(f"split_k must be a whole number ≥ 1; got {split_k!r}.")
+    loss_type = getattr(trainer, "loss_type", None)
+    if split_every and loss_type not in LOSS_AGGREGATION:
+        raise InputError(
+            f"the split needs the aggregation of TRL's loss_type {loss_type!r}, which otb-diag "
+            f"does not know (it knows {', '.join(LOSS_AGGREGATION)}).",
+            hint="attach(trainer, split_every=None) logs everything but the split.",
+        )
     if ".".join(trl.__version__.split(".")[:2]) not in TESTED:
         warnings.warn(
             f"otb-diag live diagnostics are tested with TRL {', '.join(TESTED)}, not "
@@ -329,7 +392,9 @@ def attach(
         )
     folder = check_dump_dir(dump_dir) if dump_dir is not None else None
     fused = _fused_head()
-    live = LiveDiagnostics(trainer, every, folder, baselines, extra_forward or fused is None)
+    live = LiveDiagnostics(
+        trainer, every, folder, baselines, extra_forward or fused is None, split_every, split_k
+    )
     _install(trainer, live, fused)
     return live
 

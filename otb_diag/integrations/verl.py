@@ -16,7 +16,10 @@ the dump) and `rollout_is_weights` `[B, T]`. A plain dict of those tensors (with
 the same, so nothing here imports verl.
 
 The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
-sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two.
+sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two. Given
+the policy (`model`, a Hugging Face causal LM) or the step's per-token score vectors (`scores`),
+`compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
+verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`.
 """
 
 from __future__ import annotations
@@ -30,9 +33,17 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.dump import check_dump_dir, dump_step
-from otb_diag.integrations.step_metrics import check_whole_groups, response_batch, step_metrics
+from otb_diag.integrations.step_metrics import (
+    SPLIT_MODE,
+    SPLIT_SEED,
+    check_whole_groups,
+    response_batch,
+    split_metrics,
+    step_metrics,
+)
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.scores.token_scores import token_scores
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
 
@@ -43,13 +54,37 @@ def compute_otb_metrics(
     adv_estimator: str | None = "grpo",
     temperature: float | None = None,
     baselines: Sequence[str] | None = None,
+    model: Any = None,
+    scores: Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    split_k: int = 64,
 ) -> dict[str, float]:
     """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
     with `uid`): energy, every baseline's proxies, OTB/mean, and the audit of `advantages`
     against `adv_estimator` (verl's `algorithm.adv_estimator`; None skips the audit).
-    `temperature` defaults to the batch's `meta_info["temperature"]`, else 1."""
+    `temperature` defaults to the batch's `meta_info["temperature"]`, else 1.
+
+    With `scores` (`[B, T, k]` projected per-token scores of `responses`) or `model` (the policy
+    that sampled the batch, on one process: head-mode scores of dimension `split_k` from one
+    extra no-grad forward; the batch needs `prompts`), also `otb/split/<baseline>/...` under
+    `adv_estimator` and OTB, aggregated as `loss_agg_mode` (the actor's
+    `actor_rollout_ref.actor.loss_agg_mode`)."""
     audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
-    return step_metrics(verl_batch(batch, temperature), audited, baselines)
+    step = verl_batch(batch, temperature)
+    metrics = step_metrics(step, audited, baselines)
+    if scores is None and model is not None:
+        scores = token_scores(model, step, SPLIT_MODE, split_k, SPLIT_SEED).proj
+    if scores is not None:
+        rows, width = step.mask.shape
+        if scores.ndim != 3 or scores.shape[0] != rows or scores.shape[1] < width:
+            raise InputError(
+                f"scores must be [B, T, k] over the batch's {rows} responses of up to {width} "
+                f"tokens; got shape {list(scores.shape)}.",
+                field="scores",
+            )
+        own = [audited] if audited is not None else []
+        metrics |= split_metrics(step, scores, dict([*own, ("otb", {})]), loss_agg_mode)
+    return metrics
 
 
 def dump_batch(

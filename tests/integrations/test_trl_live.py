@@ -1,12 +1,14 @@
 """`attach` on a real TRL `GRPOTrainer` (CPU, embedded checkpoint): the `otb/` metrics reach
 `trainer_state.json` at every step, `otb-diag energy` on a dumped step gives them back
 (model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
-audit, the training's numbers are those of a run without `attach`, and bad input gets one
-clear message before anything changes."""
+audit, the within/between split logged at every second step equals the split of the dumped step
+scored offline by that step's checkpoint, the training's numbers are those of a run without
+`attach`, and bad input gets one clear message before anything changes."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -17,20 +19,28 @@ from trl_toy import GENERATIONS, toy_trainer
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.trl import attach
+from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.trl import LOSS_AGGREGATION, attach
+from otb_diag.io.loading import load_rollouts
+from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.maths.variance.step_split import SPLIT
+from otb_diag.policy.scores.token_scores import token_scores
 
 pytestmark = pytest.mark.slow  # runs TRL
 runner = CliRunner()
 STEPS = 3
+SPLIT_EVERY, SPLIT_K = 2, 16  # the split at steps 1 and 3
 
 
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
-    """3 steps with `attach(dump_dir=...)`, a checkpoint after each; and the final weights."""
+    """3 steps with `attach(dump_dir=..., split_every=2)`, a checkpoint after each; and the
+    final weights."""
     out = tmp_path_factory.mktemp("trl-live") / "grpo-toy"
     trainer = toy_trainer(out, STEPS, save_strategy="steps", save_steps=1, save_only_model=True)
-    attach(trainer, dump_dir=out / "otb")
+    attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K)
     trainer.train()
     return out, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
@@ -129,10 +139,57 @@ def test_energy_with_the_steps_checkpoint_reproduces_it(live_run, tmp_path: Path
     out, _ = live_run
     for entry in logged(out):
         step = entry["step"]
-        ckpt = default_checkpoint() if step == 1 else out / f"checkpoint-{step - 1}"
+        ckpt = step_checkpoint(out, step)
         rollouts = out / "otb" / f"step_{step:06d}.jsonl"
         summary = energy(rollouts, tmp_path / str(step), "--ckpt", str(ckpt))
         check_reproduces(summary, entry, rel=1e-4, w_floor=W_FLOOR, token_level_rel=1e-2)
+
+
+def step_checkpoint(out: Path, step: int) -> Path:
+    """The weights that sampled and trained step `step`: those after step − 1."""
+    return default_checkpoint() if step == 1 else out / f"checkpoint-{step - 1}"
+
+
+def test_the_split_is_logged_at_every_second_step(live_run) -> None:
+    """At steps 1 and 3, under TRL's own estimator and OTB. A ratio is left out where its
+    denominator is 0: at step 1 every group had equal rewards, so `grpo`'s advantages and every
+    term were 0. OTB's advantages there are rounding, which the split drops, but on the first
+    tokens, where every response was near-certain (Σ W ≈ 1e-4): there verl's ε = 1e-8 moves the
+    baseline by 1e-4 of the reward, a real advantage, whose terms are ~1e-12 (docs/live.md)."""
+    out, _ = live_run
+    split = {e["step"]: e for e in logged(out) if "otb/split/otb/within" in e}
+    assert sorted(split) == [1, 3]
+    for entry in split.values():
+        for baseline in ("grpo", "otb"):
+            terms = {k: entry[f"otb/split/{baseline}/{k}"] for k in SPLIT[:4]}
+            assert terms["within"] >= 0
+            assert terms["total"] == pytest.approx(terms["within"] + terms["between"])
+    assert split[1]["otb/split/grpo/grad_sq"] == split[1]["otb/split/grpo/within"] == 0
+    assert not {f"otb/split/grpo/{k}" for k in SPLIT[4:]} & set(split[1])  # undefined: left out
+    assert 0 < split[1]["otb/split/otb/total"] < 1e-10 < split[3]["otb/split/otb/total"]
+    assert split[3]["otb/split/grpo/within"] > 0  # one group of two had mixed rewards
+    assert 0 < split[3]["otb/split/grpo/within_share"] < 1
+
+
+def test_the_split_of_the_dumped_step_equals_the_logged_one(live_run) -> None:
+    """The dumped step, read back and scored in head mode by that step's checkpoint, split
+    by the same functions under TRL's estimator and loss (dapo: token-mean)."""
+    from transformers import AutoModelForCausalLM
+
+    out, _ = live_run
+    baselines = {**dict([trainer_baseline("trl")]), "otb": {}}
+    for entry in logged(out):
+        if "otb/split/otb/within" not in entry:
+            continue
+        step = entry["step"]
+        batch = make_batch(load_rollouts(out / "otb" / f"step_{step:06d}.jsonl"))
+        model = AutoModelForCausalLM.from_pretrained(step_checkpoint(out, step))
+        scores = token_scores(model, batch, SPLIT_MODE, SPLIT_K, SPLIT_SEED).proj
+        offline = split_metrics(batch, scores, baselines, LOSS_AGGREGATION["dapo"])
+        assert {k.split("/")[-1] for k in offline} == set(SPLIT)
+        for name, value in offline.items():
+            if math.isfinite(value):
+                assert entry[name] == pytest.approx(value, rel=1e-6, abs=1e-12), name
 
 
 def test_dump_directory_reads_as_rollouts(live_run, tmp_path: Path) -> None:
@@ -188,6 +245,14 @@ def test_bad_input_is_refused_before_anything_changes(
         attach(trainer, dump_dir=blocker / "dumps")
     with pytest.raises(InputError, match="every must be a whole number"):
         attach(trainer, every=0)
+    with pytest.raises(InputError, match="split_every must be a whole number"):
+        attach(trainer, split_every=-1)
+    with pytest.raises(InputError, match="split_k must be a whole number"):
+        attach(trainer, split_k=0)
+    loss_type, trainer.loss_type = trainer.loss_type, "new-loss"
+    with pytest.raises(InputError, match="aggregation of TRL's loss_type 'new-loss'"):
+        attach(trainer)
+    trainer.loss_type = loss_type
     monkeypatch.setattr(trl, "__version__", "0.99.0")
     with pytest.warns(UserWarning, match="tested with TRL 1.16, not 0.99.0"):
         attach(toy_trainer(tmp_path / "other", 1))

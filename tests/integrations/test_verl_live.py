@@ -2,11 +2,14 @@
 `DataProto` is stood in for by an object with `.batch`, `.non_tensor_batch`, `.meta_info`).
 The metrics equal `otb-diag energy --model-free` on the dumped batch, and OTB advantages made
 by verl's function (the project's `verl_otb_advantage`, equal to verl's to the last bit, as
-tests/maths/estimators show) audit clean, while perturbed ones do not."""
+tests/maths/estimators show) audit clean, while perturbed ones do not; the within/between split
+from given scores is that of verl's own advantages, with importance weights that of
+variance-compare's draws, and 0 under OTB at a step whose groups all have equal rewards."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,10 +21,21 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
+from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
-from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
+from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
-from otb_diag.maths.returns import group_index
+from otb_diag.maths.returns import group_index, returns_to_go
+from otb_diag.maths.variance.paired_draws import (
+    BaselineSpec,
+    draw_estimates,
+    pool_rows,
+    pool_score_means,
+)
+from otb_diag.maths.variance.step_split import step_split
+from otb_diag.policy.scores.token_scores import token_scores
 
 runner = CliRunner()
 GROUPS, N, T, P, V = 3, 4, 7, 3, 11
@@ -131,6 +145,8 @@ def test_bad_batches_get_one_clear_message() -> None:
         compute_otb_metrics(split)
     with pytest.raises(InputError, match="takes a verl DataProto or a dict"):
         compute_otb_metrics([1, 2, 3])
+    with pytest.raises(InputError, match=r"scores must be \[B, T, k\] over the batch's 12"):
+        compute_otb_metrics(fields, scores=torch.zeros(GROUPS * N - 1, T, 4))
 
 
 def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
@@ -150,3 +166,103 @@ def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> N
     assert run["source"] == "verl"
     assert run["otb"] == {k: v for k, v in metrics.items() if np.isfinite(v)}
     assert (out / "fig_live_otb.png").stat().st_size > 0
+
+
+def with_rho(fields: dict, seed: int) -> dict:
+    """`fields` with truncated importance weights ρ in [0.2, 2] and verl's OTB advantages made
+    with them (`w ρ²` before accumulating), as verl's `compute_advantage` hands them over."""
+    rho = 0.2 + 1.8 * torch.rand(GROUPS * N, T, generator=torch.Generator().manual_seed(seed))
+    advantages, _ = verl_otb_advantage(
+        fields["token_level_rewards"], fields["response_mask"], group_index(list(fields["uid"])),
+        fields["old_log_probs"], fields["sum_pi_squared"], rollout_is_weights=rho,
+    )  # fmt: skip
+    return {**fields, "rollout_is_weights": rho, "advantages": advantages}
+
+
+@pytest.mark.parametrize("importance_weights", [False, True])
+def test_the_split_from_scores_is_that_of_verls_own_advantages(importance_weights: bool) -> None:
+    """`otb/split/otb/...` from given scores equals the split of the contributions formed by
+    hand from the batch's verl OTB advantages (with the batch's ρ when it has them) under verl's
+    default token-mean: `x_i = B · Σ_t (mask_t / Σ mask) A_t s_t`."""
+    fields = verl_shaped(seed=4)
+    if importance_weights:
+        fields = with_rho(fields, seed=8)
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
+    metrics = compute_otb_metrics(fields, adv_estimator="optimal_token_baseline", scores=scores)
+    mask, advantages = fields["response_mask"].double(), fields["advantages"].double()
+    x = GROUPS * N / mask.sum() * torch.einsum("bt,btk->bk", mask * advantages, scores.double())
+    by_hand = step_split(x, group_index(list(fields["uid"])))
+    for name, value in by_hand.items():
+        assert metrics[f"otb/split/otb/{name}"] == pytest.approx(value, rel=1e-5), name
+    assert "otb/split/otb/within" not in compute_otb_metrics(fields)  # no scores, no split
+
+
+def test_importance_weights_reach_the_split_as_they_reach_variance_compare() -> None:
+    """With ρ ≠ 1 the split's prompt estimates `ĝ_p` are those of variance-compare's draws
+    (`draw_estimates`, one draw of every prompt's whole pool, the same estimator, ρ and
+    aggregation): its `total` (S_m) and `|G|²` come out of `ĝ_p` alone. ρ changes OTB's split
+    (its baseline weights `w ρ²`) and not `mean`'s (no factor ρ on a token's term)."""
+    fields = with_rho(verl_shaped(seed=9), seed=10)
+    batch = verl_batch(fields)
+    scores = torch.randn(GROUPS * N, T, 4, generator=torch.Generator().manual_seed(11))
+    baselines = {"otb": {}, "mean": {}}
+    split = split_metrics(batch, scores, baselines, "token-mean")
+    on_policy = split_metrics(replace(batch, is_weights=None), scores, baselines, "token-mean")
+    assert split["otb/split/otb/within"] != pytest.approx(on_policy["otb/split/otb/within"])
+    assert split["otb/split/mean/within"] == on_policy["otb/split/mean/within"]
+    returns = returns_to_go(batch.token_rewards, batch.mask)
+    rows = np.stack(pool_rows(batch.group))[None]  # [1, P, N]: each prompt's whole pool
+    draws = draw_estimates(
+        returns, batch.mask, scores, {"proxy": logged_stats(batch).w}, rows,
+        pool_score_means(scores, batch.mask, batch.group),
+        [BaselineSpec(b, b, "proxy") for b in baselines], ["token-mean"],
+        is_weights=batch.is_weights, estimator=Estimator(tir=False),
+    )  # fmt: skip
+    for name in baselines:
+        g_p = draws["token-mean", name].prompt_sums  # [P, k] ĝ_p of the one draw
+        spread = float(np.square(g_p - g_p.mean(0)).sum() / (GROUPS - 1))  # S_m
+        grad_sq = float(np.square(g_p.mean(0)).sum()) - spread / GROUPS
+        assert split[f"otb/split/{name}/total"] == pytest.approx(spread, rel=1e-5), name
+        assert split[f"otb/split/{name}/grad_sq"] == pytest.approx(grad_sq, rel=1e-5), name
+
+
+def test_equal_rewards_give_otb_no_split_signal() -> None:
+    """Every group's rewards equal (0.7, 1.3, 3.0): OTB's float32 advantages are rounding, and
+    its split is grpo's exact zeros: 0 terms, undefined ratios. With verl's zero tail a group's
+    strictly longest member keeps `A = R` on its tail (`B = 0` there), a real advantage that the
+    rounding floor keeps (every group of this batch has a strictly longest member)."""
+    fields = verl_shaped(seed=0)
+    last = fields["response_mask"].sum(-1).long() - 1
+    rewards = torch.zeros(GROUPS * N, T)
+    index = group_index(list(fields["uid"]))
+    rewards[torch.arange(GROUPS * N), last] = torch.tensor([0.7, 1.3, 3.0])[index]
+    raw, _ = verl_otb_advantage(
+        rewards, fields["response_mask"], index, fields["old_log_probs"],
+        fields["sum_pi_squared"], handle_zero_tail=False,
+    )  # fmt: skip
+    assert 0 < raw.abs().max() < 1e-6  # rounding, not signal
+    batch = verl_batch({**fields, "token_level_rewards": rewards})
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
+    baselines = {"grpo": {}, "otb": {}}
+    split = split_metrics(batch, scores, baselines, "token-mean", handle_zero_tail=False)
+    for name in ("within", "between", "total", "grad_sq"):
+        assert split[f"otb/split/otb/{name}"] == split[f"otb/split/grpo/{name}"] == 0.0, name
+    for name in ("within_share", "snr"):
+        assert all(np.isnan(split[f"otb/split/{b}/{name}"]) for b in baselines), name
+    assert split["otb/split/otb/noise_scale"] == split["otb/split/grpo/noise_scale"] == np.inf
+    tail = split_metrics(batch, scores, baselines, "token-mean")  # zero tail on
+    assert tail["otb/split/otb/within"] > 0 and tail["otb/split/grpo/within"] == 0.0
+
+
+def test_the_split_from_the_model_scores_it_in_head_mode() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint())
+    fields = verl_shaped(seed=6)
+    scores = token_scores(model, verl_batch(fields), SPLIT_MODE, 16, SPLIT_SEED).proj
+    from_model = compute_otb_metrics(fields, adv_estimator="grpo", model=model, split_k=16)
+    from_scores = compute_otb_metrics(fields, adv_estimator="grpo", scores=scores)
+    assert from_model == from_scores
+    assert {k for k in from_model if k.startswith("otb/split/")} >= {
+        f"otb/split/{b}/{name}" for b in ("grpo", "otb") for name in ("within", "between")
+    }

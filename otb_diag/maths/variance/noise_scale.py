@@ -117,7 +117,6 @@ def decompose(
     spread = (sum_sq - n * np.square(mean_c).sum(1)) / (n - 1)  # S_m
     within = sum_within / n
     between = spread - sum_noise / n
-    total = within + between
     grad_sq = np.square(mean_c + centre).sum(1) - spread / n  # ‖m̄‖² − S_m / P
     # Rounding of the cancellation is no signal: it would pass as a resolved |G|² with a
     # zero-width jackknife interval and a knee at ~1e17 prompts. Its size follows the terms
@@ -126,6 +125,16 @@ def decompose(
     grad_sq = np.where(
         np.abs(grad_sq) <= ROUNDOFF_ULPS * np.finfo(float).eps * magnitude, 0.0, grad_sq
     )
+    return signal_and_noise(within, between, grad_sq, prompts_per_step or p)
+
+
+def signal_and_noise(
+    within: np.ndarray, between: np.ndarray, grad_sq: np.ndarray, prompts_per_step: float
+) -> dict[str, np.ndarray]:
+    """`decompose`'s estimates from its three terms (arrays of one shape): `total = within +
+    between` (tr Σ), `within_share`, the noise scale `B = tr Σ / |G|²` (`inf` where `grad_sq` is
+    not positive), `snr = P / B` at `prompts_per_step` and `inverse_noise_scale = 1 / B`."""
+    total = within + between
     with np.errstate(divide="ignore", invalid="ignore"):
         noise_scale = np.where(grad_sq > 0, total / grad_sq, np.inf)
         signal = grad_sq / total  # 1 / B
@@ -137,7 +146,7 @@ def decompose(
         "grad_sq": grad_sq,
         "within_share": share,
         "noise_scale": noise_scale,
-        "snr": (prompts_per_step or p) * signal,
+        "snr": prompts_per_step * signal,
         "inverse_noise_scale": signal,
     }
 
