@@ -6,9 +6,11 @@ once, and so does following `rollouts_path` from variance-compare's entry point 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
 from pathlib import Path
 from types import FrameType
@@ -18,7 +20,7 @@ import pandas as pd
 import pytest
 from test_stream import rows, write_parquet
 
-from otb_diag.io.loading import group_rows, load_rollouts
+from otb_diag.io.loading import group_rows, load_rollout_set, load_rollouts, rollouts_record
 from otb_diag.io.rollouts.stream import chunk_groups, index_rollouts, read_set, stream_chunks
 
 _LAZY = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
@@ -212,3 +214,31 @@ def test_the_whole_set_is_the_streamed_set(tmp_path: Path, steps: str | None) ->
     )  # q0 is in every file: qualified by the file's name
     assert whole.clamped == index.clamped and sum(whole.clamped.values()) > 0
     assert (whole.format, whole.files) == ("jsonl", index.files)
+
+
+def test_the_rollout_set_holds_what_the_recipe_needs(tmp_path: Path) -> None:
+    """`load_rollout_set`: the rows of `load_rollouts` (τ overridden), their groups in order of
+    first appearance among the kept rows (not the index's order, which counts rows of other
+    steps), each row's size (tokens, or characters of a text row) and the files' record."""
+    records = [
+        {"group": "a", "prompt_ids": [1], "response_ids": [2], "reward": 0.0, "step": 1},
+        {"group": "b", "prompt_ids": [1], "response_ids": [2, 3], "reward": 1.0, "step": 2},
+        {"group": "a", "prompt": "p", "response": "four", "reward": 1.0, "step": 2},
+        {"group": "b", "prompt_ids": [1], "response_ids": [4, 5, 6], "reward": 0.0, "step": 2},
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", records)
+    loaded = load_rollout_set(path, 0.5, steps="2")
+    assert loaded.rollouts == load_rollouts(path, 0.5, steps="2")
+    assert {r.temperature for r in loaded.rollouts.responses} == {0.5}
+    assert loaded.groups == {"b": [0, 2], "a": [1]}
+    assert index_rollouts(path, steps="2").group_names == ["a", "b"]
+    assert loaded.sizes == [2, 4, 3]
+    assert loaded.record == rollouts_record(loaded.rollouts)
+    assert loaded.record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_how_rows_are_counted_follows_the_format(tmp_path: Path) -> None:
+    """`Rollouts.row_word` is fixed with the format (and again when a copy changes it)."""
+    rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows(0, 1, 2)))
+    assert rollouts.row_word == "line"
+    assert replace(rollouts, format="verl-parquet").row_word == "row"
