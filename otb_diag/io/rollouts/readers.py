@@ -12,8 +12,9 @@ module under `otb_diag/io/trainers/`. Logged probabilities are checked for physi
 Everything that can be checked without a tokenizer is checked by `iter_responses`; every problem
 is an `InputError` naming the file, the line (JSONL, 1-based) or row (Parquet, 0-based) and the
 field.
-Filling in missing token ids with a checkpoint's tokenizer, and checking them against its
-vocabulary, is `tokenize.py`'s (after the checkpoint is loaded, the same `check_token_fields`).
+Missing token ids are filled in with a checkpoint's tokenizer, and every id is checked against
+its vocabulary, by `tokenize.py`, once the checkpoint is loaded (its ids pass the same
+`check_token_fields`).
 """
 
 from __future__ import annotations
