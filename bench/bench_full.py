@@ -194,7 +194,8 @@ def describe(r: dict, k: int) -> str:
 def jl_seeds(seeds: int, k: int) -> dict:
     import numpy as np
 
-    from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.io.batches import checkpoint_batch
+    from otb_diag.io.loading import LoadOptions, load_rollouts
     from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
     from otb_diag.maths.returns import returns_to_go
     from otb_diag.maths.variance.blocks import projection_error

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
+from otb_diag.io.batches import checkpoint_batch
+from otb_diag.io.loading import LoadOptions, load_rollouts
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.paired_draws import default_specs, empirical_variance

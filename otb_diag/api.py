@@ -24,8 +24,9 @@ from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.checkpoint import load_checkpoint as load_checkpoint  # re-exported
 from otb_diag.io.loading import load_rollouts
-from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.rollouts.tokenize import check_vocab, tokenize_rollouts
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts
 from otb_diag.io.training_logs import read_training_log as read_training_log  # re-exported
 from otb_diag.maths.energy.tables import energy_tables as energy_tables  # re-exported

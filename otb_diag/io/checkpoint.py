@@ -15,6 +15,7 @@ import torch
 from packaging.version import Version
 
 from otb_diag.errors import InputError
+from otb_diag.io.provenance import checkpoint_fingerprint
 from otb_diag.runtime.devices import device_map_kwargs, resolve_device
 
 if TYPE_CHECKING:  # transformers itself is imported where a checkpoint is read (seconds of
@@ -62,6 +63,14 @@ class Checkpoint:
     vocab_size: int
     dtype: torch.dtype
     device: torch.device
+
+
+def checkpoint_record(ckpt: Checkpoint, full_hash: bool = False) -> dict[str, Any]:
+    """Path, hash (`checkpoint_fingerprint`: what was hashed is said beside it) and step."""
+    return {
+        "path": str(ckpt.path), **checkpoint_fingerprint(ckpt.path, full=full_hash),
+        "step": ckpt.step,
+    }  # fmt: skip
 
 
 def checkpoint_step(path: str | Path) -> int | None:

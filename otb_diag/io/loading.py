@@ -1,21 +1,55 @@
-"""From the user's paths to measurable tensors: read the rollouts, load each checkpoint, tokenize
-and bound-check the rollouts against it, and describe the inputs for a summary.json. Shared by
-every command that measures rollouts under a checkpoint."""
+"""From the user's paths to the rollouts a command measures: read and validate the set (the
+streaming index's whole-set view), apply `--temperature`, and hand over in one object what
+measuring it needs (the rows, their groups and sizes, their record for summary.json), so that a
+recipe following `rollouts_path` goes down through io/ once (ARCHITECTURE.md, "Data flow"). The
+checkpoint side (tokenize, check, batch) is `otb_diag/io/batches.py:checkpoint_batch`."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
-from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.load_options import LoadOptions as LoadOptions  # re-exported
-from otb_diag.io.provenance import checkpoint_fingerprint, file_sha256
-from otb_diag.io.rollouts.readers import Rollouts, check_vocab, tokenize_rollouts
+from otb_diag.io.provenance import file_sha256
+from otb_diag.io.rollouts.readers import Rollouts
+from otb_diag.io.rollouts.rows import Response
+from otb_diag.io.rollouts.scan import response_size
 from otb_diag.io.rollouts.stream import read_set
-from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.maths.response_batch import ResponseBatch
+
+
+@dataclass(frozen=True)
+class RolloutSet:
+    """What the load hands a recipe that measures the whole set.
+
+    rollouts: every kept row, in set order (τ overridden when asked).
+    groups: group name -> indices into `rollouts.responses`, in order of first appearance.
+    sizes: `[rows]` each response's tokens (characters of its text when it has no ids yet).
+    record: path, format and hash of the files (`rollouts_record`), for summary.json.
+    """
+
+    rollouts: Rollouts
+    groups: dict[str, list[int]]
+    sizes: list[int]
+    record: dict[str, Any]
+
+
+def load_rollout_set(
+    path: Path,
+    temperature: float | None = None,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+) -> RolloutSet:
+    """`load_rollouts` (same arguments), with the rows' groups, sizes and record."""
+    rollouts = load_rollouts(path, temperature, steps=steps, reward_columns=reward_columns)
+    return RolloutSet(
+        rollouts=rollouts,
+        groups=group_rows(rollouts.responses),
+        sizes=[response_size(r) for r in rollouts.responses],
+        record=rollouts_record(rollouts),
+    )
 
 
 def load_rollouts(
@@ -42,32 +76,12 @@ def with_temperature(rollouts: Rollouts, temperature: float | None) -> Rollouts:
     return replace(rollouts, responses=responses)
 
 
-def response_tokens(rollouts: Rollouts) -> int | None:
-    """Total response tokens, or None while some rows are text only (not yet tokenized)."""
-    lengths = [len(r.response_ids) for r in rollouts.responses if r.response_ids is not None]
-    return sum(lengths) if len(lengths) == len(rollouts.responses) else None
-
-
-def checkpoint_batch(
-    path: Path, rollouts: Rollouts, options: LoadOptions
-) -> tuple[Checkpoint, ResponseBatch, int]:
-    """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
-    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
-    round-trip through the tokenizer."""
-    ckpt = options.load(path)
-    tokenized, issues = tokenize_rollouts(
-        rollouts, ckpt.tokenizer, chat_template=options.chat_template
-    )
-    check_vocab(tokenized, ckpt.vocab_size)
-    return ckpt, make_batch(tokenized), len(issues)
-
-
-def checkpoint_record(ckpt: Checkpoint, full_hash: bool = False) -> dict[str, Any]:
-    """Path, hash (`checkpoint_fingerprint`: what was hashed is said beside it) and step."""
-    return {
-        "path": str(ckpt.path), **checkpoint_fingerprint(ckpt.path, full=full_hash),
-        "step": ckpt.step,
-    }  # fmt: skip
+def group_rows(responses: list[Response]) -> dict[str, list[int]]:
+    """Group id -> indices into `responses`, groups in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(responses):
+        out.setdefault(r.group, []).append(i)
+    return out
 
 
 def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.io.loading import load_rollouts
+from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy
@@ -130,7 +130,7 @@ def test_checkpoints_and_rollouts_are_written(seed0: tuple[Path, list[dict]]) ->
         assert ckpt.step == step
         assert (out / f"checkpoint-{step}" / "model.safetensors").is_file()
         rollouts = load_rollouts(out / "rollouts" / f"step-{step}.jsonl")
-        assert len(rollouts.responses) == 16 and len(rollouts.groups()) == 4
+        assert len(rollouts.responses) == 16 and len(group_rows(rollouts.responses)) == 4
         assert {(r.step, r.temperature) for r in rollouts.responses} == {(step, 1.0)}
     # The first update moved the weights.
     before = load_checkpoint(default_checkpoint()).model.state_dict()

@@ -161,7 +161,8 @@ def test_bad_mode_is_a_clear_error(inputs, tmp_path: Path) -> None:
 
 def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
     """The issue's check on real data: rloo's (and trivially none's) |bias_z| stays small."""
-    from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.io.batches import checkpoint_batch
+    from otb_diag.io.loading import LoadOptions, load_rollouts
     from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
     from otb_diag.maths.returns import returns_to_go
     from otb_diag.maths.variance.paired_draws import BaselineSpec, empirical_variance

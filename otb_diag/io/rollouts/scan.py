@@ -115,8 +115,7 @@ def scan_rows(
     shells: list[Rollouts] = []
     scan = RowScan(files, [], True, False, set(), None)
     for f, local, r, wanted in set_rows(files, shells, steps=steps, reward_columns=reward_columns):
-        size = len(r.response_ids) if r.response_ids is not None else len(r.response or "")
-        scan.rows.append((f, local, r.group, size, wanted))
+        scan.rows.append((f, local, r.group, response_size(r), wanted))
         if wanted:
             scan.has_ids = scan.has_ids and r.response_ids is not None and r.prompt_ids is not None
             scan.tool_output = scan.tool_output or (r.mask is not None and 0 in r.mask)
@@ -125,6 +124,12 @@ def scan_rows(
     scan.formats = {shell.format for shell in shells}
     scan.clamped = {k: sum(shell.clamped[k] for shell in shells) for k in CLAMPED_FIELDS}
     return scan
+
+
+def response_size(r: Response) -> int:
+    """A response's size for the index (and for balancing ranks): its tokens, or the characters
+    of its text when it has no ids yet."""
+    return len(r.response_ids) if r.response_ids is not None else len(r.response or "")
 
 
 def set_rows(

@@ -18,7 +18,7 @@ def make_batch(rollouts: Rollouts) -> ResponseBatch:
     missing = [r.source_row for r in rs if r.response_ids is None or r.prompt_ids is None]
     if missing:
         raise ValueError(f"rows {missing[:5]} are not tokenized: call tokenize_rollouts first")
-    names = list(rollouts.groups())
+    names = list(dict.fromkeys(r.group for r in rs))  # in order of first appearance
     index = {name: k for k, name in enumerate(names)}
     length = torch.tensor([len(r.response_ids) for r in rs], dtype=torch.long)
     width = int(length.max()) if len(rs) else 0

@@ -25,15 +25,10 @@ from tqdm.auto import tqdm
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
-from otb_diag.io.checkpoint import Checkpoint
-from otb_diag.io.loading import checkpoint_record, with_temperature
+from otb_diag.io.checkpoint import Checkpoint, checkpoint_record
+from otb_diag.io.loading import with_temperature
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
-from otb_diag.io.rollouts.readers import (
-    Rollouts,
-    check_vocab,
-    prompts_without_template,
-    tokenize_rollouts,
-)
+from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.stream import (
     CHUNK_TOKENS,
     RolloutIndex,
@@ -42,6 +37,11 @@ from otb_diag.io.rollouts.stream import (
     stream_chunks,
 )
 from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.rollouts.tokenize import (
+    check_vocab,
+    prompts_without_template,
+    tokenize_rollouts,
+)
 from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy.proxies import combine_proxies
 from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group

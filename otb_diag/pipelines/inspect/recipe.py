@@ -15,16 +15,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from otb_diag.io.rollouts.readers import (
-    Rollouts,
+from otb_diag.io.rollouts.readers import Rollouts
+from otb_diag.io.rollouts.rows import Response
+from otb_diag.io.rollouts.stream import index_rollouts
+from otb_diag.io.rollouts.tokenize import (
     RoundTripIssue,
     TextTokenizer,
     check_vocab,
     prompts_without_template,
     tokenize_rollouts,
 )
-from otb_diag.io.rollouts.rows import Response
-from otb_diag.io.rollouts.stream import index_rollouts
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
 from otb_diag.runtime.torchrun import session
 

@@ -1,6 +1,6 @@
 """One checkpoint's measurements for `otb-diag variance-compare`: per-token statistics and the
 score vectors of each model mode, measured by each rank on its share of the groups and assembled
-over the whole pool on rank 0; and the fidelity rows and full-mode record they give."""
+over the whole pool on rank 0."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from otb_diag.io.batches import checkpoint_batch
 from otb_diag.io.checkpoint import Checkpoint
-from otb_diag.io.loading import checkpoint_batch
-from otb_diag.io.rollouts.readers import Rollouts, tokenize_rollouts
-from otb_diag.io.rollouts.rows import Response
+from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.rollouts.tokenize import tokenize_rollouts
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.fidelity import fidelity
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
 from otb_diag.runtime.torchrun import Dist, agreed
@@ -109,41 +108,3 @@ def _empty_like(scores: TokenScores, shape: torch.Size) -> TokenScores:
         sq_norm=torch.zeros(shape),
         block_sq_norm=None if blocks is None else torch.zeros(*shape, blocks.shape[-1]),
     )
-
-
-def response_tokens_for_balance(r: Response) -> int:
-    """A response's tokens for balancing ranks (characters of its text when it has no ids)."""
-    return len(r.response_ids) if r.response_ids is not None else len(r.response or "")
-
-
-def fidelity_rows(
-    step: int, mode: str, w: Tensor, measured: TokenScores, mask: Tensor
-) -> list[dict[str, Any]]:
-    """fidelity.csv rows: the whole parameter vector (`block` = all), then each block of a
-    split full-mode projection, `w_t` against the block's per-token `‖s_{t,b}‖²`."""
-    rows = [{"step": step, "mode": mode, "block": "all", **fidelity(w, measured.sq_norm, mask)}]
-    if measured.block_sq_norm is not None and len(measured.blocks) > 1:
-        rows += [
-            {
-                "step": step,
-                "mode": mode,
-                "block": name,
-                **fidelity(w, measured.block_sq_norm[..., b], mask),
-            }
-            for b, (name, _, _) in enumerate(measured.blocks)
-        ]
-    return rows
-
-
-def full_record(measured: TokenScores, jl_error: dict[str, float]) -> dict[str, Any]:
-    """summary.json's account of a full-mode measurement: engine, where `‖s_t‖²` came from, the
-    cost estimate, the blocks and the measured projection error."""
-    return {
-        "engine": measured.engine,
-        "sq_norm": "exact (reverse mode)"
-        if measured.sq_norm_exact
-        else "JL estimate ‖u_t‖² (forward mode; unbiased, relative error ≈ √(2/k) per token)",
-        "plan": measured.plan,
-        "blocks": [{"block": name, "offset": o, "k": k} for name, o, k in measured.blocks],
-        "jl_error": jl_error,
-    }

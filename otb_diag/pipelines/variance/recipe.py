@@ -15,12 +15,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from otb_diag.io.atomic import staged_output, write_json, write_with
-from otb_diag.io.loading import (
-    checkpoint_record,
-    load_rollouts,
-    response_tokens,
-    rollouts_record,
-)
+from otb_diag.io.checkpoint import checkpoint_record
+from otb_diag.io.loading import RolloutSet, load_rollout_set
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.maths.estimators.advantages import Estimator
@@ -35,11 +31,11 @@ from otb_diag.maths.variance.paired_draws import (
 from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.schema import RunInputs
 from otb_diag.pipelines.results.variance import VarianceResult
-from otb_diag.pipelines.variance.measure import Measured, full_record, measure
-from otb_diag.pipelines.variance.measure import fidelity_rows as fidelity_rows_of
-from otb_diag.pipelines.variance.measure import response_tokens_for_balance as balance_size
+from otb_diag.pipelines.variance.measure import Measured, measure
 from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.pipelines.variance.summary import (
+    fidelity_rows,
+    full_record,
     headline,
     knee_rows,
     paper_claim,
@@ -98,11 +94,13 @@ def _run(
     """Per checkpoint: measure this rank's share (gathered on rank 0), then in each mode draw
     the groups over the whole pool and accumulate the tables; rank 0 writes and summarises."""
     started = time.perf_counter()
-    rollouts = _load(rollouts_path, settings)
-    mine, my_tokens = _my_share(rollouts, str(rollouts_path))
+    loaded = _load(rollouts_path, settings)
+    mine, my_tokens = _my_share(loaded, str(rollouts_path))
     rank_tokens = d.all_gather(my_tokens)
     model_modes = [m for m in settings.modes if m != "proxy"]
-    per_ckpt = (response_tokens(mine) or 0) * (1 + len(model_modes))
+    # The bar counts tokens: known before the run only when every row of the share has ids.
+    tokenized = all(r.response_ids is not None for r in mine.responses)
+    per_ckpt = (my_tokens if tokenized else 0) * (1 + len(model_modes))
     bar = tqdm(
         total=per_ckpt * len(checkpoints) or None,
         unit="tok",
@@ -113,7 +111,7 @@ def _run(
     tables = _Tables()
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
-        ckpt, found = measure(d, path, rollouts, mine, settings, bar, notify)
+        ckpt, found = measure(d, path, loaded.rollouts, mine, settings, bar, notify)
         step = ckpt.step if ckpt.step is not None else index
         tables.timings[f"measure_s@{step}"] = time.perf_counter() - t0
         if found is not None:  # rank 0
@@ -122,12 +120,12 @@ def _run(
     bar.close()
     if not d.is_main:
         return None
-    return _summary(tables, out, rollouts, settings, len(checkpoints), started, rank_tokens, d)
+    return _summary(tables, out, loaded, settings, len(checkpoints), started, rank_tokens, d)
 
 
 @agreed
-def _load(rollouts_path: Path, settings: VarianceSettings) -> Rollouts:
-    return load_rollouts(
+def _load(rollouts_path: Path, settings: VarianceSettings) -> RolloutSet:
+    return load_rollout_set(
         rollouts_path,
         settings.temperature,
         steps=settings.steps,
@@ -136,16 +134,17 @@ def _load(rollouts_path: Path, settings: VarianceSettings) -> Rollouts:
 
 
 @agreed
-def _my_share(rollouts: Rollouts, what: str) -> tuple[Rollouts, int]:
-    """This rank's groups of `rollouts` (whole groups, balanced by tokens) and their tokens."""
+def _my_share(loaded: RolloutSet, what: str) -> tuple[Rollouts, int]:
+    """This rank's groups of the set (whole groups, balanced by tokens) and their tokens."""
     d = current()
-    groups = rollouts.groups()
+    groups = loaded.groups
     require_groups(len(groups), d, what)
-    sizes = [sum(balance_size(rollouts.responses[i]) for i in idx) for idx in groups.values()]
+    sizes = [sum(loaded.sizes[i] for i in idx) for idx in groups.values()]
     share = d.share(sizes)
     names = list(groups)
     rows = sorted(i for g in share for i in groups[names[g]])
-    mine = replace(rollouts, responses=[rollouts.responses[i] for i in rows])
+    responses = loaded.rollouts.responses
+    mine = replace(loaded.rollouts, responses=[responses[i] for i in rows])
     return mine, sum(sizes[g] for g in share)
 
 
@@ -180,7 +179,7 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
             scores = measured.proj
             if mode == "full":
                 energies["true"] = measured.sq_norm
-            tables.fidelity_rows += fidelity_rows_of(step, mode, found.w, measured, batch.mask)
+            tables.fidelity_rows += fidelity_rows(step, mode, found.w, measured, batch.mask)
             keep = batch.mask.bool()
             tables.fidelity_tokens.append(
                 pd.DataFrame(
@@ -226,7 +225,7 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
 def _summary(
     tables: _Tables,
     out: Path,
-    rollouts: Rollouts,
+    loaded: RolloutSet,
     settings: VarianceSettings,
     n_checkpoints: int,
     started: float,
@@ -251,7 +250,7 @@ def _summary(
     tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return VarianceResult(
-        inputs=RunInputs(rollouts=rollouts_record(rollouts), checkpoints=tables.checkpoints),
+        inputs=RunInputs(rollouts=loaded.record, checkpoints=tables.checkpoints),
         settings=asdict(settings),
         draws=tables.draws,
         headline=rows,

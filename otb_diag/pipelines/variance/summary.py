@@ -1,16 +1,18 @@
 """What `otb-diag variance-compare` concludes, read off its tables: the headline (OTB
 against the mean baseline per mode and N), the verdict on the paper's claim, the knee and the
-recommendation (`maths/variance/knee.py`), as the records of `results/variance.py`."""
+recommendation (`maths/variance/knee.py`), as the records of `results/variance.py`; and the
+fidelity rows and full-mode record of each checkpoint's measurements."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from otb_diag.io.atomic import write_with
+from otb_diag.maths.variance.fidelity import fidelity
 from otb_diag.pipelines.results.variance import (
     CLAIM_EQUIVALENT_N,
     CLAIM_N,
@@ -20,6 +22,11 @@ from otb_diag.pipelines.results.variance import (
     KneeRow,
 )
 from otb_diag.plots.registry import save_figures
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from otb_diag.policy.scores.token_scores import TokenScores
 
 
 def knee_rows(noise: pd.DataFrame) -> Knee:
@@ -111,3 +118,36 @@ def paper_claim(rows: list[HeadlineRow], max_n: int) -> list[ClaimVerdict]:
             )
         verdicts.append(ClaimVerdict(h.mode, verdict, text))
     return verdicts
+
+
+def fidelity_rows(
+    step: int, mode: str, w: Tensor, measured: TokenScores, mask: Tensor
+) -> list[dict[str, Any]]:
+    """fidelity.csv rows: the whole parameter vector (`block` = all), then each block of a
+    split full-mode projection, `w_t` against the block's per-token `‖s_{t,b}‖²`."""
+    rows = [{"step": step, "mode": mode, "block": "all", **fidelity(w, measured.sq_norm, mask)}]
+    if measured.block_sq_norm is not None and len(measured.blocks) > 1:
+        rows += [
+            {
+                "step": step,
+                "mode": mode,
+                "block": name,
+                **fidelity(w, measured.block_sq_norm[..., b], mask),
+            }
+            for b, (name, _, _) in enumerate(measured.blocks)
+        ]
+    return rows
+
+
+def full_record(measured: TokenScores, jl_error: dict[str, float]) -> dict[str, Any]:
+    """summary.json's account of a full-mode measurement: engine, where `‖s_t‖²` came from, the
+    cost estimate, the blocks and the measured projection error."""
+    return {
+        "engine": measured.engine,
+        "sq_norm": "exact (reverse mode)"
+        if measured.sq_norm_exact
+        else "JL estimate ‖u_t‖² (forward mode; unbiased, relative error ≈ √(2/k) per token)",
+        "plan": measured.plan,
+        "blocks": [{"block": name, "offset": o, "k": k} for name, o, k in measured.blocks],
+        "jl_error": jl_error,
+    }

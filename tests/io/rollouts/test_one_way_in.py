@@ -1,13 +1,16 @@
 """One way in for rollouts (`otb_diag/io/rollouts/stream.py`): the whole set that
-`variance-compare`, `rollouts inspect` and the API read is the streamed set, row for row, and
+`variance-compare`, `rollouts inspect` and the API read is the streamed set, row for row;
 following a path from `otb_diag/io/loading.py:load_rollouts` down through io/ enters each module
-once (ARCHITECTURE.md, "Data flow")."""
+once, and so does following `rollouts_path` from variance-compare's entry point to its tables
+(ARCHITECTURE.md, "Data flow")."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
 from pathlib import Path
 from types import FrameType
@@ -17,18 +20,19 @@ import pandas as pd
 import pytest
 from test_stream import rows, write_parquet
 
-from otb_diag.io.loading import load_rollouts
+from otb_diag.io.loading import group_rows, load_rollout_set, load_rollouts, rollouts_record
 from otb_diag.io.rollouts.stream import chunk_groups, index_rollouts, read_set, stream_chunks
 
 _LAZY = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 
 
-def io_entries(call: Callable[[], Any]) -> list[str]:
-    """The io/ modules `call` enters, in order: a module is entered when one of its functions
-    runs for the first time, called from another module; consecutive entries into one module
-    are one stay. Pulling the next item from an iterator a module handed over is not a call
-    (generator bodies are not counted), nor is code Python generates (a dataclass's
-    `__init__`)."""
+def module_entries(call: Callable[[], Any], on_path: Callable[[str], bool]) -> list[str]:
+    """The modules named by `on_path` that `call` enters, in order: a module is entered when one
+    of its functions runs for the first time, called from another module on the path; the
+    caller is the nearest enclosing frame on the path (what lies between, a runtime decorator, a
+    service such as io/atomic.py, code Python generates like a dataclass's `__init__`, is seen
+    through); consecutive entries into one module are one stay. Pulling the next item from an
+    iterator a module handed over is not a call (generator bodies are not counted)."""
     entries: list[str] = []
     seen: set[Any] = set()
 
@@ -39,12 +43,14 @@ def io_entries(call: Callable[[], Any]) -> list[str]:
         code = frame.f_code
         if event != "call" or code in seen or code.co_flags & _LAZY:
             return
-        if not code.co_filename.endswith(".py") or not module(frame).startswith("otb_diag.io"):
+        if not code.co_filename.endswith(".py") or not on_path(module(frame)):
             return
         seen.add(code)
         caller = frame.f_back
-        while caller is not None and not caller.f_code.co_filename.endswith(".py"):
-            caller = caller.f_back  # generated code stands in for the function that called it
+        while caller is not None and not (
+            caller.f_code.co_filename.endswith(".py") and on_path(module(caller))
+        ):
+            caller = caller.f_back
         name = module(frame)
         if (caller is None or module(caller) != name) and (not entries or entries[-1] != name):
             entries.append(name)
@@ -57,13 +63,18 @@ def io_entries(call: Callable[[], Any]) -> list[str]:
     return entries
 
 
+def io_entries(call: Callable[[], Any]) -> list[str]:
+    """The io/ modules `call` enters, in order (`module_entries`)."""
+    return module_entries(call, lambda name: name.startswith("otb_diag.io"))
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
 
-def trl_dump(folder: Path) -> Path:
-    """A TRL output directory with two completion logs (two steps, two prompts of three)."""
+def trl_dump(folder: Path, samples: int = 3) -> Path:
+    """A TRL output directory with two completion logs (two steps, two prompts of `samples`)."""
     (folder / "completions").mkdir(parents=True)
     for step in (1, 2):
         table = [
@@ -75,7 +86,7 @@ def trl_dump(folder: Path) -> Path:
                 "advantage": 0.5 * k - 0.5,
             }
             for g in range(2)
-            for k in range(3)
+            for k in range(samples)
         ]
         pd.DataFrame(table).to_parquet(folder / "completions" / f"completions_{step:05d}.parquet")
     return folder
@@ -99,6 +110,65 @@ def test_the_load_path_enters_each_module_once(tmp_path: Path) -> None:
     """The trace written down in ARCHITECTURE.md, for a TRL dump (the longest path)."""
     run = trl_dump(tmp_path / "run")
     assert io_entries(lambda: load_rollouts(run, steps="2")) == LOAD_PATH
+
+
+# Following `rollouts_path` from variance-compare's entry point: the settings checked, down
+# through io/ once (the load hands the recipe one `RolloutSet`), then the checkpoint side
+# (tokenize, check, batch) once, and the tables read off the measurements. ARCHITECTURE.md
+# writes it down.
+VARIANCE_PATH = [
+    "otb_diag.pipelines.variance.recipe",
+    "otb_diag.pipelines.variance.settings",
+    *LOAD_PATH,
+    "otb_diag.pipelines.variance.measure",
+    "otb_diag.io.batches",
+    "otb_diag.io.rollouts.tokenize",
+    "otb_diag.io.rollouts.to_batch",
+    "otb_diag.pipelines.variance.summary",
+]
+
+
+def source(module: str) -> str:
+    """A module's file as ARCHITECTURE.md names it: `io/loading.py`, `io/trainers/__init__.py`."""
+    path = Path(sys.modules[module].__file__ or "")
+    return path.relative_to(Path(sys.modules["otb_diag"].__file__ or "").parent).as_posix()
+
+
+def on_rollouts_path(name: str) -> bool:
+    """The modules that hold the rollouts on their way to a batch: io/loading.py, io/batches.py,
+    io/rollouts/, io/trainers/ and the command's own package. What they call on the way (the
+    runtime, a checkpoint's loading, hashing, the maths, the plots) is seen through."""
+    return name in ("otb_diag.io.loading", "otb_diag.io.batches") or name.startswith(
+        ("otb_diag.io.rollouts", "otb_diag.io.trainers", "otb_diag.pipelines.variance.")
+    )
+
+
+def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None:
+    """`run_variance` end to end on a TRL dump (text rows: tokenized, some not round-tripping,
+    under the tiny checkpoint; a model mode beside proxy, so fidelity rows too) enters each
+    module of the rollouts' path once, in the order ARCHITECTURE.md writes down."""
+    from tiny import save_checkpoint
+
+    from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
+
+    save_checkpoint(tmp_path / "checkpoint-3", seed=3)
+    run = trl_dump(tmp_path / "run", samples=4)
+    settings = VarianceSettings(
+        modes=("proxy", "head"), group_sizes=(2,), draws=4, bootstrap=5, sketch_dim=8,
+        steps="2",
+    )  # fmt: skip
+    result = None
+
+    def call() -> None:
+        nonlocal result
+        result = run_variance([tmp_path / "checkpoint-3"], run, tmp_path / "out", settings,
+                              progress=False)  # fmt: skip
+
+    assert module_entries(call, on_rollouts_path) == VARIANCE_PATH
+    assert result is not None and result.inputs.rollouts["format"] == "trl-parquet"
+    written = " → ".join(f"`{source(m)}`" for m in VARIANCE_PATH)
+    architecture = " ".join((Path(__file__).parents[3] / "ARCHITECTURE.md").read_text().split())
+    assert written in architecture
 
 
 @pytest.mark.parametrize("kind", ["plain-jsonl", "plain-parquet", "verl-jsonl", "two-files"])
@@ -138,7 +208,37 @@ def test_the_whole_set_is_the_streamed_set(tmp_path: Path, steps: str | None) ->
     assert len(by_key) == len(streamed) == len(whole.responses)
     assert all(by_key[(r.group, r.sample)] == r for r in whole.responses)
     assert [r.step for r in whole.responses] == sorted(r.step for r in whole.responses)
-    assert set(whole.groups()) == set(index.group_names)
-    assert "2/q0" in whole.groups()  # q0 is in every file: qualified by the file's name
+    assert set(group_rows(whole.responses)) == set(index.group_names)
+    assert "2/q0" in group_rows(
+        whole.responses
+    )  # q0 is in every file: qualified by the file's name
     assert whole.clamped == index.clamped and sum(whole.clamped.values()) > 0
     assert (whole.format, whole.files) == ("jsonl", index.files)
+
+
+def test_the_rollout_set_holds_what_the_recipe_needs(tmp_path: Path) -> None:
+    """`load_rollout_set`: the rows of `load_rollouts` (τ overridden), their groups in order of
+    first appearance among the kept rows (not the index's order, which counts rows of other
+    steps), each row's size (tokens, or characters of a text row) and the files' record."""
+    records = [
+        {"group": "a", "prompt_ids": [1], "response_ids": [2], "reward": 0.0, "step": 1},
+        {"group": "b", "prompt_ids": [1], "response_ids": [2, 3], "reward": 1.0, "step": 2},
+        {"group": "a", "prompt": "p", "response": "four", "reward": 1.0, "step": 2},
+        {"group": "b", "prompt_ids": [1], "response_ids": [4, 5, 6], "reward": 0.0, "step": 2},
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", records)
+    loaded = load_rollout_set(path, 0.5, steps="2")
+    assert loaded.rollouts == load_rollouts(path, 0.5, steps="2")
+    assert {r.temperature for r in loaded.rollouts.responses} == {0.5}
+    assert loaded.groups == {"b": [0, 2], "a": [1]}
+    assert index_rollouts(path, steps="2").group_names == ["a", "b"]
+    assert loaded.sizes == [2, 4, 3]
+    assert loaded.record == rollouts_record(loaded.rollouts)
+    assert loaded.record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_how_rows_are_counted_follows_the_format(tmp_path: Path) -> None:
+    """`Rollouts.row_word` is fixed with the format (and again when a copy changes it)."""
+    rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows(0, 1, 2)))
+    assert rollouts.row_word == "line"
+    assert replace(rollouts, format="verl-parquet").row_word == "row"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollout_files import good_row, read_error, text_row, write_jsonl, write_parquet
 
-from otb_diag.io.loading import load_rollouts
+from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.readers import TOKEN_FIELDS, Response
 
 # --- good input -----------------------------------------------------------------------------
@@ -66,7 +66,7 @@ def test_unicode_line_separators_inside_strings_do_not_split_lines(tmp_path: Pat
 def test_groups_and_samples_follow_file_order(tmp_path: Path) -> None:
     rows = [text_row(group="b"), text_row(group="a"), text_row(group="b"), text_row(group=7)]
     rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
-    assert rollouts.groups() == {"b": [0, 2], "a": [1], "7": [3]}
+    assert group_rows(rollouts.responses) == {"b": [0, 2], "a": [1], "7": [3]}
     assert [r.sample for r in rollouts.responses] == [0, 0, 1, 0]
 
 
@@ -111,7 +111,7 @@ def test_verl_dump_groups_by_step_and_input(tmp_path: Path, suffix: str) -> None
     (write_jsonl if suffix == ".jsonl" else write_parquet)(path, VERL_ROWS)
     rollouts = load_rollouts(path)
     assert rollouts.format == f"verl-{suffix[1:]}"
-    assert rollouts.groups() == {"s1:0": [0, 2], "s1:1": [1], "s2:0": [3]}
+    assert group_rows(rollouts.responses) == {"s1:0": [0, 2], "s1:1": [1], "s2:0": [3]}
     first = rollouts.responses[0]
     assert (first.prompt, first.response, first.reward, first.step) == ("q1", "a", 1.0, 1)
     assert [r.sample for r in rollouts.responses] == [0, 0, 1, 0]
@@ -120,7 +120,7 @@ def test_verl_dump_groups_by_step_and_input(tmp_path: Path, suffix: str) -> None
 def test_verl_dump_uses_uid_when_present(tmp_path: Path) -> None:
     rows = [{**row, "uid": f"u{i % 2}"} for i, row in enumerate(VERL_ROWS)]
     rollouts = load_rollouts(write_jsonl(tmp_path / "dump.jsonl", rows))
-    assert rollouts.groups() == {"u0": [0, 2], "u1": [1, 3]}
+    assert group_rows(rollouts.responses) == {"u0": [0, 2], "u1": [1, 3]}
 
 
 def test_verl_errors_name_verl_fields(tmp_path: Path) -> None:

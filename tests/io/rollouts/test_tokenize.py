@@ -10,7 +10,7 @@ from rollout_files import char_tokenizer, good_row, text_row, write_jsonl, write
 
 from otb_diag.errors import InputError
 from otb_diag.io.loading import load_rollouts
-from otb_diag.io.rollouts.readers import check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts.tokenize import check_vocab, tokenize_rollouts
 
 
 def test_text_and_ids_disagreeing_keeps_the_ids(tmp_path: Path) -> None:

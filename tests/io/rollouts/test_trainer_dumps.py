@@ -25,11 +25,11 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
-from otb_diag.io.loading import load_rollouts
+from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.io.rollouts.readers import check_vocab
 from otb_diag.io.rollouts.scan import parse_steps
 from otb_diag.io.rollouts.sources import expand_rollouts
+from otb_diag.io.rollouts.tokenize import check_vocab
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS
 
 runner = CliRunner()
@@ -115,7 +115,7 @@ def test_verl_rollout_data_dir_is_read_in_step_order(tmp_path: Path) -> None:
     assert rollouts.format == "verl-jsonl"
     assert [r.step for r in rollouts.responses] == [2] * 8 + [9] * 8 + [10] * 8
     # A group is one (step, input): groups never span two steps.
-    for idx in rollouts.groups().values():
+    for idx in group_rows(rollouts.responses).values():
         assert len({rollouts.responses[i].step for i in idx}) == 1
     by_step = {s: [w["score"] for w in written if w["step"] == s] for s in (2, 9, 10)}
     assert [r.reward for r in rollouts.responses] == by_step[2] + by_step[9] + by_step[10]
@@ -146,7 +146,7 @@ def test_same_group_ids_in_two_files_stay_apart(tmp_path: Path) -> None:
     for name in ("step-1.jsonl", "step-2.jsonl"):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     rollouts = load_rollouts(tmp_path)
-    assert list(rollouts.groups()) == ["step-1/g0", "step-2/g0"]
+    assert list(group_rows(rollouts.responses)) == ["step-1/g0", "step-2/g0"]
 
 
 # ------------------------------------------------------------------- TRL completion logs
@@ -158,7 +158,7 @@ def test_trl_completion_logs_are_recognised(tmp_path: Path) -> None:
     folder = write_trl_completions(tmp_path / "run", steps=[1, 2])
     rollouts = load_rollouts(tmp_path / "run")  # the output_dir: completions/ is found
     assert rollouts.format == "trl-parquet"
-    assert len(rollouts.responses) == 16 and len(rollouts.groups()) == 4
+    assert len(rollouts.responses) == 16 and len(group_rows(rollouts.responses)) == 4
     frame = pd.concat([pd.read_parquet(p) for p in sorted(folder.iterdir())])
     expected = (frame["accuracy_reward"] + frame["brevity_reward"]).tolist()
     assert [r.reward for r in rollouts.responses] == pytest.approx(expected)
@@ -177,7 +177,7 @@ def test_trl_conversational_prompt_and_chat_template(tmp_path: Path) -> None:
     """Messages are read as text; with --chat-template the tokenizer's template renders them."""
     from tiny import char_tokenizer
 
-    from otb_diag.io.rollouts.readers import prompts_without_template, tokenize_rollouts
+    from otb_diag.io.rollouts.tokenize import prompts_without_template, tokenize_rollouts
 
     table = {
         "step": [1, 1],

@@ -120,7 +120,8 @@ def test_reverse_engine_is_the_explicit_projection_of_autograd_gradients(by_bloc
 
 
 def test_engines_agree_on_the_embedded_default() -> None:
-    from otb_diag.io.loading import LoadOptions, checkpoint_batch, load_rollouts
+    from otb_diag.io.batches import checkpoint_batch
+    from otb_diag.io.loading import LoadOptions, load_rollouts
     from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
     from otb_diag.policy.scores.cost import _sub_batch
 
