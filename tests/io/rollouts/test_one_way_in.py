@@ -149,6 +149,7 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
     module of the rollouts' path once, in the order ARCHITECTURE.md writes down."""
     from tiny import save_checkpoint
 
+    from otb_diag.pipelines.inputs import Inputs
     from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 
     save_checkpoint(tmp_path / "checkpoint-3", seed=3)
@@ -161,8 +162,8 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
 
     def call() -> None:
         nonlocal result
-        result = run_variance([tmp_path / "checkpoint-3"], run, tmp_path / "out", settings,
-                              progress=False)  # fmt: skip
+        inputs = Inputs(ckpt=[tmp_path / "checkpoint-3"], rollouts=run)
+        result = run_variance(inputs, tmp_path / "out", settings, progress=False)
 
     assert module_entries(call, on_rollouts_path) == VARIANCE_PATH
     assert result is not None and result.inputs.rollouts["format"] == "trl-parquet"
