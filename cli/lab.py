@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
 
+from otb_diag.io.atomic import json_text
 from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 
@@ -47,7 +47,8 @@ def build(run: BuildRun) -> None:
 
     config = SCENARIOS[check_scenario(run.scenario)]
     manifest = build_lab(run.out, seed=run.seed, config=config, progress=not run.quiet)
-    show(manifest, run.as_json, lambda: format_lab(manifest, run.out))
+    # lab.json is a plain record (no result class yet), printed as `show` prints a result.
+    typer.echo(json_text(manifest) if run.as_json else format_lab(manifest, run.out))
 
 
 register(app, "build", build)

@@ -84,11 +84,18 @@ def from_json(cls: type[T], data: Any, path: Path) -> T:
 
 
 def _build(tp: Any, value: Any) -> Any:
-    """`value` (parsed JSON) as type `tp`: dataclasses field by field, lists of them item by
-    item, `X | None` as X unless None; anything else as it is."""
+    """`value` (parsed JSON) as type `tp`: dataclasses field by field (a field with a default
+    may be absent: it takes the default), lists of them item by item, `X | None` as X unless
+    None; anything else as it is."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _build(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)})
+        return tp(
+            **{
+                f.name: _build(hints[f.name], value[f.name])
+                for f in dataclasses.fields(tp)
+                if f.name in value or f.default is dataclasses.MISSING
+            }
+        )
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None:
