@@ -188,3 +188,28 @@ def test_format(summary: InspectResult) -> None:
         len(line) - len(value.lstrip()) for line, value in zip(lines, labels.values(), strict=True)
     }
     assert len(starts) == 1
+
+
+def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
+    tmp_path: Path,
+) -> None:
+    """Text-only rows tokenized by the embedded checkpoint (its tokenizer, since none is given):
+    the rows whose text does not survive the round trip are in the result, the first
+    `ISSUES_SAID` said one by one and the rest counted."""
+    from otb_diag.pipelines.inspect.recipe import ISSUES_SAID, inspect_rollouts
+
+    bad = ISSUES_SAID + 2
+    rows = [{"group": "g", "prompt": "C:12=", "response": "12", "reward": 1.0}]
+    rows += [{"group": "g", "prompt": "C:12=", "response": "1é2", "reward": 0.0}] * bad
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said: list[str] = []
+    result = inspect_rollouts(path, say=said.append)
+    assert result is not None and result.rows == bad + 1
+    assert said[0].startswith("no checkpoint given: using the embedded default")
+    assert len(result.round_trip_issues) == bad
+    assert "line 2, field 'response'" in result.round_trip_issues[0]
+    trips = [line for line in said if line.startswith("round trip: ")]
+    assert trips == [f"round trip: {issue}" for issue in result.round_trip_issues[:ISSUES_SAID]]
+    assert said[-1] == "... and 2 more rows whose text does not round-trip"
+    assert result.to_json()["round_trip_issues"] == result.round_trip_issues
