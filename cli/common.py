@@ -97,11 +97,8 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def show(result: Any, as_json: bool, text: Callable[[], str] | None = None) -> None:
+def show(result: Any, as_json: bool, **how: Any) -> None:
     """A command's typed result on stdout: `result.to_json()` with --json, else
-    `result.format()`; a plain record with its `text` instead where a command has no result
-    class yet."""
-    if text is None:
-        typer.echo(json_text(result.to_json()) if as_json else result.format())
-    else:
-        typer.echo(json_text(result) if as_json else text())
+    `result.format(**how)` (`how`: what the text needs beyond the result, such as the output
+    folder)."""
+    typer.echo(json_text(result.to_json()) if as_json else result.format(**how))

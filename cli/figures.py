@@ -38,4 +38,4 @@ def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     from otb_diag.pipelines.figures.recipe import run_figures
 
     result = run_figures(run.out, settings, progress=not run.quiet)
-    show(result.to_json(), run.as_json, lambda: result.format(str(run.out)))
+    show(result, run.as_json, out=str(run.out))

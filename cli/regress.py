@@ -45,6 +45,6 @@ def regress(settings: RegressSettings, run: RegressRun) -> None:
     for line in outcome.notes:
         note(line)
     as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote
-    show(outcome.to_json(), as_json, lambda: outcome.format(every=run.every))
+    show(outcome, as_json, every=run.every)
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import typer
 from otb_diag.cli.common import note, show
@@ -53,48 +52,21 @@ def inspect(run: InspectRun) -> None:
 
     (the same: otb-diag rollouts inspect --rollouts rollouts.jsonl --ckpt ./checkpoint-200 --json)
     """
-    from otb_diag.pipelines.inputs import (
-        checkpoint_or_default,
-        one_checkpoint,
-        one_rollouts,
-        rollouts_or_default,
-    )
-    from otb_diag.pipelines.inspect.recipe import format_summary, inspect_rollouts
+    from otb_diag.pipelines.inspect.recipe import inspect_rollouts
 
-    given_ckpt = one_checkpoint(run.ckpt, "inspect reads one tokenizer")
-    given_rollouts = one_rollouts(run.file, run.rollouts)
-
-    def tokenizer() -> tuple[Any, int]:
-        from otb_diag.io.checkpoint import load_tokenizer
-
-        ckpt_dir = checkpoint_or_default(given_ckpt, run.scenario, note, "checkpoint")
-        return load_tokenizer(ckpt_dir, trust_remote_code=run.load.trust_remote_code)
-
-    path = rollouts_or_default(given_rollouts, run.scenario, note, "rollouts file")
     result = inspect_rollouts(
-        path,
-        tokenizer,
-        always_tokenizer=given_ckpt is not None or given_rollouts is None,
+        run.file,
+        run.ckpt,
+        rollouts_alias=run.rollouts,
+        scenario=run.scenario,
+        trust_remote_code=run.load.trust_remote_code,
+        chat_template=run.load.chat_template,
         steps=run.steps,
         reward_columns=list(run.reward_columns) if run.reward_columns else None,
-        chat_template=run.load.chat_template,
+        say=note,
     )
-    if result is None:  # a rank other than 0 under torchrun: rank 0 prints
-        return
-    summary, issues = result.summary, result.issues
-    if result.untemplated:
-        note(
-            f"note: {result.untemplated} prompts were tokenized without the tokenizer's chat "
-            "template; pass --chat-template if the trainer applied it"
-        )
-    summary["round_trip_issues"] = [str(issue) for issue in issues]
-    show(summary, run.as_json, lambda: format_summary(summary))
-    if run.as_json:
-        return
-    for issue in issues[:10]:
-        note(f"round trip: {issue}")
-    if len(issues) > 10:
-        note(f"... and {len(issues) - 10} more rows whose text does not round-trip")
+    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
+        show(result, run.as_json)
 
 
 register(app, "inspect", inspect)
@@ -128,17 +100,19 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     Example: otb-diag rollouts sample --ckpt ./checkpoint-200 --prompts prompts.jsonl --n 64
     --max-new-tokens 128 --verifier math --out pools/
     """
-    from otb_diag.pipelines.inputs import checkpoint_or_default, one_checkpoint
-    from otb_diag.pipelines.sample.recipe import format_manifest, run_sample
+    from otb_diag.pipelines.sample.recipe import run_sample
 
-    given = one_checkpoint(run.ckpt, "sample draws from one policy")
-    path = checkpoint_or_default(given, "default", note)
-    manifest = run_sample(
-        path, run.prompts, run.out, settings, resume=run.resume, progress=not run.quiet, say=note
+    result = run_sample(
+        run.ckpt,
+        run.prompts,
+        run.out,
+        settings,
+        resume=run.resume,
+        progress=not run.quiet,
+        say=note,
     )
-    if manifest is None:  # a rank other than 0 under torchrun: rank 0 reports
-        return
-    show(manifest, run.as_json, lambda: format_manifest(manifest, run.out))
+    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
+        show(result, run.as_json, out=run.out)
 
 
 register(app, "sample", sample)

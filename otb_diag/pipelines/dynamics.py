@@ -11,12 +11,12 @@ from typing import Any
 
 import pandas as pd
 
-from otb_diag.dynamics.collapse import DetectionRule, analyse_run
+from otb_diag.dynamics.collapse import DetectionRule, RunDynamics, analyse_run
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
-from otb_diag.pipelines.results.dynamics import DynamicsResult
+from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -66,36 +66,18 @@ def run_dynamics(
     for path, name in zip(logs, names, strict=True):
         log = read_training_log(path)
         frame = with_label(log.frame, name)
-        result = analyse_run(frame, rule, target)
+        found = analyse_run(frame, rule, target)
         tables.append(
             frame.assign(
                 run=name,
                 source=log.source,
                 file=str(path),
-                score_smoothed=result.score_smoothed,
-                grad_norm_z=result.grad_norm_z,
-                variance_z=result.variance_z,
+                score_smoothed=found.score_smoothed,
+                grad_norm_z=found.grad_norm_z,
+                variance_z=found.variance_z,
             )
         )
-        baseline = frame["baseline"].dropna()
-        group_size = frame["group_size"].dropna()
-        final = pd.Series(result.score_smoothed).dropna()
-        runs.append(
-            {
-                "run": name,
-                "file": str(path.resolve()),
-                "source": log.source,
-                "baseline": str(baseline.iloc[0]) if len(baseline) else None,
-                "group_size": int(group_size.iloc[0]) if len(group_size) else None,
-                "points": len(frame),
-                "first_step": int(frame["step"].iloc[0]),
-                "last_step": int(frame["step"].iloc[-1]),
-                "final_score_smoothed": float(final.iloc[-1]) if len(final) else None,
-                **result.summary(),
-                **proxy_units(frame),
-                **_live_metrics(frame),
-            }
-        )
+        runs.append(_row(name, path, log.source, frame, found))
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
@@ -108,19 +90,42 @@ def run_dynamics(
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
     write_json(out / "collapse.json", result.to_json())
-    data = {"table": table, "runs": runs, "target": target}
-    if any("otb" in r for r in runs):  # a trainer logged the live diagnostics: their figure
+    data: dict[str, Any] = {"table": table, "runs": runs, "target": target}
+    if result.live_runs:  # a trainer logged the live diagnostics: their figure
         data["live_runs"] = runs
     save_figures("dynamics", data, out)
     return result
 
 
-def _live_metrics(frame: pd.DataFrame) -> dict[str, Any]:
-    """`{"otb": {metric: its last logged value}}` when the log has the live diagnostics'
-    metrics (docs/live.md), else nothing."""
+def _row(
+    name: str, path: Path, source: str, frame: pd.DataFrame, found: RunDynamics
+) -> DynamicsRun:
+    """collapse.json's row of the log at `path`, read as `source` into `frame` (labelled)."""
+    baseline = frame["baseline"].dropna()
+    group_size = frame["group_size"].dropna()
+    final = pd.Series(found.score_smoothed).dropna()
+    return DynamicsRun(
+        run=name,
+        file=str(path.resolve()),
+        source=source,
+        baseline=str(baseline.iloc[0]) if len(baseline) else None,
+        group_size=int(group_size.iloc[0]) if len(group_size) else None,
+        points=len(frame),
+        first_step=int(frame["step"].iloc[0]),
+        last_step=int(frame["step"].iloc[-1]),
+        final_score_smoothed=float(final.iloc[-1]) if len(final) else None,
+        **found.summary(),
+        **proxy_units(frame),
+        otb=_live_metrics(frame),
+    )
+
+
+def _live_metrics(frame: pd.DataFrame) -> dict[str, float] | None:
+    """Each live diagnostics' metric (docs/live.md) the log has, with its last logged value;
+    None when it has none."""
     last = {
         c: float(frame[c].dropna().iloc[-1])
         for c in frame.columns
         if c.startswith(OTB_PREFIX) and frame[c].notna().any()
     }
-    return {"otb": last} if last else {}
+    return last or None

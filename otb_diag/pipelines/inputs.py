@@ -84,9 +84,12 @@ def checkpoint_dirs(ckpt: list[Path] | None, scenario: str, say: Say) -> list[Pa
     return [c for d in dirs for c in find_checkpoints(d)]
 
 
-def one_checkpoint(ckpt: list[Path] | None, why: str) -> Path | None:
-    """The single --ckpt a command that uses one checkpoint was given (None when omitted); more
-    than one is an `InputError` that says why only one is meaningful."""
+def one_checkpoint(ckpt: Path | list[Path] | None, why: str) -> Path | None:
+    """The single --ckpt a command that uses one checkpoint was given (None when omitted; the
+    Python API may pass the path itself); more than one is an `InputError` that says why only
+    one is meaningful."""
+    if isinstance(ckpt, Path):
+        return ckpt
     if ckpt and len(ckpt) > 1:
         names = ", ".join(str(c) for c in ckpt)
         raise InputError(

@@ -3,8 +3,8 @@ the shared style of plots/style.py.
 
 Every function takes the tidy table `otb-diag dynamics` writes (dynamics.csv: one row per run
 and logged step, columns run, step, grad_norm, score, variance_proxy, tokens_sampled, baseline,
-group_size) and the per-run results (collapse.json's `runs`: run, collapse_step,
-warning_step, tokens_to_target). A run is coloured by its baseline (`baseline_color`; unknown
+group_size) and the per-run results (the rows of collapse.json's `runs`, read by their fields:
+`RunMarks`). A run is coloured by its baseline (`baseline_color`; unknown
 baselines share the fallback colour) and its line style says its group size; runs that share
 both get a colour each.
 
@@ -16,6 +16,7 @@ positive value says so instead of failing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import matplotlib as mpl
 import numpy as np
@@ -24,6 +25,23 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from otb_diag.plots.style import COLUMN_WIDTH_IN, OKABE_ITO, STYLE, baseline_color, new_figure
+
+
+class RunMarks(Protocol):
+    """What the figures read of a run's result (`otb_diag/pipelines/results/dynamics.py:DynamicsRun`
+    has these fields)."""
+
+    @property
+    def run(self) -> str: ...
+    @property
+    def collapse_step(self) -> int | None: ...
+    @property
+    def warning_step(self) -> int | None: ...
+    @property
+    def tokens_to_target(self) -> float | None: ...
+    @property
+    def variance_proxy_kind(self) -> str: ...
+
 
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
 # Beside the axes, off the curves (a legend inside covered the top of the log-scale panels).
@@ -70,8 +88,8 @@ def _mark(ax: Axes, step: float | None, color: str, linestyle: str) -> None:
         ax.axvline(step, color=color, linestyle=linestyle, linewidth=0.9)
 
 
-def _results(runs: list[dict]) -> dict[str, dict]:
-    return {r["run"]: r for r in runs}
+def _results(runs: Sequence[RunMarks]) -> dict[str, RunMarks]:
+    return {r.run: r for r in runs}
 
 
 def _log_panel(ax: Axes, lines: list[tuple[pd.DataFrame, str, dict, str | None]], what: str):
@@ -120,7 +138,7 @@ def _color(style: dict) -> dict:
     return {"color": style["color"]}
 
 
-def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
+def fig1_grad_norm_and_score(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """Gradient norm (log scale) above, score below, against step; one line per run, its
     collapse step (if any) as a dotted vertical line in the run's colour on both panels. With a
     `score_smoothed` column (what `otb-diag dynamics` writes) the score panel draws it as the
@@ -146,7 +164,7 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
             else:
                 bottom.plot(rows["step"], rows["score"], marker=marker, **style)
             for ax in (top, bottom):
-                _mark(ax, results[run]["collapse_step"], style["color"], ":")
+                _mark(ax, results[run].collapse_step, style["color"], ":")
         top.set_ylabel("gradient norm ‖g‖")
         top.set_title("Gradient norm and score (dotted: detected collapse)")
         top.legend(**LEGEND_BESIDE)
@@ -157,14 +175,14 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: list[dict]) -> Figure:
     return fig
 
 
-def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure:
+def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """The variance proxy (log scale) above and the gradient norm (log scale) below, against
     step; the variance warning as a dashed line, the collapse as a dotted one."""
     styles, results = _styles(table), _results(runs)
     fig, (top, bottom) = _stacked(4.0)
     with mpl.rc_context(STYLE):
         groups = list(table.groupby("run", sort=False))
-        kinds = sorted({r["variance_proxy_kind"] for r in runs} - {"none"})
+        kinds = sorted({r.variance_proxy_kind for r in runs} - {"none"})
         proxy_lines = [(rows, "variance_proxy", styles[run], run) for run, rows in groups]
         _log_panel(top, proxy_lines, "variance proxy" if kinds else "variance proxy (none)")
         _log_panel(
@@ -173,8 +191,8 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: list[dict]) -> Figure
         for run, _ in groups:
             style, result = styles[run], results[run]
             for ax in (top, bottom):
-                _mark(ax, result["warning_step"], style["color"], "--")
-                _mark(ax, result["collapse_step"], style["color"], ":")
+                _mark(ax, result.warning_step, style["color"], "--")
+                _mark(ax, result.collapse_step, style["color"], ":")
         top.set_ylabel("variance proxy")
         top.set_title(
             "Variance proxy and gradient norm (dashed: warning, dotted: collapse)\n"
@@ -194,7 +212,9 @@ def run_label(rows: pd.DataFrame) -> str:
     return f"{baseline}, N={int(size) if np.isfinite(size) else UNKNOWN}"
 
 
-def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | None) -> Figure:
+def fig_score_vs_tokens(
+    table: pd.DataFrame, runs: Sequence[RunMarks], target: float | None
+) -> Figure:
     """Score against the running total of sampled tokens, one line per run labelled
     `baseline, N=n` (the run name added when two runs share a label), with the target score as
     a dotted line and each run's tokens-to-target as a marker."""
@@ -210,7 +230,7 @@ def fig_score_vs_tokens(table: pd.DataFrame, runs: list[dict], target: float | N
                 continue
             label = labels[run] + (f" ({run})" if labels[run] in shared else "")
             ax.plot(rows["tokens_sampled"], rows["score"], label=label, **styles[run])
-            reached = results[run]["tokens_to_target"]
+            reached = results[run].tokens_to_target
             if reached is not None and target is not None:
                 ax.plot([reached], [target], marker="o", markersize=3, color=styles[run]["color"])
             plotted += 1
@@ -237,7 +257,7 @@ LIVE_PANELS = (
 )
 
 
-def fig_live_otb(table: pd.DataFrame, runs: list[dict]) -> Figure:
+def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """The `otb/` metrics a trainer logged (`otb_diag.integrations`) beside its gradient norm,
     against step: ‖g‖ and the mean energy on log axes, the within-group energy CV and OTB's
     variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance) on
@@ -262,7 +282,7 @@ def fig_live_otb(table: pd.DataFrame, runs: list[dict]) -> Figure:
             ax.set_ylabel(label)
         for run, _ in groups:
             for ax in axes:
-                _mark(ax, results[run]["collapse_step"], styles[run]["color"], ":")
+                _mark(ax, results[run].collapse_step, styles[run]["color"], ":")
         axes[0].set_title("Live OTB diagnostics beside the gradient norm", fontsize=6.5)
         axes[0].legend(**LEGEND_BESIDE)
         axes[-1].set_xlabel("training step")

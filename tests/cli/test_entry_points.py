@@ -25,11 +25,6 @@ from typing import Any
 import pytest
 from test_knobs import COMMANDS
 
-# Done on branch i24-results (their result classes resolve their own inputs): exempt only while
-# they still make more than one call here, which the last test checks, so the exemption goes
-# once that branch is merged.
-EXEMPT = {"rollouts inspect", "rollouts sample"}
-
 
 def library_calls(tree: ast.Module, function: str) -> list[str]:
     """The library calls (as source text) in the top-level `function` of a module's `tree`
@@ -92,13 +87,13 @@ def entry_point(name: str) -> Any:
     raise LookupError(called)
 
 
-@pytest.mark.parametrize("name", [n for n, _ in COMMANDS if n not in EXEMPT])
+@pytest.mark.parametrize("name", [n for n, _ in COMMANDS])
 def test_a_command_calls_one_library_function(name: str) -> None:
     calls = calls_of(name)
     assert len(calls) == 1, f"`{name}` calls {calls}: move all but the entry point into it"
 
 
-@pytest.mark.parametrize("name", [n for n, _ in COMMANDS if n not in EXEMPT])
+@pytest.mark.parametrize("name", [n for n, _ in COMMANDS])
 def test_the_entry_points_defaults_are_the_command_lines(name: str) -> None:
     """A keyword the entry point shares with the command's options (`scenario`, `seed`,
     `model_free`, ...) has the option's default, and `progress` is on unless --quiet is: the
@@ -111,11 +106,6 @@ def test_the_entry_points_defaults_are_the_command_lines(name: str) -> None:
             assert param.default is not defaults.get("quiet", False), name
         elif param.name in defaults:
             assert param.default == defaults[param.name], f"{name}: {param.name}"
-
-
-@pytest.mark.parametrize("name", sorted(EXEMPT))
-def test_an_exempt_command_still_needs_its_exemption(name: str) -> None:
-    assert len(calls_of(name)) > 1, f"`{name}` now calls one library function: unexempt it"
 
 
 def test_the_rule_sees_lazy_imports_lambdas_and_module_aliases() -> None:

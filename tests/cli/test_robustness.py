@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -86,7 +87,7 @@ def test_zero_grad_norms_sit_on_the_floor_and_runs_are_named_by_directory(tmp_pa
     frame = read_training_log(state).frame
     result = analyse_run(frame, DetectionRule())
     table = frame.assign(run="my-run")
-    fig = fig1_grad_norm_and_score(table, [{"run": "my-run", **result.summary()}])
+    fig = fig1_grad_norm_and_score(table, [SimpleNamespace(run="my-run", **result.summary())])
     top = fig.axes[0]
     zeros = frame["step"][frame["grad_norm"] == 0].to_numpy()
     (line, *_) = [ln for ln in top.get_lines() if ln.get_label() == "my-run"]

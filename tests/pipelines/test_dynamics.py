@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -392,7 +393,7 @@ def test_fig1_draws_the_trailing_mean_over_the_faint_per_step_score() -> None:
     frame["score"] = np.random.default_rng(0).uniform(0, 1, len(frame))  # noisy, as 8 samples are
     result = analyse_run(frame, DetectionRule(smooth=5))
     table = frame.assign(run="r", score_smoothed=result.score_smoothed)
-    fig = fig1_grad_norm_and_score(table, [{"run": "r", **result.summary()}])
+    fig = fig1_grad_norm_and_score(table, [SimpleNamespace(run="r", **result.summary())])
     curves = [ln for ln in fig.axes[1].get_lines() if len(ln.get_xdata()) == len(frame)]
     (faint,) = [ln for ln in curves if ln.get_alpha() is not None]
     (line,) = [ln for ln in curves if ln.get_alpha() is None]
@@ -413,7 +414,7 @@ def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None
         frame = synthetic_run(n=n, collapse_at=None, rise_at=None)
         result = analyse_run(frame, rule)
         frames.append(frame.assign(run=name, score_smoothed=result.score_smoothed))
-        runs.append({"run": name, **result.summary()})
+        runs.append(SimpleNamespace(run=name, **result.summary()))
     fig = fig1_grad_norm_and_score(pd.concat(frames, ignore_index=True), runs)
     full = [ln for ln in fig.axes[1].get_lines() if ln.get_alpha() is None]
     short = [ln for ln in full if len(ln.get_xdata()) == 3]

@@ -1,18 +1,27 @@
-"""The rollout summary of `otb-diag rollouts inspect` (otb_diag/pipelines/inspect.py)."""
+"""The rollout summary of `otb-diag rollouts inspect` (otb_diag/pipelines/inspect/recipe.py),
+its typed result (otb_diag/pipelines/results/inspect.py) and the text it prints."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from otb_diag.errors import InputError
 from otb_diag.io.rollouts.readers import Response, Rollouts
-from otb_diag.pipelines.inspect.recipe import format_summary, summarize
+from otb_diag.pipelines.inspect.recipe import summarize
+from otb_diag.pipelines.results.inspect import (
+    GroupSizes,
+    InspectResult,
+    MaskedTokens,
+    TokenLengths,
+    UniformGroups,
+)
+from otb_diag.pipelines.results.schema import SCHEMA_VERSION
 
 
-def make_rollouts(rows: list[tuple[str, float, int, dict[str, Any]]]) -> Rollouts:
+def make_rollouts(rows: list[tuple[str, float, int, dict]]) -> Rollouts:
     """Rollouts from (group, reward, response length, other fields) tuples, ids 0..length-1."""
     responses = [
         Response(
@@ -49,65 +58,57 @@ HAND_BUILT = make_rollouts(
 
 
 @pytest.fixture(scope="module")
-def summary() -> dict[str, Any]:
+def summary() -> InspectResult:
     return summarize(HAND_BUILT)
 
 
-def test_counts_and_group_sizes(summary: dict[str, Any]) -> None:
-    assert (summary["rows"], summary["groups"]) == (11, 4)
-    assert summary["group_size"] == {
-        "min": 1.0,
-        "median": 3.0,
-        "max": 4.0,
-        "counts": {"1": 1, "2": 1, "4": 2},
-    }
-    assert summary["singleton_groups"] == ["alone"]
+def test_counts_and_group_sizes(summary: InspectResult) -> None:
+    assert (summary.rows, summary.groups) == (11, 4)
+    assert summary.group_size == GroupSizes(
+        min=1.0, median=3.0, max=4.0, counts={"1": 1, "2": 1, "4": 2}
+    )
+    assert summary.singleton_groups == ["alone"]
 
 
-def test_response_lengths(summary: dict[str, Any]) -> None:
-    assert summary["response_tokens"] == pytest.approx(
-        {
-            "total": 40,
-            "min": 1,
-            "p10": 2,
-            "median": 3,
-            "p90": 5,
-            "max": 11,
-            "mean": 40 / 11,
-            "max_over_min": 11,
-        }
+def test_response_lengths(summary: InspectResult) -> None:
+    assert summary.response_tokens == TokenLengths(
+        total=40,
+        min=1,
+        p10=2,
+        median=3,
+        p90=5,
+        max=11,
+        mean=pytest.approx(40 / 11),
+        max_over_min=11,
     )
 
 
-def test_rewards(summary: dict[str, Any]) -> None:
-    reward = summary["reward"]
+def test_rewards(summary: InspectResult) -> None:
+    reward = summary.reward
     mean = 7 / 11
-    assert reward["mean"] == pytest.approx(mean)
-    assert reward["std"] == pytest.approx((mean * (1 - mean)) ** 0.5)  # Bernoulli, ddof 0
-    assert (reward["min"], reward["max"], reward["binary"]) == (0.0, 1.0, True)
-    assert reward["share_one"] == pytest.approx(7 / 11)
-    assert reward["share_zero"] == pytest.approx(4 / 11)
-    assert reward["histogram"] == {"0": 4, "1": 7}
+    assert reward.mean == pytest.approx(mean)
+    assert reward.std == pytest.approx((mean * (1 - mean)) ** 0.5)  # Bernoulli, ddof 0
+    assert (reward.min, reward.max, reward.binary) == (0.0, 1.0, True)
+    assert reward.share_one == pytest.approx(7 / 11)
+    assert reward.share_zero == pytest.approx(4 / 11)
+    assert reward.histogram == {"0": 4, "1": 7}
     # group pass rates: all-pass 1, mixed 0.5, all-fail 0, alone 1
-    assert summary["group_mean_reward"] == pytest.approx(
-        {"min": 0.0, "median": 0.75, "mean": 2.5 / 4, "max": 1.0}
+    means = summary.group_mean_reward
+    assert (means.min, means.median, means.max) == (0.0, 0.75, 1.0)
+    assert means.mean == pytest.approx(2.5 / 4)
+
+
+def test_all_equal_groups_exclude_groups_of_one(summary: InspectResult) -> None:
+    assert summary.uniform_groups == UniformGroups(
+        count=2, of=3, share=pytest.approx(2 / 3), by_value={"0": 1, "1": 1}
     )
 
 
-def test_all_equal_groups_exclude_groups_of_one(summary: dict[str, Any]) -> None:
-    assert summary["uniform_groups"] == {
-        "count": 2,
-        "of": 3,
-        "share": pytest.approx(2 / 3),
-        "by_value": {"0": 1, "1": 1},
-    }
-
-
-def test_masked_share_temperatures_steps_fields(summary: dict[str, Any]) -> None:
-    assert summary["masked_tokens"] == {"count": 3, "of": 40, "share": pytest.approx(3 / 40)}
-    assert summary["temperatures"] == [0.7, 1.0]
-    assert summary["steps"] == [10, 20]
-    present = summary["fields_present"]
+def test_masked_share_temperatures_steps_fields(summary: InspectResult) -> None:
+    assert summary.masked_tokens == MaskedTokens(count=3, of=40, share=pytest.approx(3 / 40))
+    assert summary.temperatures == [0.7, 1.0]
+    assert summary.steps == [10, 20]
+    present = summary.fields_present
     assert (present["response_ids"], present["mask"], present["step"], present["prompt"]) == (
         11,
         1,
@@ -116,8 +117,28 @@ def test_masked_share_temperatures_steps_fields(summary: dict[str, Any]) -> None
     )
 
 
-def test_summary_is_json(summary: dict[str, Any]) -> None:
-    assert json.loads(json.dumps(summary)) == summary
+def test_json_round_trips_with_the_version_first(summary: InspectResult) -> None:
+    """`--json` prints `to_json()`: the version, the command, then the summary's keys as before
+    (the rollouts' format under "format"); it reads back into an equal result."""
+    written = json.loads(json.dumps(summary.to_json()))
+    assert list(written)[:4] == ["schema_version", "command", "path", "format"]
+    assert written["schema_version"] == SCHEMA_VERSION and written["format"] == "jsonl"
+    assert written["group_size"]["counts"] == {"1": 1, "2": 1, "4": 2}
+    assert written["round_trip_issues"] == [] and "rollouts_format" not in written
+    assert InspectResult.from_json(written, Path("i.json")) == summary
+
+
+@pytest.mark.parametrize("version", [None, SCHEMA_VERSION + 1])
+def test_another_version_is_refused(summary: InspectResult, version: int | None) -> None:
+    data = summary.to_json()
+    if version is None:
+        del data["schema_version"]
+    else:
+        data["schema_version"] = version
+    with pytest.raises(InputError, match="schema_version") as caught:
+        InspectResult.from_json(data, Path("i.json"))
+    assert caught.value.path == Path("i.json")
+    assert "Re-run `otb-diag rollouts inspect`" in str(caught.value)
 
 
 def test_token_rewards_count_as_their_sum() -> None:
@@ -125,16 +146,16 @@ def test_token_rewards_count_as_their_sum() -> None:
         [("g", None, 2, {"token_rewards": [0.5, 1.0]}), ("g", 1.5, 1, {})]  # type: ignore[list-item]
     )
     summary = summarize(rollouts)
-    assert summary["reward"]["mean"] == 1.5
-    assert summary["uniform_groups"]["count"] == 1
+    assert summary.reward.mean == 1.5
+    assert summary.uniform_groups.count == 1
 
 
 def test_non_binary_rewards_with_many_values() -> None:
     rollouts = make_rollouts([("g", i / 10, 1, {}) for i in range(11)])
-    reward = summarize(rollouts)["reward"]
-    assert reward["binary"] is False
-    assert reward["share_one"] is None
-    assert reward["histogram"] is None  # 11 distinct values: too many to list
+    reward = summarize(rollouts).reward
+    assert reward.binary is False
+    assert reward.share_one is None
+    assert reward.histogram is None  # 11 distinct values: too many to list
 
 
 def test_without_token_ids_the_token_statistics_are_unknown() -> None:
@@ -143,12 +164,13 @@ def test_without_token_ids_the_token_statistics_are_unknown() -> None:
         group="g", sample=1, source_row=2, prompt="p", response="r", reward=0.0
     )
     summary = summarize(rollouts)
-    assert summary["response_tokens"] is None and summary["masked_tokens"] is None
-    assert "unknown (no token ids" in format_summary(summary)
+    assert summary.response_tokens is None and summary.masked_tokens is None
+    assert "unknown (no token ids" in summary.format()
+    assert InspectResult.from_json(summary.to_json(), Path("i.json")) == summary  # None kept
 
 
-def test_format_summary(summary: dict[str, Any]) -> None:
-    text = format_summary(summary)
+def test_format(summary: InspectResult) -> None:
+    text = summary.format()
     lines = text.splitlines()
     labels = dict(line.split("  ", 1) for line in lines)
     assert labels["rollouts"].strip() == "r.jsonl (jsonl)"
@@ -156,8 +178,8 @@ def test_format_summary(summary: dict[str, Any]) -> None:
     assert labels["groups of one"].strip() == "1: alone"
     assert "p10 2, median 3, p90 5, max 11" in labels["response tokens"]
     assert "max/min 11" in labels["response tokens"]
-    assert "63.6% are 1" in labels["reward"]
-    assert "pass rate / group" in labels
+    assert labels["reward"].strip() == "mean 0.6364, std 0.481, min 0, max 1; binary: 63.6% are 1"
+    assert labels["pass rate / group"].strip() == "min 0, median 0.75, mean 0.625, max 1"
     assert labels["all-equal groups"].strip().startswith("2 of 3 (66.7%)")
     assert labels["masked tokens"].strip() == "3 of 40 (7.5%)"
     assert labels["steps"].strip() == "2 (10 to 20)"
@@ -166,3 +188,28 @@ def test_format_summary(summary: dict[str, Any]) -> None:
         len(line) - len(value.lstrip()) for line, value in zip(lines, labels.values(), strict=True)
     }
     assert len(starts) == 1
+
+
+def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
+    tmp_path: Path,
+) -> None:
+    """Text-only rows tokenized by the embedded checkpoint (its tokenizer, since none is given):
+    the rows whose text does not survive the round trip are in the result, the first
+    `ISSUES_SAID` said one by one and the rest counted."""
+    from otb_diag.pipelines.inspect.recipe import ISSUES_SAID, inspect_rollouts
+
+    bad = ISSUES_SAID + 2
+    rows = [{"group": "g", "prompt": "C:12=", "response": "12", "reward": 1.0}]
+    rows += [{"group": "g", "prompt": "C:12=", "response": "1é2", "reward": 0.0}] * bad
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said: list[str] = []
+    result = inspect_rollouts(path, say=said.append)
+    assert result is not None and result.rows == bad + 1
+    assert said[0].startswith("no checkpoint given: using the embedded default")
+    assert len(result.round_trip_issues) == bad
+    assert "line 2, field 'response'" in result.round_trip_issues[0]
+    trips = [line for line in said if line.startswith("round trip: ")]
+    assert trips == [f"round trip: {issue}" for issue in result.round_trip_issues[:ISSUES_SAID]]
+    assert said[-1] == "... and 2 more rows whose text does not round-trip"
+    assert result.to_json()["round_trip_issues"] == result.round_trip_issues

@@ -3,20 +3,27 @@
 unversioned or other-version file is refused with the file named and what to do."""
 
 import ast
+import dataclasses
 import json
+import re
 import shutil
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
-from otb_diag.pipelines.results.dynamics import DynamicsResult
+from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
+from otb_diag.pipelines.results.inspect import InspectResult
 from otb_diag.pipelines.results.read import read_summary
 from otb_diag.pipelines.results.report import ReportResult
+from otb_diag.pipelines.results.sample import SampleDistributed, SampleResult
 from otb_diag.pipelines.results.schema import SCHEMA_VERSION
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import ClaimVerdict, VarianceResult
@@ -99,19 +106,106 @@ def test_committed_figures_json_is_what_the_result_writes() -> None:
     assert written == record and list(written) == list(record)
 
 
-# The top-level keys of every result (summary.json, train.json, collapse.json, report --json):
-# outside the result classes, nothing reads them by key.
+SAMPLED = SampleResult(
+    checkpoint="/c",
+    prompts="/p.jsonl",
+    prompts_sha256=None,
+    prompts_count=3,
+    responses=12,
+    settings={"n": 4, "seed": 0, "from_policy": True},
+    batches=2,
+    truncated=1,
+    mean_reward=0.25,
+    generated_tokens=96,
+    seconds=1.25,
+    sampled_tokens_this_run=40,
+    distributed=SampleDistributed(world_size=2, rank_tokens=[24, 16]),
+    versions={"torch": "2"},
+)
+
+
+def test_sample_manifest_round_trips_and_prints_its_fields(tmp_path: Path) -> None:
+    """manifest.json is `to_json()`: the version first, then the command, then the fields in
+    the order the unversioned manifest had them; it reads back into an equal result."""
+    written = json.loads(json.dumps(SAMPLED.to_json()))
+    assert list(written)[:4] == ["schema_version", "command", "checkpoint", "prompts"]
+    assert written["command"] == "rollouts sample"
+    assert written["distributed"] == {"world_size": 2, "rank_tokens": [24, 16]}
+    assert SampleResult.from_json(written, tmp_path / "manifest.json") == SAMPLED
+    assert SAMPLED.format(tmp_path) == (
+        "sampled 12 responses to 3 prompts (96 tokens, 1 truncated) in 1.2 s; mean reward "
+        f"0.250\nwrote {tmp_path / 'rollouts.jsonl'} and {tmp_path / 'manifest.json'}"
+    )
+
+
+def test_an_unversioned_sample_manifest_is_refused(tmp_path: Path) -> None:
+    old = SAMPLED.to_json()
+    del old["schema_version"]  # a manifest.json written before records had a version
+    with pytest.raises(InputError, match="no schema_version") as caught:
+        SampleResult.from_json(old, tmp_path / "manifest.json")
+    assert "Re-run `otb-diag rollouts sample`" in str(caught.value)
+
+
+def _run(name: str, otb: dict[str, float] | None) -> DynamicsRun:
+    return DynamicsRun(
+        *(name, f"/{name}.jsonl", "otb-diag", "otb", 4, 40, 1, 40, 0.5, 30, 6.1, 22, 8),
+        *("proxy2_total_power", None, False, None),
+        otb=otb,
+    )
+
+
+def test_collapse_rows_are_records_and_otb_appears_only_when_logged(tmp_path: Path) -> None:
+    """collapse.json's rows read back as `DynamicsRun`; a run without the live diagnostics has
+    no "otb" key, as before the rows were typed."""
+    live = _run("live", {"otb/energy/sequence_mean": 2.5})
+    runs = [_run("plain", None), live]
+    result = DynamicsResult(rule={"description": "r"}, target=None, runs=runs, outputs="/o")
+    written = json.loads(json.dumps(result.to_json()))
+    plain_row, live_row = written["runs"]
+    assert "otb" not in plain_row and live_row["otb"] == {"otb/energy/sequence_mean": 2.5}
+    assert list(live_row)[:3] == ["run", "file", "source"]
+    back = DynamicsResult.from_json(written, tmp_path / "collapse.json")
+    assert back == result and back.live_runs == [live]
+    assert "plain" in result.format() and "4 figures" in result.format()
+
+
+# Every result (summary.json, train.json, collapse.json, manifest.json, report and inspect
+# --json) and the records nested in it: outside the result classes, nothing reads their fields
+# by key.
 RESULT_CLASSES = (
     *(EnergyResult, VarianceResult, TrainResult, DynamicsResult, ReportResult, FiguresResult),
+    *(InspectResult, SampleResult),
 )
+
+
+def _records(tp: Any) -> Iterator[type]:
+    """`tp` and every dataclass its fields hold (directly, in a list or as `X | None`)."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        yield tp
+        for hint in typing.get_type_hints(tp).values():
+            yield from _records(hint)
+    for arg in typing.get_args(tp):
+        yield from _records(arg)
+
+
 SUMMARY_KEYS = {"schema_version", "command"} | {
-    f for cls in RESULT_CLASSES for f in cls.__dataclass_fields__
+    f.name for cls in RESULT_CLASSES for record in _records(cls) for f in dataclasses.fields(record)
 }
+# An expression naming a summary or a result: `summary`, `run.result`, `results[run]`.
+_NAMES_A_RESULT = re.compile(r"\w*(summary|result)\w*(\[[^\]]*\])?$")
 
 
 def _keyed_reads(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, key) of every `x["key"]` and `x.get("key")` whose `x` names a summary or a
-    result and whose key is a summary.json field."""
+    """(line, key) of every `x["key"]` and `x.get("key")` whose key is a field of a result or of
+    a record in it, and whose `x` names a summary or a result, or is a row of one (the target
+    of a loop over an expression that names one: `for r in result.runs`)."""
+    rows = {
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.For | ast.comprehension)
+        and isinstance(node.target, ast.Name)
+        and re.search("summary|result", ast.unparse(node.iter).lower())
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Subscript):
@@ -125,12 +219,9 @@ def _keyed_reads(tree: ast.AST) -> list[tuple[int, str]]:
             base, key = node.func.value, node.args[0]
         else:
             continue
-        named = ast.unparse(base).lower()
-        if (
-            isinstance(key, ast.Constant)
-            and key.value in SUMMARY_KEYS
-            and ("summary" in named or "result" in named)
-        ):
+        named = _NAMES_A_RESULT.search(ast.unparse(base).lower())
+        row = isinstance(base, ast.Name) and base.id in rows
+        if isinstance(key, ast.Constant) and key.value in SUMMARY_KEYS and (named or row):
             found.append((node.lineno, key.value))
     return found
 
@@ -149,5 +240,10 @@ def test_no_module_outside_the_results_reads_a_summary_by_key() -> None:
 
 def test_the_scan_sees_a_keyed_read() -> None:
     """The scan is not vacuous: it flags the reads it is meant to flag."""
-    code = 'a = summary["headline"]\nb = run.result.get("knee")\nc = frame["mode"]\n'
-    assert _keyed_reads(ast.parse(code)) == [(1, "headline"), (2, "knee")]
+    code = (
+        'a = summary["headline"]\nb = run.result.get("knee")\nc = frame["mode"]\n'
+        'd = [r["otb"] for r in result.runs]\ne = result.early["mean_reward"]\n'
+        'f = summary["reward"]["share_one"]\n'
+    )
+    found = sorted(_keyed_reads(ast.parse(code)))
+    assert found == [(1, "headline"), (2, "knee"), (4, "otb"), (6, "reward"), (6, "share_one")]

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.pipelines.results.sample import SampleResult
 from otb_diag.pipelines.sample.recipe import SampleSettings, plan_batches, run_sample
 from otb_diag.policy.forward_pass import stats_for_sequences
 from otb_diag.policy.noise import RowNoise
@@ -116,11 +117,11 @@ def test_resumed_run_writes_exactly_the_uninterrupted_pools(ckpt, tmp_path: Path
         n=6, sampling=Sampling(max_new_tokens=16), verifier="exact", batch_tokens=100
     )
     whole = run_sample(ckpt.path, prompts, tmp_path / "whole", settings, progress=False)
-    assert whole["batches"] > 3
+    assert whole is not None and whole.batches > 3
     partial = run_sample(
         ckpt.path, prompts, tmp_path / "cut", settings, progress=False, stop_after=2
     )
-    assert partial["stopped_after"] == 2 and not (tmp_path / "cut/rollouts.jsonl").exists()
+    assert partial is None and not (tmp_path / "cut/rollouts.jsonl").exists()
     with pytest.raises(Exception, match="--resume"):
         run_sample(ckpt.path, prompts, tmp_path / "cut", settings, progress=False)
     run_sample(ckpt.path, prompts, tmp_path / "cut", settings, progress=False, resume=True)
@@ -173,7 +174,13 @@ def test_cli_writes_pools_that_inspect_reads_with_top_k_flagged(tmp_path: Path) 
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["settings"]["from_policy"] is False and manifest["settings"]["top_k"] == 1
+    # --json prints manifest.json, versioned like every record, and it reads back as the result
+    assert json.loads(result.stdout) == manifest
+    assert list(manifest)[:3] == ["schema_version", "command", "checkpoint"]
+    assert manifest["command"] == "rollouts sample"
+    sampled = SampleResult.from_json(manifest, out / "manifest.json")
+    assert sampled.to_json() == manifest and sampled.distributed.world_size == 1
+    assert sampled.settings["from_policy"] is False and sampled.settings["top_k"] == 1
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     # top-k 1 is greedy: every response to a prompt is the same
     for g in ("p00000", "p00001"):

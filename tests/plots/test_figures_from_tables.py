@@ -6,6 +6,7 @@ tests only check that the files are saved)."""
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -173,7 +174,7 @@ def test_unknown_aggregation_is_named(variance) -> None:
 # --- dynamics: fig1, fig2, score against tokens ------------------------------------------------
 
 
-def dynamics_table() -> tuple[pd.DataFrame, list[dict]]:
+def dynamics_table() -> tuple[pd.DataFrame, list[SimpleNamespace]]:
     """Two runs as dynamics.csv holds them; the first collapses at step 30, warned at 22."""
     rng = np.random.default_rng(0)
     frames = []
@@ -197,10 +198,10 @@ def dynamics_table() -> tuple[pd.DataFrame, list[dict]]:
             )
         )
     runs = [
-        {"run": "otb N=4", "collapse_step": 30, "warning_step": 22, "tokens_to_target": 5000.0,
-         "variance_proxy_kind": "proxy2_total_power"},
-        {"run": "mean N=16", "collapse_step": None, "warning_step": None,
-         "tokens_to_target": None, "variance_proxy_kind": "proxy2_total_power"},
+        SimpleNamespace(run="otb N=4", collapse_step=30, warning_step=22, tokens_to_target=5000.0,
+                        variance_proxy_kind="proxy2_total_power"),
+        SimpleNamespace(run="mean N=16", collapse_step=None, warning_step=None,
+                        tokens_to_target=None, variance_proxy_kind="proxy2_total_power"),
     ]  # fmt: skip
     return pd.concat(frames, ignore_index=True), runs
 

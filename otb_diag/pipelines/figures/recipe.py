@@ -150,7 +150,7 @@ def run_figures(
         noise_scale=variance.noise_scale if variance else None,
         sweep=sweep,
         collapse=[
-            {k: r.get(k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
+            {k: getattr(r, k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
             for r in report.runs
         ],
     )
@@ -284,7 +284,7 @@ def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
     verdicts = []
     for j, run in zip(sweep_jobs, report.runs, strict=True):
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)
-        verdicts.append(stability(j.settings.lr, scores, run["collapse_step"]))
+        verdicts.append(stability(j.settings.lr, scores, run.collapse_step))
     lr, reason = choose_lr(verdicts)
     return {
         "chosen_lr": lr,

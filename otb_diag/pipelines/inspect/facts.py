@@ -3,7 +3,7 @@
 `RowFacts.add` keeps, for each response, its group (as a position), outcome reward, token count
 and masked-token count, and folds temperatures, steps and field presence into small sets and
 counters: memory grows by a few numbers per row, never by its tokens. `RowFacts.summary` turns
-them into the JSON-serialisable dict `format_summary` renders.
+them into the command's result (`otb_diag/pipelines/results/inspect.py:InspectResult`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,21 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.rows import Response
 from otb_diag.io.rollouts.stream import group_names
+from otb_diag.pipelines.results.inspect import (
+    GroupMeans,
+    GroupSizes,
+    InspectResult,
+    MaskedTokens,
+    RewardStats,
+    TokenLengths,
+    UniformGroups,
+)
 
 # Fields whose presence is counted (temperature is always set: it defaults to 1.0).
 FIELDS = (
@@ -67,9 +75,10 @@ class RowFacts:
             self.steps.add(r.step)
         self.fields.update(name for name in FIELDS if getattr(r, name) is not None)
 
-    def summary(self, shell: Rollouts) -> dict[str, Any]:
+    def summary(self, shell: Rollouts, round_trip_issues: list[str] | None = None) -> InspectResult:
         """Rows, groups, lengths, rewards, masking, temperatures, steps, clamped logged values
-        and fields of the rows added from `shell` (its path, format, files and clamped counts).
+        and fields of the rows added from `shell` (its path, format, files and clamped counts),
+        with the `round_trip_issues` found while tokenizing them.
 
         Token statistics (`response_tokens`, `masked_tokens`) need every response's ids and are
         None otherwise. `uniform_groups` counts groups of two or more responses whose rewards are
@@ -89,27 +98,28 @@ class RowFacts:
         group_max = np.maximum.reduceat(by_group, starts)
         size_counts = Counter(sizes.tolist())
         has_ids = bool((tokens >= 0).all())
-        return {
-            "path": str(shell.path),
-            "format": shell.format,
-            "files": len(shell.files) or 1,
-            "rows": len(rewards),
-            "groups": len(names),
-            "group_size": {
+        return InspectResult(
+            path=str(shell.path),
+            rollouts_format=shell.format,
+            files=len(shell.files) or 1,
+            rows=len(rewards),
+            groups=len(names),
+            group_size=GroupSizes(
                 **_spread(sizes, ("min", "median", "max")),
-                "counts": {str(s): size_counts[s] for s in sorted(size_counts)},
-            },
-            "singleton_groups": [g for g, n in zip(names, sizes, strict=True) if n == 1],
-            "response_tokens": _length_stats(tokens) if has_ids else None,
-            "reward": _reward_stats(rewards),
-            "group_mean_reward": _spread(group_mean, ("min", "median", "mean", "max")),
-            "uniform_groups": _uniform_groups(sizes, group_min, group_max),
-            "masked_tokens": _masked_tokens(tokens, self.masked) if has_ids else None,
-            "temperatures": sorted(self.temperatures),
-            "steps": sorted(self.steps),
-            "clamped_round_off": dict(shell.clamped),
-            "fields_present": {name: self.fields[name] for name in FIELDS},
-        }
+                counts={str(s): size_counts[s] for s in sorted(size_counts)},
+            ),
+            singleton_groups=[g for g, n in zip(names, sizes, strict=True) if n == 1],
+            response_tokens=_length_stats(tokens) if has_ids else None,
+            reward=_reward_stats(rewards),
+            group_mean_reward=GroupMeans(**_spread(group_mean, ("min", "median", "mean", "max"))),
+            uniform_groups=_uniform_groups(sizes, group_min, group_max),
+            masked_tokens=_masked_tokens(tokens, self.masked) if has_ids else None,
+            temperatures=sorted(self.temperatures),
+            steps=sorted(self.steps),
+            clamped_round_off=dict(shell.clamped),
+            fields_present={name: self.fields[name] for name in FIELDS},
+            round_trip_issues=list(round_trip_issues or []),
+        )
 
 
 def _spread(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float]:
@@ -119,42 +129,42 @@ def _spread(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float]:
     return {name: float(funcs[name](a)) for name in stats}
 
 
-def _length_stats(tokens: np.ndarray) -> dict[str, float]:
+def _length_stats(tokens: np.ndarray) -> TokenLengths:
     lengths = tokens.astype(float)
     p10, median, p90 = np.percentile(lengths, [10, 50, 90])
-    return {
-        "total": float(lengths.sum()),
-        "min": float(lengths.min()),
-        "p10": float(p10),
-        "median": float(median),
-        "p90": float(p90),
-        "max": float(lengths.max()),
-        "mean": float(lengths.mean()),
+    return TokenLengths(
+        total=float(lengths.sum()),
+        min=float(lengths.min()),
+        p10=float(p10),
+        median=float(median),
+        p90=float(p90),
+        max=float(lengths.max()),
+        mean=float(lengths.mean()),
         # Empty responses are rejected on reading, so min >= 1.
-        "max_over_min": float(lengths.max() / lengths.min()),
-    }
+        max_over_min=float(lengths.max() / lengths.min()),
+    )
 
 
-def _reward_stats(a: np.ndarray) -> dict[str, Any]:
+def _reward_stats(a: np.ndarray) -> RewardStats:
     binary = bool(np.isin(a, (0.0, 1.0)).all())
     values, counts = np.unique(a, return_counts=True)
-    return {
-        "mean": float(a.mean()),
-        "std": float(a.std()),
-        "min": float(a.min()),
-        "max": float(a.max()),
-        "binary": binary,
-        "share_one": float((a == 1.0).mean()) if binary else None,
-        "share_zero": float((a == 0.0).mean()) if binary else None,
-        "histogram": (
+    return RewardStats(
+        mean=float(a.mean()),
+        std=float(a.std()),
+        min=float(a.min()),
+        max=float(a.max()),
+        binary=binary,
+        share_one=float((a == 1.0).mean()) if binary else None,
+        share_zero=float((a == 0.0).mean()) if binary else None,
+        histogram=(
             {_key(v): int(n) for v, n in zip(values.tolist(), counts, strict=True)}
             if len(values) <= MAX_HISTOGRAM_VALUES
             else None
         ),
-    }
+    )
 
 
-def _uniform_groups(sizes: np.ndarray, low: np.ndarray, high: np.ndarray) -> dict[str, Any]:
+def _uniform_groups(sizes: np.ndarray, low: np.ndarray, high: np.ndarray) -> UniformGroups:
     """Groups of two or more whose rewards are all equal (min = max), and the reward they share.
 
     sizes, low, high: `[groups]` responses, smallest and largest reward of each group."""
@@ -162,19 +172,19 @@ def _uniform_groups(sizes: np.ndarray, low: np.ndarray, high: np.ndarray) -> dic
     uniform = Counter(low[multi & (low == high)].tolist())
     count = sum(uniform.values())
     of = int(multi.sum())
-    return {
-        "count": count,
-        "of": of,
-        "share": count / of if of else None,
-        "by_value": {_key(v): uniform[v] for v in sorted(uniform)},
-    }
+    return UniformGroups(
+        count=count,
+        of=of,
+        share=count / of if of else None,
+        by_value={_key(v): uniform[v] for v in sorted(uniform)},
+    )
 
 
-def _masked_tokens(tokens: np.ndarray, masked: array) -> dict[str, Any]:
+def _masked_tokens(tokens: np.ndarray, masked: array) -> MaskedTokens:
     """Tokens with mask 0 (tool output) among all response tokens; a missing mask is all ones."""
     total = int(tokens.sum())
     count = int(np.frombuffer(masked, dtype=np.int64).sum())
-    return {"count": count, "of": total, "share": count / total}
+    return MaskedTokens(count=count, of=total, share=count / total)
 
 
 def _key(value: float) -> str:

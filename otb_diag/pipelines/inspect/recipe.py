@@ -1,11 +1,12 @@
 """What `otb-diag rollouts inspect` reports: the first things to check in rollouts.
 
-`inspect_rollouts` streams the rollout files through the index pass
-(`otb_diag/io/rollouts/stream.py:index_rollouts`, one row at a time: memory is set by a row and
-the index, not the files), tokenizes text-only rows and checks ids against a checkpoint's
-vocabulary when asked, and summarizes the per-row facts of `facts.RowFacts`; `summarize` does
-the same for `Rollouts` already in memory. `format_summary` renders the summary for the terminal
-(pure).
+`inspect_rollouts`, the command's entry point, resolves its inputs (the embedded scenario's
+rollouts and checkpoint when none are given, said through `say`), streams the rollout files
+through the index pass (`otb_diag/io/rollouts/stream.py:index_rollouts`, one row at a time:
+memory is set by a row and the index, not the files), tokenizes text-only rows and checks ids
+against a checkpoint's vocabulary when asked, and summarizes the per-row facts of
+`facts.RowFacts` as an `InspectResult`; `summarize` does the same for `Rollouts` already in
+memory.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.rows import Response
@@ -25,16 +25,26 @@ from otb_diag.io.rollouts.tokenize import (
     prompts_without_template,
     tokenize_rollouts,
 )
+from otb_diag.pipelines.inputs import (
+    Say,
+    checkpoint_or_default,
+    one_checkpoint,
+    one_rollouts,
+    rollouts_or_default,
+)
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
+from otb_diag.pipelines.results.inspect import InspectResult
 from otb_diag.runtime.torchrun import session
 
-__all__ = ["FIELDS", "format_summary", "inspect_rollouts", "summarize"]  # FIELDS: where it was
+__all__ = ["FIELDS", "inspect_rollouts", "summarize"]  # FIELDS: where it was
+# Rows whose text does not round-trip that are said one by one; the rest are counted.
+ISSUES_SAID = 10
 
 # Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
 TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
 
 
-def summarize(rollouts: Rollouts) -> dict[str, Any]:
+def summarize(rollouts: Rollouts) -> InspectResult:
     """The summary (see `RowFacts.summary`) of responses already read and tokenized."""
     facts = RowFacts()
     for r in rollouts.responses:
@@ -44,37 +54,68 @@ def summarize(rollouts: Rollouts) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Inspected:
-    """What `inspect_rollouts` finds: the summary, the texts that do not round-trip through the
-    tokenizer, and the text prompts tokenized without the tokenizer's chat template."""
+    """What `_inspect` finds: the summary (with the texts that do not round-trip through the
+    tokenizer), and the text prompts tokenized without the tokenizer's chat template."""
 
-    summary: dict[str, Any]
-    issues: list[RoundTripIssue]
+    summary: InspectResult
     untemplated: int
 
 
 def inspect_rollouts(
-    path: Path,
-    load_tokenizer: TokenizerLoader,
-    always_tokenizer: bool,
+    rollouts: Path | None,
+    ckpt: Path | list[Path] | None = None,
     *,
+    rollouts_alias: Path | None = None,
+    scenario: str = "default",
+    trust_remote_code: bool = False,
+    chat_template: bool = False,
     steps: str | None = None,
     reward_columns: list[str] | None = None,
-    chat_template: bool = False,
-) -> Inspected | None:
-    """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B")
-    once: validate every row, fill in missing ids with the tokenizer (loaded on the first row
-    without ids, or up front when `always_tokenizer`), check the ids against its vocabulary, and
-    summarize.
+    say: Say = lambda _: None,
+) -> InspectResult | None:
+    """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B";
+    the scenario's embedded rollouts when None) once: validate every row, fill in missing ids
+    with the tokenizer of `ckpt` (loaded on the first row without ids, or up front when a
+    checkpoint is given or the rollouts are the embedded ones; the scenario's checkpoint when
+    None), check the ids against its vocabulary, and summarize. Says which defaults it used,
+    how many prompts were tokenized without a chat template, and the rows whose text does not
+    round-trip (also in the result's `round_trip_issues`). `rollouts_alias` is the command
+    line's --rollouts, an alias of the positional path (both, differing, are an `InputError`);
+    `ckpt` is one path, or the --ckpt list, which must hold at most one.
 
     Under torchrun rank 0 reads the rollouts and the other ranks wait for its outcome (its error
     stops them too); they return None, and the output is one process's.
     """
+    rollouts = one_rollouts(rollouts, rollouts_alias)
+    ckpt = one_checkpoint(ckpt, "inspect reads one tokenizer")
+    path = rollouts_or_default(rollouts, scenario, say, "rollouts file")
+
+    def tokenizer() -> tuple[TextTokenizer, int]:
+        from otb_diag.io.checkpoint import load_tokenizer  # torch: only when rows need it
+
+        ckpt_dir = checkpoint_or_default(ckpt, scenario, say, "checkpoint")
+        return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
+
+    always_tokenizer = ckpt is not None or rollouts is None
     with session("cpu") as d:
-        return d.on_main(
+        found = d.on_main(
             lambda: _inspect(
-                path, load_tokenizer, always_tokenizer, steps, reward_columns, chat_template
+                path, tokenizer, always_tokenizer, steps, reward_columns, chat_template
             )
         )
+    if found is None:
+        return None
+    if found.untemplated:
+        say(
+            f"note: {found.untemplated} prompts were tokenized without the tokenizer's chat "
+            "template; pass --chat-template if the trainer applied it"
+        )
+    issues = found.summary.round_trip_issues
+    for issue in issues[:ISSUES_SAID]:
+        say(f"round trip: {issue}")
+    if len(issues) > ISSUES_SAID:
+        say(f"... and {len(issues) - ISSUES_SAID} more rows whose text does not round-trip")
+    return found.summary
 
 
 def _inspect(
@@ -108,111 +149,5 @@ def _inspect(
         facts.add(r, f)
 
     index = index_rollouts(path, steps=steps, reward_columns=reward_columns, on_row=add)
-    return Inspected(facts.summary(index.shell), issues, untemplated)
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """A compact, aligned block of text for the terminal."""
-    s = summary
-    sizes = s["group_size"]
-    lines = [
-        ("rollouts", f"{s['path']} ({s['format']})"),
-        ("rows", str(s["rows"])),
-        (
-            "groups",
-            f"{s['groups']}; size min {_n(sizes['min'])}, median {_n(sizes['median'])}, "
-            f"max {_n(sizes['max'])} ("
-            + ", ".join(f"{n} of size {size}" for size, n in sizes["counts"].items())
-            + ")",
-        ),
-        ("groups of one", _ids(s["singleton_groups"])),
-    ]
-    tokens = s["response_tokens"]
-    lines.append(
-        (
-            "response tokens",
-            "unknown (no token ids: give a checkpoint to tokenize the text)"
-            if tokens is None
-            else ", ".join(
-                f"{name} {_n(tokens[name])}"
-                for name in ("min", "p10", "median", "p90", "max", "mean")
-            )
-            + f"; max/min {_n(tokens['max_over_min'])}",
-        )
-    )
-    lines += _reward_lines(s)
-    masked = s["masked_tokens"]
-    lines.append(
-        (
-            "masked tokens",
-            "unknown (no token ids)"
-            if masked is None
-            else f"{masked['count']} of {masked['of']} ({_pct(masked['share'])})",
-        )
-    )
-    lines.append(("temperatures", ", ".join(_n(t) for t in s["temperatures"])))
-    steps = s["steps"]
-    lines.append(
-        ("steps", f"{len(steps)} ({steps[0]} to {steps[-1]})" if steps else "none recorded")
-    )
-    rows = s["rows"]
-    lines.append(
-        (
-            "fields present",
-            ", ".join(
-                name if n == rows else f"{name} ({n}/{rows})"
-                for name, n in s["fields_present"].items()
-                if n
-            ),
-        )
-    )
-    width = max(len(label) for label, _ in lines)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
-
-
-def _reward_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """The reward, its values, the per-group means and the all-equal groups, labelled."""
-    reward = s["reward"]
-    uniform = s["uniform_groups"]
-    lines = []
-    reward_line = ", ".join(f"{k} {_n(reward[k])}" for k in ("mean", "std", "min", "max"))
-    if reward["binary"]:
-        reward_line += f"; binary: {_pct(reward['share_one'])} are 1"
-    lines.append(("reward", reward_line))
-    if reward["histogram"] is not None:
-        lines.append(
-            ("reward values", ", ".join(f"{v}: {n}" for v, n in reward["histogram"].items()))
-        )
-    lines.append(
-        (
-            "pass rate / group" if reward["binary"] else "mean reward / group",
-            ", ".join(f"{k} {_n(v)}" for k, v in s["group_mean_reward"].items()),
-        )
-    )
-    lines.append(
-        (
-            "all-equal groups",
-            "no groups of two or more"
-            if uniform["share"] is None
-            else f"{uniform['count']} of {uniform['of']} ({_pct(uniform['share'])})"
-            + "".join(f"; reward {v}: {n}" for v, n in uniform["by_value"].items())
-            + (" (no signal under a group baseline)" if uniform["count"] else ""),
-        )
-    )
-    return lines
-
-
-def _n(x: float) -> str:
-    """A number without trailing noise: 4.0 -> "4", 0.123456 -> "0.1235"."""
-    return f"{x:.4g}"
-
-
-def _pct(share: float) -> str:
-    return f"{100 * share:.1f}%"
-
-
-def _ids(ids: list[str], shown: int = 5) -> str:
-    if not ids:
-        return "none"
-    more = f", ... (+{len(ids) - shown} more)" if len(ids) > shown else ""
-    return f"{len(ids)}: " + ", ".join(ids[:shown]) + more
+    summary = facts.summary(index.shell, [str(issue) for issue in issues])
+    return Inspected(summary, untemplated)

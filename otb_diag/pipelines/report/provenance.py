@@ -75,7 +75,7 @@ def command(command_name: str, result: Result, out: Path) -> str:
             + ("max_new_tokens", "temperature", "seed", "save_every", "max_grad_norm"),
         )
     else:  # dynamics
-        pairs = [p for r in result.runs for p in (("--log", r["file"]), ("--label", r["run"]))]
+        pairs = [p for r in result.runs for p in (("--log", r.file), ("--label", r.run))]
         pairs += _named(
             result.rule,
             ("window", "threshold", "persist", "lead_threshold", "lead_horizon", "smooth"),
@@ -96,7 +96,7 @@ def input_files(command_name: str, result: Result) -> Iterator[tuple[str, str, s
         yield "checkpoint (start)", result.checkpoint, _hash_now(Path(result.checkpoint))
     if command_name == "dynamics":
         for r in result.runs:
-            yield f"training log ({r['run']})", r["file"], _hash_now(Path(r["file"]))
+            yield f"training log ({r.run})", r.file, _hash_now(Path(r.file))
 
 
 def _hash_now(path: Path) -> str:

@@ -173,9 +173,9 @@ def dynamics_tables(run: Run) -> str:
     header = ["run", "source", "baseline", "N", "steps", "collapse", "warning", "lead"]
     header += ["tokens to target", "variance proxy"]
     rows = [
-        [r["run"], r["source"], r["baseline"], r["group_size"]]
-        + [f"{r['first_step']}–{r['last_step']}", r["collapse_step"], r["warning_step"]]
-        + [r["lead_steps"], _number(r["tokens_to_target"], "{:.3g}"), r["variance_proxy_kind"]]
+        [r.run, r.source, r.baseline, r.group_size]
+        + [f"{r.first_step}–{r.last_step}", r.collapse_step, r.warning_step]
+        + [r.lead_steps, _number(r.tokens_to_target, "{:.3g}"), r.variance_proxy_kind]
         for r in result.runs
     ]
     return html.table(header, rows, caption=f"Collapse per run ({run.label})") + html.definitions(
@@ -191,14 +191,13 @@ def dynamics_tables(run: Run) -> str:
 
 def _live_table(run: Run) -> str:
     """The live diagnostics' last logged values per run (docs/live.md), when a run has them."""
-    runs = run.result.runs if isinstance(run.result, DynamicsResult) else []
-    live = [r for r in runs if r.get("otb")]
+    live = run.result.live_runs if isinstance(run.result, DynamicsResult) else []
     if not live:
         return ""
-    names = sorted({k for r in live for k in r["otb"]})
-    rows = [[name] + [_number(r["otb"].get(name)) for r in live] for name in names]
+    names = sorted({k for r in live for k in r.otb or {}})
+    rows = [[name] + [_number((r.otb or {}).get(name)) for r in live] for name in names]
     caption = f"Live OTB diagnostics, last logged step ({run.label}); meanings: docs/live.md"
-    return html.table(["metric", *(r["run"] for r in live)], rows, caption=caption)
+    return html.table(["metric", *(r.run for r in live)], rows, caption=caption)
 
 
 def train_tables(run: Run) -> str:

@@ -162,29 +162,29 @@ def collapse_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
     rule = result.rule
     verdicts = []
     for r in result.runs:
-        span = f"steps {r['first_step']}–{r['last_step']}, {r['points']} logged points"
-        if r.get("collapse_step") is None:
+        span = f"steps {r.first_step}–{r.last_step}, {r.points} logged points"
+        if r.collapse_step is None:
             sentence = (
-                f"Run {r['run']} ({span}): no collapse detected (no {rule.get('persist')} "
+                f"Run {r.run} ({span}): no collapse detected (no {rule.get('persist')} "
                 f"consecutive points with robust z of log grad-norm above "
                 f"{rule.get('threshold')}), so no warning and no lead time."
             )
         else:
-            z = r.get("collapse_z")
+            z = r.collapse_z
             sentence = (
-                f"Run {r['run']} ({span}): collapse at step {r['collapse_step']}"
+                f"Run {r.run} ({span}): collapse at step {r.collapse_step}"
                 + (f" (robust z {z:.1f} > {rule.get('threshold')})" if z is not None else "")
                 + "; "
             )
-            if r.get("warning_step") is not None:
+            if r.warning_step is not None:
                 sentence += (
-                    f"the variance proxy ({r['variance_proxy_kind']}) warned at step "
-                    f"{r['warning_step']}, a lead time of {r['lead_steps']} steps."
+                    f"the variance proxy ({r.variance_proxy_kind}) warned at step "
+                    f"{r.warning_step}, a lead time of {r.lead_steps} steps."
                 )
             else:
                 sentence += (
                     f"no variance warning in the {rule.get('lead_horizon')} points before "
-                    f"(proxy: {r['variance_proxy_kind']}), so no lead time."
+                    f"(proxy: {r.variance_proxy_kind}), so no lead time."
                 )
         verdicts.append(Verdict(f"collapse ({label})", sentence))
     return verdicts

@@ -10,17 +10,56 @@ from otb_diag.pipelines.results import schema
 
 
 @dataclass(frozen=True)
+class DynamicsRun:
+    """One training log's row of collapse.json, the row `plots/dynamics.py` draws from: what it
+    is, what `dynamics/collapse.py:analyse_run` found in it, whether its variance signals mix
+    units (`dynamics/units.py`), and the live diagnostics' last values when it logged them."""
+
+    run: str  # the run's name (its --label)
+    file: str  # the log, absolute
+    source: str  # the format the log was read as
+    baseline: str | None
+    group_size: int | None
+    points: int  # logged points
+    first_step: int
+    last_step: int
+    final_score_smoothed: float | None
+    collapse_step: int | None
+    collapse_z: float | None  # the robust z of log grad-norm at the collapse
+    warning_step: int | None
+    lead_steps: int | None  # collapse − warning
+    variance_proxy_kind: str  # the column read as the variance proxy, or "none"
+    tokens_to_target: float | None
+    proxy3_mixes_units: bool
+    units_note: str | None
+    # `otb/` metric -> its last logged value (docs/live.md); None, and absent from collapse.json,
+    # when the log has none. The one field that may be absent: files written before it existed.
+    otb: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
 class DynamicsResult(schema.Versioned):
-    """What `otb-diag dynamics` found (`to_json()` is its collapse.json). `runs`: one row per
-    training log (file, baseline, N, steps, collapse and warning steps, lead, tokens to target,
-    the variance proxy's kind and units), the rows `plots/dynamics.py` draws from."""
+    """What `otb-diag dynamics` found (`to_json()` is its collapse.json): one row per training
+    log in `runs`."""
 
     command: ClassVar[str] = "dynamics"
 
     rule: dict[str, Any]  # DetectionRule's parameters and its description
     target: float | None
-    runs: list[dict[str, Any]]
+    runs: list[DynamicsRun]
     outputs: str  # the output directory
+
+    @property
+    def live_runs(self) -> list[DynamicsRun]:
+        """The runs whose logs carry the live diagnostics."""
+        return [r for r in self.runs if r.otb is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        record = super().to_json()
+        for row in record["runs"]:
+            if row["otb"] is None:  # as collapse.json always had it: "otb" only when logged
+                del row["otb"]
+        return record
 
     def format(self) -> str:
         """One line per run, then the rule and where the outputs are."""
@@ -33,16 +72,16 @@ class DynamicsResult(schema.Versioned):
         lines = [head]
         for r in self.runs:
             lines.append(
-                f"{r['run'][:20]:<20} {_cell(r['baseline']):<8} {_cell(r['group_size']):>4} "
-                f"{r['first_step']:>5}-{r['last_step']:<5} {_cell(r['collapse_step']):>9} "
-                f"{_cell(r['warning_step']):>8} {_cell(r['lead_steps']):>5} "
-                f"{_cell(r['tokens_to_target'], '{:.3g}'):>15}  {r['variance_proxy_kind']}"
+                f"{r.run[:20]:<20} {_cell(r.baseline):<8} {_cell(r.group_size):>4} "
+                f"{r.first_step:>5}-{r.last_step:<5} {_cell(r.collapse_step):>9} "
+                f"{_cell(r.warning_step):>8} {_cell(r.lead_steps):>5} "
+                f"{_cell(r.tokens_to_target, '{:.3g}'):>15}  {r.variance_proxy_kind}"
             )
-        mixed = [r["run"] for r in self.runs if r.get("proxy3_mixes_units")]
+        mixed = [r.run for r in self.runs if r.proxy3_mixes_units]
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
         lines.append(f"rule: {self.rule['description']}")
-        figures = 4 if any("otb" in r for r in self.runs) else 3  # + the live diagnostics'
+        figures = 4 if self.live_runs else 3  # + the live diagnostics'
         lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {self.outputs}")
         return "\n".join(lines)
 

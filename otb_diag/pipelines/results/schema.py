@@ -64,31 +64,39 @@ def to_json(result: Any) -> dict[str, Any]:
 
 
 def from_json(cls: type[T], data: Any, path: Path) -> T:
-    """`cls` rebuilt from summary.json's `data`; an unversioned or other-version file, or one
-    missing a field, is an `InputError` naming `path` and saying to re-run the command."""
+    """`cls` rebuilt from a record file's `data` (summary.json, manifest.json, ...); an
+    unversioned or other-version file, or one missing a field, is an `InputError` naming `path`
+    and saying to re-run the command."""
     command = data.get("command") if isinstance(data, dict) else None
     rerun = f"Re-run `otb-diag {command or '...'}` to rewrite it with this version of otb-diag."
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
         found = "no schema_version" if version is None else f"schema_version {version}"
         raise InputError(
-            f"this summary.json has {found}; this otb-diag reads version {SCHEMA_VERSION}.",
+            f"this {path.name} has {found}; this otb-diag reads version {SCHEMA_VERSION}.",
             path=path,
             hint=rerun,
         )
     try:
         return _build(cls, data)
     except (KeyError, TypeError) as err:
-        raise InputError(f"summary.json lacks a field or has a wrong one ({err})", path=path,
+        raise InputError(f"{path.name} lacks a field or has a wrong one ({err})", path=path,
                          hint=rerun) from None  # fmt: skip
 
 
 def _build(tp: Any, value: Any) -> Any:
-    """`value` (parsed JSON) as type `tp`: dataclasses field by field, lists of them item by
-    item, `X | None` as X unless None; anything else as it is."""
+    """`value` (parsed JSON) as type `tp`: dataclasses field by field (a field with a default
+    may be absent: it takes the default), lists of them item by item, `X | None` as X unless
+    None; anything else as it is."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _build(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)})
+        return tp(
+            **{
+                f.name: _build(hints[f.name], value[f.name])
+                for f in dataclasses.fields(tp)
+                if f.name in value or f.default is dataclasses.MISSING
+            }
+        )
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None:

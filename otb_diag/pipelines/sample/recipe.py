@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,13 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json, write_jsonl
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
+from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint
+from otb_diag.pipelines.results.sample import (
+    MANIFEST,
+    ROLLOUTS,
+    SampleDistributed,
+    SampleResult,
+)
 from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
 from otb_diag.pipelines.sample.verifiers import (
     Verifier,
@@ -51,18 +57,6 @@ from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import Dist, agreed, session
 
 PARTS = ".sample-parts"
-ROLLOUTS = "rollouts.jsonl"
-MANIFEST = "manifest.json"
-
-
-def format_manifest(manifest: dict[str, Any], out: Path) -> str:
-    """The lines `rollouts sample` prints: what was sampled, how fast, and where it went."""
-    return (
-        f"sampled {manifest['responses']} responses to {manifest['prompts_count']} prompts "
-        f"({manifest['generated_tokens']} tokens, {manifest['truncated']} truncated) in "
-        f"{manifest['seconds']:.1f} s; mean reward {manifest['mean_reward']:.3f}\n"
-        f"wrote {out / ROLLOUTS} and {out / MANIFEST}"
-    )
 
 
 def plan_batches(
@@ -86,7 +80,7 @@ def plan_batches(
 
 
 def run_sample(
-    ckpt: Path,
+    ckpt: Path | list[Path] | None,
     prompts_path: Path,
     out: Path,
     settings: SampleSettings,
@@ -94,14 +88,19 @@ def run_sample(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-    say: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any] | None:
-    """Sample the pools into `out` (see the module docstring); returns the manifest (None on
-    the ranks other than 0 under torchrun).
+    say: Say = lambda _: None,
+) -> SampleResult | None:
+    """Sample the pools into `out` from `ckpt` (one path, or the --ckpt list holding at most one;
+    the embedded default checkpoint, said through `say`, when None; see the module docstring);
+    returns the result, manifest.json's content (None on the ranks other than 0 under torchrun,
+    and when stopped by `stop_after`).
 
     stop_after: sample at most this many batches, then stop without writing the pools (the
     state a kill leaves; for tests). Raises `InputError` for bad input, before writing."""
     verifier = settings.check()
+    ckpt = checkpoint_or_default(
+        one_checkpoint(ckpt, "sample draws from one policy"), "default", say
+    )
     with session(resolve_device(settings.load.device).type) as d:
         if d.world_size > 1 and settings.load.device_map is not None:
             raise InputError(
@@ -125,8 +124,8 @@ def _run(
     resume: bool,
     progress: bool,
     stop_after: int | None,
-    say: Callable[[str], None],
-) -> dict[str, Any] | None:
+    say: Say,
+) -> SampleResult | None:
     started = time.perf_counter()
     parts = out / PARTS
     # Every rank checks OUT before rank 0 creates the parts folder (a phase waits for all).
@@ -154,7 +153,7 @@ def _run(
     )  # fmt: skip
     tokens_per_rank = d.all_gather(tokens)
     if stop_after is not None and stop_after < len(job.batches):
-        return {"stopped_after": stop_after, "batches": len(job.batches)}
+        return None
     # Each rank scores a share of all the batches (its own sampled ones on a fresh run).
     rewards = _score(parts, d.share(job.costs), job, verifier, settings, prompts_path)
     gathered = d.gather(rewards)
@@ -233,35 +232,34 @@ def _assemble(
     tokens_per_rank: list[int],
     started: float,
     d: Dist,
-) -> dict[str, Any]:
+) -> SampleResult:
     """Rank 0: every part read back in order, the rows with their rewards, and rollouts.jsonl
-    and manifest.json moved into `out` together; the parts go. Returns the manifest."""
+    and manifest.json moved into `out` together; the parts go. Returns the manifest's result."""
     all_rewards = {k: v for share in gathered for k, v in share.items()}
     parts = out / PARTS
     samples = _read_parts(parts, range(len(job.batches)))
     rows = _rows(job.prompts, job.prompt_ids, samples, all_rewards, job.tokenizer, settings)
-    manifest = {
-        "command": "rollouts sample",
-        "checkpoint": job.identity["checkpoint"],
-        "prompts": str(prompts_path.resolve()),
-        "prompts_sha256": job.identity["prompts_sha256"],
-        "prompts_count": len(job.prompts),
-        "responses": len(rows),
-        "settings": {**settings.identity(), "from_policy": settings.sampling.from_policy},
-        "batches": len(job.batches),
-        "truncated": sum(r["truncated"] for r in rows),
-        "mean_reward": sum(r["reward"] for r in rows) / len(rows),
-        "generated_tokens": sum(len(r["response_ids"]) for r in rows),
-        "seconds": time.perf_counter() - started,
-        "sampled_tokens_this_run": sum(tokens_per_rank),
-        "distributed": {"world_size": d.world_size, "rank_tokens": tokens_per_rank},
-        "versions": library_versions(),
-    }
+    result = SampleResult(
+        checkpoint=job.identity["checkpoint"],
+        prompts=str(prompts_path.resolve()),
+        prompts_sha256=job.identity["prompts_sha256"],
+        prompts_count=len(job.prompts),
+        responses=len(rows),
+        settings={**settings.identity(), "from_policy": settings.sampling.from_policy},
+        batches=len(job.batches),
+        truncated=sum(r["truncated"] for r in rows),
+        mean_reward=sum(r["reward"] for r in rows) / len(rows),
+        generated_tokens=sum(len(r["response_ids"]) for r in rows),
+        seconds=time.perf_counter() - started,
+        sampled_tokens_this_run=sum(tokens_per_rank),
+        distributed=SampleDistributed(world_size=d.world_size, rank_tokens=tokens_per_rank),
+        versions=library_versions(),
+    )
     with staged_output(out) as stage:
         write_jsonl(stage / ROLLOUTS, rows)
-        write_json(stage / MANIFEST, manifest)
+        write_json(stage / MANIFEST, result.to_json())
     shutil.rmtree(parts, ignore_errors=True)
-    return manifest
+    return result
 
 
 @agreed

@@ -11,6 +11,7 @@ import torch
 from matplotlib.figure import Figure
 
 from otb_diag.errors import InputError
+from otb_diag.maths.estimators import registry
 from otb_diag.maths.estimators.registry import BASELINES, register_baseline
 from otb_diag.maths.returns import outcome_token_rewards, returns_to_go
 from otb_diag.maths.variance.fidelity import fidelity
@@ -40,17 +41,24 @@ from otb_diag.plots.variance import (
 F64 = torch.float64
 NONE_MEAN = [BaselineSpec("none", "none"), BaselineSpec("mean", "mean")]
 
-BIASED = "test-variance-half-own-reward"
-if BIASED not in BASELINES:  # the registry is global; a re-import must not register twice
+# Every built-in baseline, the leave-one-out variants too (not in the defaults), and the -true rows.
+ALL_SPECS = default_specs(list(BASELINES), ["true"])
 
-    @register_baseline(BIASED, default=False)
+
+@pytest.fixture
+def biased(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A deliberately biased baseline, registered for one test and unregistered after it (the
+    registry is global: other tests list it)."""
+    name = "test-variance-half-own-reward"
+    monkeypatch.setitem(registry.BASELINES, name, None)  # teardown removes the name again
+    del registry.BASELINES[name]
+
+    @register_baseline(name, default=False)
     def half_own_reward(returns, mask, group, energy):
-        """Deliberately biased: `B_i = R_i / 2` uses response i's own reward."""
+        """`B_i = R_i / 2` uses response i's own reward."""
         return (returns - returns[:, :1] / 2) * mask
 
-
-# Every built-in baseline, the leave-one-out variants too (not in the defaults), and the -true rows.
-ALL_SPECS = default_specs([n for n in BASELINES if n != BIASED], ["true"])
+    return name
 
 
 def make_pool(prompts, size, length, dim, seed, *, reward=None, ragged=True):
@@ -253,13 +261,13 @@ def test_bias_z_of_a_known_offset():
     assert bias_z(np.zeros((10, 3))) == 0.0
 
 
-def test_rloo_is_unbiased_and_own_reward_baseline_is_not():
+def test_rloo_is_unbiased_and_own_reward_baseline_is_not(biased: str):
     def reward(scores, gen):  # a real signal: the reward rises along the first score direction
         signal = scores.sum(1)[:, 0]
         return 1.0 + signal + torch.randn(len(signal), generator=gen, dtype=F64)
 
     pool = make_pool(8, 64, 2, 4, seed=7, reward=reward, ragged=False)
-    specs = [*NONE_MEAN, BaselineSpec("rloo", "rloo"), BaselineSpec("biased", BIASED)]
+    specs = [*NONE_MEAN, BaselineSpec("rloo", "rloo"), BaselineSpec("biased", biased)]
     table, _ = empirical_variance(
         *pool,
         specs=specs,
