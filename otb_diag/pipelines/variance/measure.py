@@ -19,6 +19,7 @@ from otb_diag.io.rollouts.rows import Response
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.fidelity import fidelity
+from otb_diag.pipelines.measure_knobs import planned
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
 from otb_diag.runtime.torchrun import Dist, agreed
@@ -31,6 +32,7 @@ class Measured:
     batch: ResponseBatch
     w: Tensor  # [B, T]
     scores: dict[str, TokenScores]  # model mode -> its scores over the pool
+    settings: Any  # the settings measured with, auto sizes resolved (`measure_knobs.planned`)
 
 
 @agreed
@@ -47,6 +49,7 @@ def measure(
     (None on the other ranks); `settings` is a `VarianceSettings`. One phase: a failure on any
     rank stops every rank with it."""
     ckpt, batch, _ = checkpoint_batch(path, mine, settings.load)
+    settings = planned(settings, ckpt.model)
     stats = checkpoint_stats(
         ckpt.model,
         batch,
@@ -76,7 +79,7 @@ def measure(
             on_plan=None if notify is None else (lambda plan: notify(plan.describe())),
         )
     if d.world_size == 1:
-        return ckpt, Measured(batch, stats.w, scores)
+        return ckpt, Measured(batch, stats.w, scores, settings)
     keys = [(r.group, r.sample) for r in mine.responses]
     parts = d.gather((keys, stats.w, scores))
     if parts is None:
@@ -97,7 +100,7 @@ def measure(
             assembled[m].sq_norm[rows, :width] = s.sq_norm
             if s.block_sq_norm is not None:
                 assembled[m].block_sq_norm[rows, :width] = s.block_sq_norm  # type: ignore[index]
-    return ckpt, Measured(full, w, assembled)
+    return ckpt, Measured(full, w, assembled, settings)
 
 
 def _empty_like(scores: TokenScores, shape: torch.Size) -> TokenScores:

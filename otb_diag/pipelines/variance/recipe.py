@@ -112,6 +112,7 @@ def _run(
         step = ckpt.step if ckpt.step is not None else index
         tables.timings[f"measure_s@{step}"] = time.perf_counter() - t0
         if found is not None:  # rank 0
+            settings = found.settings  # auto sizes: the first checkpoint's plan, recorded
             tables.checkpoints.append(checkpoint_record(ckpt, settings.load.full_hash))
             _compare_modes(tables, step, found, settings)
     bar.close()
