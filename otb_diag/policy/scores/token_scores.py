@@ -158,6 +158,7 @@ def token_scores(
         proj = forward_scores(
             model, batch, selected, blocks, seed, batch_tokens=plan.forward_batch_tokens,
             directions_batch=plan.directions_batch, chunk_size=plan.head_chunk, progress=progress,
+            attention_scores=plan.attention_scores,
         )  # fmt: skip
         # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
         block_sq = torch.stack(
