@@ -40,7 +40,8 @@ def _auto_help(what: str, cpu_size: str) -> Any:
 
         return (
             f"{what} Default: auto, i.e. planned from the device's free memory on CUDA "
-            f"(stats_plan), {getattr(forward_pass, cpu_size)} on the CPU."
+            f"(stats_plan), {getattr(forward_pass, cpu_size)} on the CPU and in "
+            "variance-compare's head and full modes."
         )
 
     return text

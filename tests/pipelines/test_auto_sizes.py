@@ -44,3 +44,45 @@ def test_the_help_says_what_auto_means(name: str) -> None:
         in text
     )
     assert f"(stats_plan), {STATS_CHUNK} on the CPU" in text
+
+
+def test_variance_compare_plans_the_statistics_pass_and_records_its_sizes(
+    tmp_path, monkeypatch
+) -> None:
+    """Auto: the statistics pass takes the plan (here a pretend CUDA plan of 8 tokens a chunk
+    and 64 a batch), summary.json records it, and the head mode keeps the fixed sizes it has
+    always had."""
+    import json
+
+    import numpy as np
+    from tiny import save_checkpoint
+
+    from otb_diag.pipelines.variance import measure
+    from otb_diag.pipelines.variance.recipe import run_variance
+    from otb_diag.policy import forward_pass
+
+    save_checkpoint(tmp_path / "ckpt", seed=3)
+    rng = np.random.default_rng(1)
+    rows = [
+        {"group": g, "prompt_ids": [2 + g, 5], "reward": float(i % 2),
+         "response_ids": rng.integers(2, 28, size=int(rng.integers(2, 8))).tolist()}
+        for g in range(2) for i in range(4)
+    ]  # fmt: skip
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(forward_pass, "stats_plan", lambda model, free_bytes=None: (8, 64))
+    seen = {}
+    for name in ("checkpoint_stats", "token_scores"):
+        real = getattr(measure, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen[_name] = (kwargs["batch_tokens"], kwargs["chunk_size"])
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(measure, name, spy)
+    settings = VarianceSettings(modes=("proxy", "head"), draws=5, bootstrap=10, sketch_dim=4)
+    result = run_variance([tmp_path / "ckpt"], pool, tmp_path / "out", settings, progress=False)
+    assert seen == {"checkpoint_stats": (64, 8), "token_scores": (BATCH_TOKENS, STATS_CHUNK)}
+    recorded = json.loads((tmp_path / "out" / "summary.json").read_text())["settings"]
+    assert (recorded["batch_tokens"], recorded["chunk_size"]) == (64, 8)
+    assert (result.settings["batch_tokens"], result.settings["chunk_size"]) == (64, 8)

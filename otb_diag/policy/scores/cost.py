@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.policy.forward_pass import pack_by_tokens
+from otb_diag.policy.forward_pass import BATCH_TOKENS, pack_by_tokens
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.policy.scores.directions import Block, projection_columns, unit_pieces
 from otb_diag.policy.scores.forward_mode import (
@@ -199,7 +199,7 @@ def plan_full(
     engine: str = "auto",
     budget_s: float | None = DEFAULT_BUDGET_S,
     force: bool = False,
-    batch_tokens: int = 16384,
+    batch_tokens: int = BATCH_TOKENS,
     chunk_size: int = 32,
     head_chunk: int | None = None,
     available_bytes: float | None = None,
