@@ -133,6 +133,7 @@ def full_per_direction(model, device, tokens: int, k: int, reps: int) -> tuple[f
         forward_scores(
             model, batch, params, blocks, 0, batch_tokens=plan.forward_batch_tokens,
             directions_batch=plan.directions_batch, chunk_size=plan.head_chunk,
+            attention_scores=plan.attention_scores,
         )  # fmt: skip
 
     seconds = timed(run, device, 1)

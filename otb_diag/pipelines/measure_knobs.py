@@ -5,7 +5,13 @@ the same everywhere."""
 
 from __future__ import annotations
 
-from otb_diag.knobs import Knob, optional_tuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from otb_diag.knobs import Knob, knob, optional_tuple
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STEPS = Knob(metavar="A-B", help="Only rollout rows of training steps A to B.")
 REWARD_COLUMNS = Knob(
@@ -18,13 +24,57 @@ REWARD_COLUMNS = Knob(
 )
 TEMPERATURE = Knob(help="Sampling temperature τ; default: each row's own.")
 BATCH_TOKENS = Knob(help="Padded tokens per forward batch.")
-CHUNK_SIZE = Knob(help="Tokens whose [chunk, V] logits exist at once.")
 ZERO_TAIL = Knob(
     flag="--handle-zero-tail/--no-handle-zero-tail",
     help="verl's OTB option: a strictly longest member gets B_t = 0 beyond the second-longest "
     "length.",
 )
 BASELINES_DEFAULT = "Default: the registry's defaults (an unknown name lists every registered one)."
+
+
+def _auto_help(what: str, cpu_size: str) -> Any:
+    """Help of an auto size; the CPU's size is read from `policy/forward_pass.py` when shown."""
+
+    def text() -> str:
+        from otb_diag.policy import forward_pass
+
+        return (
+            f"{what} Default: auto, i.e. planned from the device's free memory on CUDA "
+            f"(stats_plan), {getattr(forward_pass, cpu_size)} on the CPU and in "
+            "variance-compare's head and full modes."
+        )
+
+    return text
+
+
+# The statistics pass's two sizes, as a field of each measuring command's settings (`energy`,
+# `variance-compare`): None is auto, resolved by `planned` once the model is loaded.
+def batch_tokens_knob() -> Any:
+    return knob(None, BATCH_TOKENS, help=_auto_help(BATCH_TOKENS.help_text(), "BATCH_TOKENS"))
+
+
+def chunk_size_knob() -> Any:
+    return knob(
+        None, help=_auto_help("Tokens whose [chunk, V] logits exist at once.", "STATS_CHUNK")
+    )
+
+
+def planned(settings: Any, model: nn.Module | None, free_bytes: float | None = None) -> Any:
+    """`settings` with an auto (None) `batch_tokens` or `chunk_size` replaced by what
+    `stats_plan` gives `model` (the CPU's fixed sizes off CUDA; `free_bytes`: the free memory
+    to plan for instead of the device's); model-free runs get the CPU's sizes. Sizes given by
+    the user are kept."""
+    from otb_diag.policy.forward_pass import BATCH_TOKENS as CPU_TOKENS
+    from otb_diag.policy.forward_pass import STATS_CHUNK, stats_plan
+
+    if settings.batch_tokens is not None and settings.chunk_size is not None:
+        return settings
+    chunk, tokens = (STATS_CHUNK, CPU_TOKENS) if model is None else stats_plan(model, free_bytes)
+    return replace(
+        settings,
+        batch_tokens=tokens if settings.batch_tokens is None else settings.batch_tokens,
+        chunk_size=chunk if settings.chunk_size is None else settings.chunk_size,
+    )
 
 
 # The registries import torch: settings read them when an object is made or its help is shown.

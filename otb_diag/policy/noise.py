@@ -7,8 +7,9 @@ step `s` (0 for a response's first token) to the drawn tokens `[B]`, each an exa
 
 - `RowNoise`, per-row streams (`rollouts sample`): the Gumbel-max trick
   `y_b = argmax_v (z_bv + g_bv)`, `g = −log(−log u)`, with `u_bv` a counter-based hash of
-  (row seed, step, token id) (`hash_uniforms`): one vectorized computation over `[B, V]` per
-  step, no generator and no RNG call, so a row draws the same whatever rows share its batch;
+  (row seed, step, token id) (`hash_uniforms`): vectorized over `[B, V]` (the ids in chunks of
+  `HASH_COLUMNS`), the same operations per step whatever B, no generator and no RNG call, so a
+  row draws the same whatever rows share its batch;
 - `GlobalRng`, torch's global RNG (`train`, `lab build`): `torch.multinomial(softmax(z), 1)`,
   exactly the draw of Hugging Face's `generate(do_sample=True)` (its `_sample`: fp32 scores,
   divided by τ only when τ ≠ 1, softmax, one multinomial per step), so the embedded labs and
@@ -44,6 +45,10 @@ _MUL2 = _int64(0x94D049BB133111EB)
 # u takes 2^23 equally spaced values: the centre of cell x, (x + ½)·2^-23, is exact in float32
 # (24 significant bits), where 2^24 cells would round the top one's centre up to u = 1.
 UNIFORM_BITS = 23
+# Token ids hashed at once: the int64 scratch of `hash_uniforms` (three `[B, columns]` tensors at
+# its peak) is half the `[B, V]` float32 uniforms at V = 49,152 (SmolLM2), where hashing every id
+# at once held 6 × them (bench/README.md); the number of operations depends on V, not on B.
+HASH_COLUMNS = 4096
 
 
 def _mix(x: Tensor, rounds: int = 3) -> Tensor:
@@ -77,14 +82,21 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.82, 16.64]: the Gumbel tail
     beyond has probability 6e-8). Two rows' (or steps') streams overlap only when their keys
     differ by γ·d for some |d| < V: probability about 2V/2^64 per pair.
-    seeds: `[B]` int64, the rows' seeds. One computation over `[B, V]`, whatever B.
+    seeds: `[B]` int64, the rows' seeds. The same operations whatever B: the ids are hashed
+    `HASH_COLUMNS` at a time into the `[B, V]` result, whose conversion and centring are exact
+    (integers below 2^23, a power-of-two scale), so the chunking changes no bit.
     """
-    ids = torch.arange(1, vocab + 1, device=seeds.device)  # [V]: v + 1
-    # Only the top 23 bits are kept: the last xorshift does not reach them.
-    x = _mix(stream_keys(seeds, step)[:, None] + ids * _GOLDEN, rounds=2)  # [B, V]
-    x >>= 64 - UNIFORM_BITS
-    x &= (1 << UNIFORM_BITS) - 1  # the top 23 bits, as a non-negative integer
-    return x.float().add_(0.5).mul_(2.0**-UNIFORM_BITS)
+    keys = stream_keys(seeds, step)[:, None]  # [B, 1]
+    u = torch.empty(len(seeds), vocab, device=seeds.device)
+    for lo in range(0, vocab, HASH_COLUMNS):
+        hi = min(lo + HASH_COLUMNS, vocab)
+        ids = torch.arange(lo + 1, hi + 1, device=seeds.device)  # [c]: v + 1
+        # Only the top 23 bits are kept: the last xorshift does not reach them.
+        x = _mix(keys + ids * _GOLDEN, rounds=2)  # [B, c]
+        x >>= 64 - UNIFORM_BITS
+        x &= (1 << UNIFORM_BITS) - 1  # the top 23 bits, as a non-negative integer
+        u[:, lo:hi] = x
+    return u.add_(0.5).mul_(2.0**-UNIFORM_BITS)
 
 
 class RowNoise:

@@ -25,6 +25,7 @@ from transformers import (
 
 from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import load_checkpoint
+from otb_diag.io.load_options import LoadOptions
 from otb_diag.maths.energy.token_stats import cumulative_energy, sequence_energy, stats_from_logits
 from otb_diag.policy.forward_pass import (
     BATCH_TOKENS,
@@ -346,6 +347,7 @@ def test_dtype_auto_keeps_a_bf16_checkpoint_in_bf16_with_fp32_statistics(tmp_pat
     char_tokenizer().save_pretrained(tmp_path)
     loaded = load_checkpoint(tmp_path, dtype="auto").model
     assert loaded.dtype == torch.bfloat16
+    assert LoadOptions(device="cpu").load(tmp_path).model.dtype == torch.bfloat16  # the CLI's
     prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]
     ids = torch.tensor([r + [0] * (4 - len(r)) for r in responses])
     batch = SimpleNamespace(prompt_ids=prompts, response_ids=ids, length=torch.tensor([4, 2]),

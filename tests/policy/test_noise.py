@@ -132,6 +132,31 @@ def test_noise_of_a_step_is_the_same_few_ops_for_any_number_of_rows() -> None:
     assert len(counts[0]) < 40
 
 
+def test_the_hash_scratch_is_a_chunk_of_ids_and_changes_no_bit(monkeypatch) -> None:
+    """Ids hashed `HASH_COLUMNS` at a time: every int64 tensor the hash mixes is `[B, ≤ columns]`
+    (its scratch bounded by the chunk, not by V), the uniforms are bit for bit those of hashing
+    all ids at once, and the operations per step stay the same for any number of rows."""
+    from otb_diag.policy import noise
+
+    seeds = torch.tensor([row_seed(3, i, 1) for i in range(6)])
+    whole = hash_uniforms(seeds, 2, 33)  # 33 ≤ HASH_COLUMNS: one chunk, every id at once
+    assert noise.HASH_COLUMNS >= 33
+    shapes = []
+    real = noise._mix
+    monkeypatch.setattr(
+        noise, "_mix", lambda x, rounds=3: shapes.append(x.shape) or real(x, rounds)
+    )
+    monkeypatch.setattr(noise, "HASH_COLUMNS", 8)
+    assert torch.equal(hash_uniforms(seeds, 2, 33), whole)
+    assert shapes == [(6,), (6, 8), (6, 8), (6, 8), (6, 8), (6, 1)]  # the keys, then 5 chunks
+    counts = []
+    for rows in (1, 7, 300):
+        with CountOps() as ops:
+            RowNoise([row_seed(0, i, 0) for i in range(rows)])(torch.zeros(rows, 33), 4)
+        counts.append(ops.ops)
+    assert counts[0] == counts[1] == counts[2]
+
+
 def test_global_rng_is_one_multinomial_per_step_for_any_number_of_rows() -> None:
     for rows in (1, 50):
         with CountOps() as ops:

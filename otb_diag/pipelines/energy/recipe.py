@@ -97,7 +97,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
             rollouts=rollouts_record(m.index.shell),
             checkpoints=[r.checkpoint for r in m.results if r.checkpoint],
         ),
-        settings={**asdict(settings), "tir": m.tir},
+        settings={**asdict(m.settings), "tir": m.tir},
         totals=EnergyTotals(
             responses=len(seqs),
             groups=len(groups),

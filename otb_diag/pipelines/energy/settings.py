@@ -9,12 +9,12 @@ from otb_diag.io.load_options import LoadOptions
 from otb_diag.knobs import comma_list, internal, joined, knob
 from otb_diag.pipelines.measure_knobs import (
     BASELINES_DEFAULT,
-    BATCH_TOKENS,
-    CHUNK_SIZE,
     REWARD_COLUMNS,
     STEPS,
     TEMPERATURE,
     ZERO_TAIL,
+    batch_tokens_knob,
+    chunk_size_knob,
     default_baselines,
 )
 
@@ -51,8 +51,8 @@ class EnergySettings:
         help=f"Comma-separated registry baselines, e.g. none,mean,otb,otb-loo. {BASELINES_DEFAULT}",
     )
     temperature: float | None = knob(None, TEMPERATURE)  # overrides the rollouts' own τ
-    batch_tokens: int = knob(16384, BATCH_TOKENS)
-    chunk_size: int = knob(256, CHUNK_SIZE)
+    batch_tokens: int | None = batch_tokens_knob()  # None: auto (`measure_knobs.planned`)
+    chunk_size: int | None = chunk_size_knob()
     group: str | None = knob(None, help="Group shown in fig3/fig4. Default: most heterogeneous.")
     handle_zero_tail: bool = knob(True, ZERO_TAIL)
     tir: bool | None = internal(None)  # None: on when any response holds tool output (mask 0)

@@ -48,6 +48,7 @@ from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
+from otb_diag.pipelines.measure_knobs import planned
 from otb_diag.plots import energy as plots
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -95,6 +96,7 @@ class Measured:
     outputs: list[str]
     rank_tokens: list[int]
     clamped: dict[str, int]  # values clamped onto a rule of `io/rollouts/probability_checks.py`
+    settings: Any  # the run's settings, auto sizes resolved (`measure_knobs.planned`)
 
 
 @dataclass
@@ -137,6 +139,9 @@ def measure_and_write(
         writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else _load(settings, path)
+            settings = planned(
+                settings, None if ckpt is None else ckpt.model
+            )  # auto sizes: the first model's
             t0 = time.perf_counter()
             step = i if ckpt is None or ckpt.step is None else ckpt.step
             # fig5's token sample is kept for the last step only
@@ -165,7 +170,7 @@ def measure_and_write(
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     clamped = index.clamped if index.clamped is not None else results[-1].clamped
-    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped)
+    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped, settings)
 
 
 @agreed

@@ -18,6 +18,7 @@ from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.rollouts.tokenize import tokenize_rollouts
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.measure_knobs import planned
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
 from otb_diag.runtime.torchrun import Dist, agreed
@@ -30,6 +31,7 @@ class Measured:
     batch: ResponseBatch
     w: Tensor  # [B, T]
     scores: dict[str, TokenScores]  # model mode -> its scores over the pool
+    settings: Any  # the settings, auto sizes as the statistics pass resolved them (`planned`)
 
 
 @agreed
@@ -46,11 +48,13 @@ def measure(
     (None on the other ranks); `settings` is a `VarianceSettings`. One phase: a failure on any
     rank stops every rank with it."""
     ckpt, batch, _ = checkpoint_batch(path, mine, settings.load)
+    sized = planned(settings, ckpt.model)  # auto: the statistics pass's plan for this model
+    fixed = planned(settings, None)  # auto: the fixed sizes the model modes always had
     stats = checkpoint_stats(
         ckpt.model,
         batch,
-        batch_tokens=settings.batch_tokens,
-        chunk_size=settings.chunk_size,
+        batch_tokens=sized.batch_tokens,
+        chunk_size=sized.chunk_size,
         progress=bar.update,
     )
     scores = {}
@@ -63,8 +67,8 @@ def measure(
             mode,
             settings.sketch_dim,
             settings.seed,
-            chunk_size=settings.chunk_size,
-            batch_tokens=settings.batch_tokens,
+            chunk_size=fixed.chunk_size,
+            batch_tokens=fixed.batch_tokens,
             force=settings.force,
             progress=bar.update,
             engine=settings.engine,
@@ -75,7 +79,7 @@ def measure(
             on_plan=None if notify is None else (lambda plan: notify(plan.describe())),
         )
     if d.world_size == 1:
-        return ckpt, Measured(batch, stats.w, scores)
+        return ckpt, Measured(batch, stats.w, scores, sized)
     keys = [(r.group, r.sample) for r in mine.responses]
     parts = d.gather((keys, stats.w, scores))
     if parts is None:
@@ -96,7 +100,7 @@ def measure(
             assembled[m].sq_norm[rows, :width] = s.sq_norm
             if s.block_sq_norm is not None:
                 assembled[m].block_sq_norm[rows, :width] = s.block_sq_norm  # type: ignore[index]
-    return ckpt, Measured(full, w, assembled)
+    return ckpt, Measured(full, w, assembled, sized)
 
 
 def _empty_like(scores: TokenScores, shape: torch.Size) -> TokenScores:

@@ -108,19 +108,20 @@ def _run(
         desc="variance",
         disable=not (progress and d.is_main),
     )
-    tables = _Tables()
+    tables, recorded = _Tables(), settings
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
         ckpt, found = measure(d, path, loaded.rollouts, mine, settings, bar, notify)
         step = ckpt.step if ckpt.step is not None else index
         tables.timings[f"measure_s@{step}"] = time.perf_counter() - t0
         if found is not None:  # rank 0
+            recorded = found.settings  # auto sizes: the last checkpoint's statistics plan
             tables.checkpoints.append(checkpoint_record(ckpt, settings.load.full_hash))
             _compare_modes(tables, step, found, settings)
     bar.close()
     if not d.is_main:
         return None
-    return _summary(tables, out, loaded, settings, len(checkpoints), started, rank_tokens, d)
+    return _summary(tables, out, loaded, recorded, len(checkpoints), started, rank_tokens, d)
 
 
 @agreed

@@ -11,13 +11,13 @@ from otb_diag.io.load_options import LoadOptions
 from otb_diag.knobs import comma_ints, comma_list, internal, joined, knob
 from otb_diag.pipelines.measure_knobs import (
     BASELINES_DEFAULT,
-    BATCH_TOKENS,
-    CHUNK_SIZE,
     REWARD_COLUMNS,
     STEPS,
     TEMPERATURE,
     ZERO_TAIL,
     aggregation_names,
+    batch_tokens_knob,
+    chunk_size_knob,
     default_baselines,
 )
 
@@ -109,8 +109,8 @@ class VarianceSettings:
     temperature: float | None = knob(None, TEMPERATURE)
     steps: str | None = knob(None, STEPS)
     reward_columns: tuple[str, ...] | None = knob(None, REWARD_COLUMNS)
-    batch_tokens: int = knob(16384, BATCH_TOKENS)
-    chunk_size: int = knob(256, CHUNK_SIZE)
+    batch_tokens: int | None = batch_tokens_knob()  # None: auto (`measure_knobs.planned`)
+    chunk_size: int | None = chunk_size_knob()
     handle_zero_tail: bool = knob(True, ZERO_TAIL)
     tir: bool | None = internal(None)  # None: on when any response holds tool output (mask 0)
     load: LoadOptions = LoadOptions()

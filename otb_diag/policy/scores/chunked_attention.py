@@ -16,9 +16,19 @@ It is registered with transformers' `AttentionInterface` under `NAME`, with the 
 `scores_forward.forward_mode_attention`) builds the same masks (padding, causal, sliding windows)
 as for eager attention. Keys and values are shared across a GQA group by broadcasting instead of
 `repeat_kv`'s copies; the softmax runs in fp32; dropout follows `module.training` as eager's does.
+
+The scores of a chunk are `SCORES_PER_CHUNK` elements (cache-sized, the CPU's) unless a pass
+plans more inside `scores_per_chunk(n)` (`cost.py:scores_chunk_for`, from a GPU's free memory).
+`scaled_dot_product_attention` under the MATH backend does have a forward-AD formula, but it forms
+all `L × L` scores and skips no key: 1.2-1.5× (L = 512) to 2.7-3.9× (L = 2,048) this path's time
+under `vmap(jvp)` on the CPU (bench/README.md, run 6), so it is not used.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +38,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 NAME = "otb_chunked_eager"
 SCORES_PER_CHUNK = 1 << 20  # elements of one chunk's [B, heads, rows, keys] scores (4 MiB fp32)
+_PLANNED: ContextVar[int | None] = ContextVar("scores_per_chunk", default=None)
+
+
+@contextlib.contextmanager
+def scores_per_chunk(n: int) -> Iterator[None]:
+    """Inside: chunks of `n` scores instead of `SCORES_PER_CHUNK` (a pass's memory plan)."""
+    token = _PLANNED.set(n)
+    try:
+        yield
+    finally:
+        _PLANNED.reset(token)
 
 
 def chunked_attention_forward(
@@ -44,12 +65,14 @@ def chunked_attention_forward(
 ) -> tuple[Tensor, None]:
     """`(out [B, Lq, heads, D], None)` from `query [B, heads, Lq, D]`, `key`/`value
     [B, kv_heads, Lk, D]` and the additive `attention_mask [B, 1, Lq, Lk]` (0 kept, dtype min
-    dropped) or None; `rows` query rows per chunk (default: `SCORES_PER_CHUNK` scores)."""
+    dropped) or None; `rows` query rows per chunk (default: `SCORES_PER_CHUNK` scores, or the
+    planned `scores_per_chunk`)."""
     batch, heads, q_len, head_dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     group = heads // kv_heads  # GQA: query heads per key/value head
     scaling = head_dim**-0.5 if scaling is None else scaling
-    rows = rows or max(1, SCORES_PER_CHUNK // (batch * heads * kv_len))
+    budget = _PLANNED.get() or SCORES_PER_CHUNK
+    rows = rows or max(1, budget // (batch * heads * kv_len))
     q = query.reshape(batch, kv_heads, group, q_len, head_dim)
     k, v = key[:, :, None], value[:, :, None]  # [B, kv_heads, 1, Lk, D]: broadcast over the group
     masks = None if attention_mask is None else _grouped(attention_mask[..., :kv_len], kv_heads)

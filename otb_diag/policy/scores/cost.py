@@ -24,13 +24,15 @@ they are held, per product otherwise).
 Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
 forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2) + 4 · HEAD_BUFFERS ·
 chunk · V` (the output layer's tangent forms no `[chunk, V]` logits: `forward_mode.TargetLogProb`)
-with `A = rows · h · L²` the attention scores, `min(A, max(SCORES_PER_CHUNK, rows · h · L))` when
-they are formed a query chunk at a time (`chunked_attention.py`); reverse
+with `A = rows · h · L²` the attention scores, `min(A, max(S, rows · h · L))` when they are
+formed a query chunk of `S` scores at a time (`chunked_attention.py`; `S` from `scores_chunk_for`);
+reverse
 `layers · L · (34 d + 5 h L) · 4 + c · (3 · 4 · n + 4 · L · (16 d + 2 h L))` plus the held
 columns and the pending gradients.
 Each engine takes the largest batching that fits in `MEMORY_SHARE` of the memory available on the
 device; one that does not fit at its smallest batching is not run (a clear error, never the
-kernel's OOM killer). The head's chunk of tokens is planned first, from `HEAD_SHARE` of it.
+kernel's OOM killer). The head's chunk of tokens is planned first, from `HEAD_SHARE` of it, and
+the attention's chunk of scores from `ATTENTION_SHARE` of it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.policy.forward_pass import pack_by_tokens
+from otb_diag.policy.forward_pass import BATCH_TOKENS, pack_by_tokens
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.policy.scores.directions import Block, projection_columns, unit_pieces
 from otb_diag.policy.scores.forward_mode import (
@@ -68,6 +70,11 @@ MEMORY_SHARE = 0.7
 HEAD_SHARE = 0.1  # of the available memory, for the head's `[chunk, V]` fp32 buffers
 MIN_HEAD_CHUNK = 16
 MAX_HEAD_CHUNK = 4096  # on a GPU; the CPU keeps `HEAD_CHUNK` (cache-sized products)
+ATTENTION_SHARE = 0.1  # of the available memory, for one query chunk's scores and their tangents
+# On a GPU; the CPU keeps `SCORES_PER_CHUNK` (cache-sized). Larger chunks would skip less of a
+# causal mask's upper triangle (`chunked_attention.py`).
+MAX_SCORES_PER_CHUNK = 1 << 24
+SCORE_BUFFERS = 2  # fp32 `[B, heads, rows, keys]` tensors of a chunk: the scores, the weights
 DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
 DEFAULT_BUDGET_S = 7200.0
 # `auto` keeps the reverse engine unless forward mode is this much cheaper: the reverse engine
@@ -97,6 +104,7 @@ class FullPlan:
     directions_batch: int
     forward_batch_tokens: int  # padded tokens per forward-mode batch
     head_chunk: int  # tokens whose fp32 logits forward mode forms at once
+    attention_scores: int  # scores of one query chunk of forward mode's attention
     reverse_chunk: int
     budget_s: float | None
     calibration: dict[str, float] = field(default_factory=dict)
@@ -191,7 +199,7 @@ def plan_full(
     engine: str = "auto",
     budget_s: float | None = DEFAULT_BUDGET_S,
     force: bool = False,
-    batch_tokens: int = 16384,
+    batch_tokens: int = BATCH_TOKENS,
     chunk_size: int = 32,
     head_chunk: int | None = None,
     available_bytes: float | None = None,
@@ -226,13 +234,17 @@ def plan_full(
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     head_chunk = head_chunk or head_chunk_for(device, vocab, available)
 
-    attention = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
-    if switchable(model):  # query-chunked: one chunk's scores (chunked_attention.py)
-        rows_max = max(len(g) for g in groups)
-        attention = min(attention, max(SCORES_PER_CHUNK, rows_max * heads * longest))
+    eager = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
+    rows_max = max(len(g) for g in groups)
+
+    def attention(nd: int) -> int:
+        """Scores alive at once: one query chunk's (chunked_attention.py) or all of them."""
+        if not switchable(model):
+            return eager
+        return min(eager, max(scores_chunk_for(device, available, nd), rows_max * heads * longest))
 
     def forward_peak(nd: int) -> float:
-        acts = tok_batch * 16 * d + attention * 2
+        acts = tok_batch * 16 * d + attention(nd) * SCORE_BUFFERS
         head = HEAD_BUFFERS * 4 * head_chunk * vocab
         return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts + head
 
@@ -251,10 +263,12 @@ def plan_full(
         one = [Block("calibration", tuple(params), nd, 0)]
         warm = _sub_batch(batch, _calibration_rows(batch, 1), 4)  # first-call costs, untimed
         forward_scores(model, warm, params, one, seed, batch_tokens=batch_tokens,
-                       directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
+                       directions_batch=nd, chunk_size=head_chunk,
+                       attention_scores=attention(nd))  # fmt: skip
         t0 = time.perf_counter()
         forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
-                       directions_batch=nd, chunk_size=head_chunk)  # fmt: skip
+                       directions_batch=nd, chunk_size=head_chunk,
+                       attention_scores=attention(nd))  # fmt: skip
         cal_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for name, p in params.items():
@@ -277,7 +291,7 @@ def plan_full(
     plan = FullPlan(
         engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
         reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, head_chunk,
-        max(chunk, 1), budget_s, calibration,
+        attention(max(nd, 1)), max(chunk, 1), budget_s, calibration,
     )  # fmt: skip
     if not math.isfinite(plan.estimate_s):
         peak = plan.forward_peak_bytes if plan.engine == "jvp" else plan.reverse_peak_bytes
@@ -306,6 +320,18 @@ def head_chunk_for(device: torch.device, vocab: int, available_bytes: float) -> 
     return rows_that_fit(
         available_bytes, HEAD_BUFFERS * 4 * vocab, share=HEAD_SHARE, smallest=MIN_HEAD_CHUNK,
         largest=largest,
+    )  # fmt: skip
+
+
+def scores_chunk_for(device: torch.device, available_bytes: float, directions: int) -> int:
+    """Scores of one query chunk of the forward-mode attention: the largest power of two whose
+    `SCORE_BUFFERS` fp32 buffers, for the primal and each of the `directions` tangents under
+    `vmap`, take at most `ATTENTION_SHARE` of `available_bytes`; `SCORES_PER_CHUNK` on the CPU
+    (cache-sized) and the floor, `MAX_SCORES_PER_CHUNK` the cap on a GPU."""
+    largest = SCORES_PER_CHUNK if device.type == "cpu" else MAX_SCORES_PER_CHUNK
+    return rows_that_fit(
+        available_bytes, SCORE_BUFFERS * 4 * (1 + directions), share=ATTENTION_SHARE,
+        smallest=SCORES_PER_CHUNK, largest=largest,
     )  # fmt: skip
 
 

@@ -191,6 +191,7 @@ def forward_scores(
     chunk_size: int = HEAD_CHUNK,
     progress: Callable[[int], None] | None = None,
     attention: str = chunked_attention.NAME,
+    attention_scores: int | None = None,
 ) -> Tensor:
     """`proj [B, T, K]` (K = Σ_b k_b) fp32 on the CPU, 0 at padding: `proj[i, t, offset_b + j] =
     ⟨v_{b,j}, ∇θ log p_t⟩` (module docstring).
@@ -199,7 +200,8 @@ def forward_scores(
     tokens; each batch runs `⌈k_b / directions_batch⌉` vmapped jvps per block, every one over
     `directions_batch` tangents; the head's logits are formed `chunk_size` tokens at a time.
     `progress` gets the response tokens of a batch once all its directions are done. The model
-    runs with the `attention` implementation (`forward_mode_attention`).
+    runs with the `attention` implementation (`forward_mode_attention`), whose query chunks hold
+    `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`).
     """
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape
@@ -208,7 +210,10 @@ def forward_scores(
     wrapper = _TokenLogProbs(model, chunk_size)
     frozen = padding_rows(model)
     packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
-    with torch.no_grad(), eval_mode(model), forward_mode_attention(model, attention):
+    planned = chunked_attention.scores_per_chunk(
+        attention_scores or chunked_attention.SCORES_PER_CHUNK
+    )
+    with torch.no_grad(), eval_mode(model), forward_mode_attention(model, attention), planned:
         for group in pack_by_tokens(packed, batch_tokens):
             inputs, out_rows, cols = _padded(batch, group, device)
             for block in blocks:

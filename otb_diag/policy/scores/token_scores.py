@@ -40,6 +40,8 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import (
+    BATCH_TOKENS,
+    STATS_CHUNK,
     check_output_layer,
     eval_mode,
     final_hidden,
@@ -54,7 +56,7 @@ from otb_diag.policy.scores.forward_mode import forward_scores
 from otb_diag.policy.scores.reverse_mode import reverse_scores
 
 # Tokens per chunk when the caller does not say (see `token_scores`); also the valid modes.
-_DEFAULT_CHUNK = {"head": 256, "full": 32}
+_DEFAULT_CHUNK = {"head": STATS_CHUNK, "full": 32}
 
 # Generator streams, so that no two random matrices share numbers (2: `directions.py`).
 _STREAM_VOCAB, _STREAM_HIDDEN, _STREAM_PROXY = 0, 1, 3
@@ -92,7 +94,7 @@ def token_scores(
     seed: int,
     *,
     chunk_size: int | None = None,
-    batch_tokens: int = 16384,
+    batch_tokens: int = BATCH_TOKENS,
     force: bool = False,
     progress: Callable[[int], None] | None = None,
     engine: Literal["auto", "jvp", "vjp"] = "auto",
@@ -158,6 +160,7 @@ def token_scores(
         proj = forward_scores(
             model, batch, selected, blocks, seed, batch_tokens=plan.forward_batch_tokens,
             directions_batch=plan.directions_batch, chunk_size=plan.head_chunk, progress=progress,
+            attention_scores=plan.attention_scores,
         )  # fmt: skip
         # E‖u_{t,b}‖² = ‖s_{t,b}‖²: the unbiased JL estimate of each block's norm
         block_sq = torch.stack(

@@ -117,6 +117,32 @@ def test_causal_chunks_skip_the_keys_after_their_last_row(monkeypatch) -> None:
     assert_close_to_norm(out, full.transpose(1, 2), rel=1e-6)
 
 
+def test_a_planned_chunk_of_scores_sets_the_query_rows(monkeypatch) -> None:
+    """Rows per chunk are ⌊scores / (B · heads · keys)⌋: `SCORES_PER_CHUNK` outside a plan, the
+    planned number inside `scores_per_chunk`, and back after it."""
+    seen = []
+    real = chunked_attention._kept_keys
+    monkeypatch.setattr(
+        chunked_attention, "_kept_keys", lambda m, n: seen.append(real(m, n)) or seen[-1]
+    )
+    monkeypatch.setattr(chunked_attention, "SCORES_PER_CHUNK", 2 * 4 * 8 * 4)  # 4 rows
+    q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)
+    causal = (
+        torch.full((8, 8), torch.finfo(torch.float32).min).triu(1)[None, None].expand(2, 1, 8, 8)
+    )
+    module = nn.Module().eval()
+    default, _ = chunked_attention_forward(module, q, k, k, causal)
+    assert seen == [(0, 4), (0, 8)]
+    seen.clear()
+    with chunked_attention.scores_per_chunk(2 * 4 * 8 * 2 + 5):  # 2 rows (the 5 left over)
+        planned, _ = chunked_attention_forward(module, q, k, k, causal)
+    assert seen == [(0, 2), (0, 4), (0, 6), (0, 8)]
+    assert_close_to_norm(planned, default, rel=1e-6)
+    seen.clear()
+    chunked_attention_forward(module, q, k, k, causal)
+    assert seen == [(0, 4), (0, 8)]
+
+
 def test_models_without_the_attention_interface_run_eager() -> None:
     """Falcon's attention does not go through the interface: the pass runs it eager (its SDPA
     has no forward-AD formula) through the config it reads, and restores it."""

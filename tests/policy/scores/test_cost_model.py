@@ -115,6 +115,23 @@ def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) ->
     assert eager.forward_peak_bytes - chunked.forward_peak_bytes == expected
 
 
+def test_attention_scores_are_planned_from_the_free_memory() -> None:
+    """`SCORE_BUFFERS` fp32 scores for the primal and each of 8 tangents in `ATTENTION_SHARE`:
+    72 bytes a score; a GPU with 8 GiB free gets 2^⌊log2(0.1 · 8 GiB / 72)⌋ = 2^23 scores, one with
+    80 GiB the cap 2^24, a nearly full one the CPU's `SCORES_PER_CHUNK` (the floor), and the CPU
+    always that."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert full_cost.SCORE_BUFFERS * 4 * (1 + 8) == 72
+    assert full_cost.scores_chunk_for(cuda, 8 * 2**30, 8) == 2**23
+    assert full_cost.scores_chunk_for(cuda, 80 * 2**30, 8) == full_cost.MAX_SCORES_PER_CHUNK
+    assert full_cost.scores_chunk_for(cuda, 80 * 2**30, 8) == 2**24
+    assert full_cost.scores_chunk_for(cuda, 2**20, 8) == full_cost.SCORES_PER_CHUNK
+    assert full_cost.scores_chunk_for(cpu, 80 * 2**30, 8) == full_cost.SCORES_PER_CHUNK
+    # fewer directions, more scores: 2 tangents are 24 bytes a score, 2^⌊log2(0.1 · 2 GiB / 24)⌋
+    assert full_cost.scores_chunk_for(cuda, 2 * 2**30, 2) == 2**23
+    assert full_cost.scores_chunk_for(cuda, 2 * 2**30, 8) == 2**21
+
+
 def test_head_chunk_is_planned_from_the_free_memory() -> None:
     """`HEAD_BUFFERS` fp32 `[chunk, V]` buffers in `HEAD_SHARE` of what is available: V = 151,936
     is 1.82 MB a token; a GPU with 8 GiB free gets 2^⌊log2(0.1 · 8 GiB / 1.82 MB)⌋ = 256 tokens, one
@@ -129,4 +146,6 @@ def test_head_chunk_is_planned_from_the_free_memory() -> None:
     model, batch = gpt2(), make_batch()
     planned = plan(model, batch, engine="jvp", budget_s=None, available_bytes=1e12)
     assert planned.head_chunk == scores_forward_module.HEAD_CHUNK  # the CPU's cap
+    # 3 rows · 2 heads · 8 positions: all the scores of the batch are fewer than a CPU chunk
+    assert planned.attention_scores == 3 * 2 * 8 * 8
     assert plan(model, batch, engine="jvp", budget_s=None, head_chunk=3).head_chunk == 3
