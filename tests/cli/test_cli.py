@@ -98,6 +98,7 @@ def test_inspect_refuses_two_different_rollouts_and_two_ckpt(tmp_path: Path) -> 
 # Options whose help says what this command does with them (same meaning, other wording).
 WORDED_PER_COMMAND = {
     "--baselines",
+    "--batch-tokens",  # energy, variance-compare: auto from free memory; sample: a fixed size
     "--golden",
     "--max-new-tokens",
     "--out",

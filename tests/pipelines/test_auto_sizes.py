@@ -57,6 +57,7 @@ def test_variance_compare_plans_the_statistics_pass_and_records_its_sizes(
     import numpy as np
     from tiny import save_checkpoint
 
+    from otb_diag.pipelines.inputs import Inputs
     from otb_diag.pipelines.variance import measure
     from otb_diag.pipelines.variance.recipe import run_variance
     from otb_diag.policy import forward_pass
@@ -81,7 +82,9 @@ def test_variance_compare_plans_the_statistics_pass_and_records_its_sizes(
 
         monkeypatch.setattr(measure, name, spy)
     settings = VarianceSettings(modes=("proxy", "head"), draws=5, bootstrap=10, sketch_dim=4)
-    result = run_variance([tmp_path / "ckpt"], pool, tmp_path / "out", settings, progress=False)
+    result = run_variance(
+        Inputs(ckpt=[tmp_path / "ckpt"], rollouts=pool), tmp_path / "out", settings, progress=False
+    )
     assert seen == {"checkpoint_stats": (64, 8), "token_scores": (BATCH_TOKENS, STATS_CHUNK)}
     recorded = json.loads((tmp_path / "out" / "summary.json").read_text())["settings"]
     assert (recorded["batch_tokens"], recorded["chunk_size"]) == (64, 8)
