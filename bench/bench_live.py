@@ -3,6 +3,13 @@ embedded checkpoint, tests/integrations/trl_toy.py's set-up), and its memory ove
 
     python bench/bench_live.py            # 3 rounds x 12 steps per configuration (~2 min)
     python bench/bench_live.py --quick    # 2 rounds x 8 steps
+    python bench/bench_live.py --model medium   # the same on a larger random-weight body
+
+`--model` picks the policy: `toy` (the embedded checkpoint, a step of tens of ms, where the
+diagnostics' fixed cost shows most) or `small` / `medium`, a GPT-2 body of that size with seeded
+random weights and the embedded tokenizer (saved to a temporary folder as safetensors), whose
+step's compute dominates as a real policy's does; the rewards then rarely pay, which changes
+nothing the diagnostics compute.
 
 Configurations, each a fresh trainer with the same seed: `plain` (no attach), `loss-logits`
 (attach, Σπ² from the loss's own forward through TRL's fused head), `extra-forward` (attach with
@@ -33,6 +40,7 @@ import json
 import os
 import pickle
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,13 +52,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 
 import torch  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback  # noqa: E402
 from trl_toy import toy_trainer  # noqa: E402
 
 from otb_diag.integrations.trl import LiveDiagnostics, attach  # noqa: E402
+from otb_diag.io.scenarios import default_checkpoint  # noqa: E402
 
 WARMUP = 2
 TARGET = 0.05  # ≤ 5 % of a step with the loss's logits
+# GPT-2 body sizes for `--model` (the embedded checkpoint's is 128 wide, 3 layers); `toy` is the
+# embedded checkpoint itself.
+MODELS = {
+    "toy": None,
+    "small": {"n_embd": 256, "n_layer": 4, "n_head": 4},
+    "medium": {"n_embd": 512, "n_layer": 8, "n_head": 8},
+}
+MODEL_SEED = 0
 
 
 class StepTimer(TrainerCallback):
@@ -96,10 +113,24 @@ CONFIGS = {
 }
 
 
-def one_run(name: str, steps: int, folder: Path) -> tuple[list[float], object]:
-    """The timed steps' durations (s) of one run; the hooks' time accumulates in
-    `hook_seconds`."""
-    trainer = toy_trainer(folder / name, steps)
+def random_checkpoint(folder: Path, size: dict[str, int]) -> Path:
+    """A checkpoint in `folder`: the embedded one's GPT-2 config resized to `size`, seeded
+    random weights (safetensors), the embedded tokenizer and generation config."""
+    embedded = default_checkpoint()
+    torch.manual_seed(MODEL_SEED)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(embedded, **size))
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(Path(embedded) / name, folder / name)
+    return folder
+
+
+def one_run(
+    name: str, steps: int, folder: Path, ckpt: Path | None = None
+) -> tuple[list[float], object]:
+    """The timed steps' durations (s) of one run on `ckpt` (default: the embedded one); the
+    hooks' time accumulates in `hook_seconds`."""
+    trainer = toy_trainer(folder / name, steps, ckpt=ckpt)
     live = attach(trainer, **CONFIGS[name]) if CONFIGS[name] is not None else None
     timer = StepTimer()
     trainer.add_callback(timer)
@@ -107,6 +138,12 @@ def one_run(name: str, steps: int, folder: Path) -> tuple[list[float], object]:
     if live is not None and not live.enabled:  # timing switched-off hooks would flatter them
         raise RuntimeError(f"{name}: the live diagnostics switched themselves off")
     return timer.times[WARMUP:], live
+
+
+def count_parameters(ckpt: Path | None) -> int:
+    """The policy's parameter count (`ckpt` None: the embedded checkpoint)."""
+    model = AutoModelForCausalLM.from_pretrained(ckpt or default_checkpoint())
+    return sum(p.numel() for p in model.parameters())
 
 
 def live_state_bytes(live) -> int:
@@ -120,6 +157,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds x 8 timed steps")
     parser.add_argument("--rounds", type=int, help="rounds per configuration (default 3)")
     parser.add_argument("--steps", type=int, help="timed steps per round (default 12)")
+    parser.add_argument("--model", choices=MODELS, default="toy", help="the policy (see above)")
     args = parser.parse_args()
     rounds, steps = (2, 8) if args.quick else (3, 12)
     rounds, steps = args.rounds or rounds, args.steps or steps
@@ -127,14 +165,17 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
     hooks: dict[str, float] = dict.fromkeys(CONFIGS, 0.0)
     with tempfile.TemporaryDirectory() as tmp:
+        size = MODELS[args.model]
+        ckpt = random_checkpoint(Path(tmp) / "model", size) if size else None
+        model = {"name": args.model, "parameters": count_parameters(ckpt)}
         for _ in range(rounds):
             for name in CONFIGS:
                 hook_seconds[0] = 0.0
-                times[name] += one_run(name, steps + WARMUP, Path(tmp))[0]
+                times[name] += one_run(name, steps + WARMUP, Path(tmp), ckpt)[0]
                 hooks[name] += hook_seconds[0] / (steps + WARMUP) / rounds
         # Memory: the live state after a short and a long run.
-        _, short = one_run("loss-logits", 3, Path(tmp) / "short")
-        _, long = one_run("loss-logits", 3 * steps, Path(tmp) / "long")
+        _, short = one_run("loss-logits", 3, Path(tmp) / "short", ckpt)
+        _, long = one_run("loss-logits", 3 * steps, Path(tmp) / "long", ckpt)
         memory = {
             "after_3_steps": live_state_bytes(short),
             f"after_{3 * steps}_steps": live_state_bytes(long),
@@ -152,6 +193,7 @@ def main() -> None:
         "torch": torch.__version__,
     }
     print(f"machine: {machine}")
+    print(f"model: {model}")
     print(
         f"{'configuration':<15}{'median step (ms)':>18}{'overhead':>10}"
         f"{'hooks (ms/step)':>17}{'hooks/step':>12}{'steps':>7}"
@@ -166,7 +208,7 @@ def main() -> None:
     verdict = "PASS" if overhead["loss-logits"] <= TARGET else "FAIL"
     print(f"target: loss-logits overhead ≤ {TARGET:.0%}: {verdict}")
     print(f"live state kept between steps (bytes): {memory}")
-    record = {"machine": machine, "median_step_s": median, "overhead": overhead}
+    record = {"machine": machine, "model": model, "median_step_s": median, "overhead": overhead}
     record |= {"hooks_s_per_step": hooks, "hooks_share_of_plain_step": hook_share}
     print(json.dumps({**record, "target": TARGET, "verdict": verdict, "live_state_bytes": memory}))
 

@@ -50,6 +50,15 @@ def test_smallest_path_runs_to_its_json_line(script: str) -> None:
         assert len(record["rows"]) == 6
 
 
+@pytest.mark.slow
+def test_live_bench_builds_the_larger_random_body() -> None:
+    result = run("bench_live.py", "--model", "small", "--rounds", "1", "--steps", "1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    model = json.loads(result.stdout.strip().splitlines()[-1])["model"]
+    assert model["name"] == "small"
+    assert model["parameters"] > 3_000_000  # 256 wide, 4 layers; the embedded one has ~0.6M
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_bench_without_cuda_says_skipped() -> None:
     result = run("gpu.py")

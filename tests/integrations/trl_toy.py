@@ -33,9 +33,13 @@ def short(prompts: list[str], completions: list[str], **_: object) -> list[float
     return [0.1 if len(c) <= 3 else 0.0 for c in completions]
 
 
-def toy_trainer(out: Path, steps: int, *, per_step: int = 8, **config: Any) -> Any:
+def toy_trainer(
+    out: Path, steps: int, *, per_step: int = 8, ckpt: Path | None = None, **config: Any
+) -> Any:
     """A constructed GRPOTrainer writing to `out` (`per_step` completions a step, groups of
-    `GENERATIONS`, seed 0); `config` overrides GRPOConfig fields."""
+    `GENERATIONS`, seed 0) on `ckpt` (default: the embedded checkpoint; another must use its
+    tokenizer, as bench/bench_live.py's larger random-weight bodies do); `config` overrides
+    GRPOConfig fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -56,7 +60,7 @@ def toy_trainer(out: Path, steps: int, *, per_step: int = 8, **config: Any) -> A
         "disable_tqdm": True,
         **config,
     }
-    ckpt = default_checkpoint()
+    ckpt = ckpt or default_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt),

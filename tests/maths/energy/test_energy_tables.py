@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -12,7 +13,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from otb_diag.errors import InputError
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.maths.energy.tables import energy_tables, pick_group
+from otb_diag.maths.energy.heterogeneity import group_heterogeneity
+from otb_diag.maths.energy.tables import energy_tables, group_table, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
@@ -87,6 +89,23 @@ def test_tables_are_consistent(model, tmp_path: Path) -> None:
     assert tables.proxies["none"]["expected_w"] == pytest.approx(seqs["energy"].mean(), rel=1e-5)
     assert len(tables.groups) == 3
     assert pick_group(tables.groups) in set(tables.groups["group"])
+
+
+def test_group_table_takes_each_groups_own_rows_in_order_of_appearance() -> None:
+    # Interleaved rows: group "b" is rows 0, 2, 3, group "a" rows 1, 4.
+    sequences = pd.DataFrame(
+        {"group": ["b", "a", "b", "b", "a"], "length": [3, 1, 2, 4, 2], "reward": [1.0, 0, 0, 1, 0]}
+    )
+    paths = [np.cumsum(np.arange(1.0, n + 1) * (i + 1)) for i, n in enumerate(sequences["length"])]
+    groups = group_table(sequences, paths)
+    assert groups["group"].tolist() == ["b", "a"]
+    assert groups["size"].tolist() == [3, 2]
+    assert groups["mean_reward"].tolist() == [pytest.approx(2 / 3), 0.0]
+    assert groups["mixed_rewards"].tolist() == [True, False]
+    assert groups[["min_length", "max_length"]].to_numpy().tolist() == [[2, 4], [1, 2]]
+    for row, members in zip(groups.to_dict("records"), ([0, 2, 3], [1, 4]), strict=True):
+        expected = group_heterogeneity([paths[i] for i in members])
+        np.testing.assert_equal({k: row[k] for k in expected}, expected)
 
 
 def test_model_free_equals_model_mode_on_the_models_own_numbers(model, tmp_path: Path) -> None:
