@@ -34,6 +34,7 @@ from otb_diag.maths.variance.step_split import (
     step_split,
     without_rounding,
 )
+from otb_diag.policy.scores.token_scores import token_scores
 
 PREFIX = "otb/"
 # The proxies logged per baseline (`maths/energy/proxies.py`); `expected_w` does not depend on
@@ -183,6 +184,21 @@ def step_metrics(
     return {PREFIX + k: v for k, v in out.items()}
 
 
+def split_scores(model: torch.nn.Module, batch: ResponseBatch, k: int) -> Tensor:
+    """`[B, T, k]` the split's per-token score vectors of `batch` under `model` (the policy that
+    sampled it): head mode, one extra no-grad forward, the same projection at every step."""
+    return token_scores(model, batch, SPLIT_MODE, k, SPLIT_SEED).proj
+
+
+def split_baselines(
+    audited: tuple[str, dict[str, Any]] | None,
+) -> dict[str, dict[str, Any]]:
+    """The baselines a split is logged under: the trainer's own (`audited`, the registry name
+    and options it runs, when known) and OTB."""
+    own = [audited] if audited is not None else []
+    return dict([*own, ("otb", {})])
+
+
 def split_metrics(
     batch: ResponseBatch,
     scores: Tensor,
@@ -198,7 +214,7 @@ def split_metrics(
     (a `maths/aggregation.py` name).
 
     scores: `[B, C, k]` projected per-token scores of the batch's responses (C ≥ its width),
-    e.g. `token_scores(model, batch, SPLIT_MODE, k, SPLIT_SEED).proj`. The advantages are the
+    e.g. `split_scores(model, batch, k)`. The advantages are the
     one estimator's (`batch_advantages`) on the logged w and the batch's importance weights, as
     `step_metrics` computes them, less their rounding (`step_split.without_rounding`)."""
     stats = logged_stats(batch)

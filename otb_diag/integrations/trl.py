@@ -54,17 +54,16 @@ from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.dump import check_dump_dir, dump_step
 from otb_diag.integrations.step_metrics import (
     PREFIX,
-    SPLIT_MODE,
-    SPLIT_SEED,
     check_whole_groups,
     response_batch,
+    split_baselines,
     split_metrics,
+    split_scores,
     step_metrics,
 )
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
-from otb_diag.policy.scores.token_scores import token_scores
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer the tests run
 HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
@@ -135,8 +134,7 @@ class LiveDiagnostics:
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
         self.audited = trainer_baseline("trl") if documented else None
         # The split under TRL's own estimator (when its settings are the documented ones) and OTB.
-        own = [self.audited] if self.audited is not None else []
-        self.split_baselines: dict[str, dict[str, Any]] = dict([*own, ("otb", {})])
+        self.split_baselines = split_baselines(self.audited)
         self.aggregation = LOSS_AGGREGATION.get(getattr(trainer, "loss_type", ""), "")
 
     # -- hooks -------------------------------------------------------------------------------
@@ -243,7 +241,7 @@ class LiveDiagnostics:
         # The scores need the weights that sampled the batch: before the optimizer step, here.
         logged = (p.step - 1) // self.every  # this step's rank among the logged steps
         split = self.split_every > 0 and logged % self.split_every == 0
-        scores = self._head_scores(batch) if split else None
+        scores = split_scores(self._policy(), batch, self.split_k) if split else None
         # The tables are computed beside the backward pass and the optimizer step (torch's
         # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.
         self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
@@ -313,14 +311,13 @@ class LiveDiagnostics:
             trainer_advantage=x["advantages"],
         )
 
-    def _head_scores(self, batch: ResponseBatch) -> Tensor:
-        """`[B, T, split_k]` head-mode score vectors of the batch (one no-grad forward)."""
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        return token_scores(model, batch, SPLIT_MODE, self.split_k, SPLIT_SEED).proj
+    def _policy(self) -> torch.nn.Module:
+        """The trainer's model, unwrapped from its accelerator."""
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` from one no-grad forward of the policy."""
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        model = self._policy()
         was_training = model.training
         model.eval()
         try:

@@ -34,16 +34,15 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.integrations.dump import check_dump_dir, dump_step
 from otb_diag.integrations.step_metrics import (
-    SPLIT_MODE,
-    SPLIT_SEED,
     check_whole_groups,
     response_batch,
+    split_baselines,
     split_metrics,
+    split_scores,
     step_metrics,
 )
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.policy.scores.token_scores import token_scores
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
 
@@ -73,7 +72,7 @@ def compute_otb_metrics(
     step = verl_batch(batch, temperature)
     metrics = step_metrics(step, audited, baselines)
     if scores is None and model is not None:
-        scores = token_scores(model, step, SPLIT_MODE, split_k, SPLIT_SEED).proj
+        scores = split_scores(model, step, split_k)
     if scores is not None:
         rows, width = step.mask.shape
         if scores.ndim != 3 or scores.shape[0] != rows or scores.shape[1] < width:
@@ -82,8 +81,7 @@ def compute_otb_metrics(
                 f"tokens; got shape {list(scores.shape)}.",
                 field="scores",
             )
-        own = [audited] if audited is not None else []
-        metrics |= split_metrics(step, scores, dict([*own, ("otb", {})]), loss_agg_mode)
+        metrics |= split_metrics(step, scores, split_baselines(audited), loss_agg_mode)
     return metrics
 
 
