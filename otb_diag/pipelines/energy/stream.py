@@ -139,9 +139,8 @@ def measure_and_write(
         writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else _load(settings, path)
-            settings = planned(
-                settings, None if ckpt is None else ckpt.model
-            )  # auto sizes: the first model's
+            # Auto sizes are the first model's: `planned` keeps sizes already resolved.
+            settings = planned(settings, None if ckpt is None else ckpt.model)
             t0 = time.perf_counter()
             step = i if ckpt is None or ckpt.step is None else ckpt.step
             # fig5's token sample is kept for the last step only

@@ -31,6 +31,7 @@ from otb_diag.pipelines.inputs import (
     one_checkpoint,
     one_rollouts,
     rollouts_or_default,
+    silent,
 )
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
 from otb_diag.pipelines.results.inspect import InspectResult
@@ -71,7 +72,7 @@ def inspect_rollouts(
     chat_template: bool = False,
     steps: str | None = None,
     reward_columns: list[str] | None = None,
-    say: Say = lambda _: None,
+    say: Say = silent,
 ) -> InspectResult | None:
     """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B";
     the scenario's embedded rollouts when None) once: validate every row, fill in missing ids

@@ -40,7 +40,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json, write_jsonl
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
-from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint
+from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.sample import (
     MANIFEST,
     ROLLOUTS,
@@ -88,7 +88,7 @@ def run_sample(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-    say: Say = lambda _: None,
+    say: Say = silent,
 ) -> SampleResult | None:
     """Sample the pools into `out` from `ckpt` (one path, or the --ckpt list holding at most one;
     the embedded default checkpoint, said through `say`, when None; see the module docstring);
