@@ -194,11 +194,11 @@ def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
     tmp_path: Path,
 ) -> None:
     """Text-only rows tokenized by the embedded checkpoint (its tokenizer, since none is given):
-    the rows whose text does not survive the round trip are in the result, the first
-    `ISSUES_SAID` said one by one and the rest counted."""
-    from otb_diag.pipelines.inspect.recipe import ISSUES_SAID, inspect_rollouts
+    every text that does not survive the round trip is in the result, and it says them in one
+    line, their count and the first, however many rows fail."""
+    from otb_diag.pipelines.inspect.recipe import inspect_rollouts
 
-    bad = ISSUES_SAID + 2
+    bad = 12
     rows = [{"group": "g", "prompt": "C:12=", "response": "12", "reward": 1.0}]
     rows += [{"group": "g", "prompt": "C:12=", "response": "1é2", "reward": 0.0}] * bad
     path = tmp_path / "r.jsonl"
@@ -209,7 +209,23 @@ def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
     assert said[0].startswith("no checkpoint given: using the embedded default")
     assert len(result.round_trip_issues) == bad
     assert "line 2, field 'response'" in result.round_trip_issues[0]
-    trips = [line for line in said if line.startswith("round trip: ")]
-    assert trips == [f"round trip: {issue}" for issue in result.round_trip_issues[:ISSUES_SAID]]
-    assert said[-1] == "... and 2 more rows whose text does not round-trip"
+    trips = [line for line in said if line.startswith("round trip")]
+    assert trips == [
+        f"round trip: {bad} text field(s) not reproduced by the tokenizer; first: "
+        f"{result.round_trip_issues[0]}; {bad - 1} more in --json"
+    ]
     assert result.to_json()["round_trip_issues"] == result.round_trip_issues
+
+
+def test_round_trip_line_counts_every_field_and_names_the_first() -> None:
+    """A 24-row dump whose prompt and response both fail: 48 issues, one line."""
+    from otb_diag.pipelines.inspect.recipe import round_trip_line
+
+    issues = [f"row {i // 2}, field '{('prompt', 'response')[i % 2]}': ..." for i in range(48)]
+    line = round_trip_line(issues)
+    assert line == (
+        "round trip: 48 text field(s) not reproduced by the tokenizer; first: "
+        "row 0, field 'prompt': ...; 47 more in --json"
+    )
+    assert "\n" not in line
+    assert round_trip_line(issues[:1]).endswith("first: row 0, field 'prompt': ...")

@@ -38,9 +38,6 @@ from otb_diag.pipelines.results.inspect import InspectResult
 from otb_diag.runtime.torchrun import session
 
 __all__ = ["FIELDS", "inspect_rollouts", "summarize"]  # FIELDS: where it was
-# Rows whose text does not round-trip that are said one by one; the rest are counted.
-ISSUES_SAID = 10
-
 # Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
 TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
 
@@ -111,12 +108,18 @@ def inspect_rollouts(
             f"note: {found.untemplated} prompts were tokenized without the tokenizer's chat "
             "template; pass --chat-template if the trainer applied it"
         )
-    issues = found.summary.round_trip_issues
-    for issue in issues[:ISSUES_SAID]:
-        say(f"round trip: {issue}")
-    if len(issues) > ISSUES_SAID:
-        say(f"... and {len(issues) - ISSUES_SAID} more rows whose text does not round-trip")
+    if found.summary.round_trip_issues:
+        say(round_trip_line(found.summary.round_trip_issues))
     return found.summary
+
+
+def round_trip_line(issues: list[str]) -> str:
+    """One line for every text the tokenizer does not reproduce: their count and the first (a
+    dump decoded by another tokenizer fails on every row and field, 48 lines for a 24-row verl
+    dump; the whole list is the result's `round_trip_issues`, in --json)."""
+    more = f"; {len(issues) - 1} more in --json" if len(issues) > 1 else ""
+    count = f"{len(issues)} text field(s) not reproduced by the tokenizer"
+    return f"round trip: {count}; first: {issues[0]}{more}"
 
 
 def _inspect(
