@@ -3,7 +3,8 @@
 
 Each function takes the tidy tables of `variance.empirical_variance` (or a per-token table) and
 returns a matplotlib Figure. A baseline keeps its family's colour (`baseline_color`); variants
-are told apart by line style or hatch (`-loo` dashed, `-true` dotted)."""
+are told apart by line style or hatch (`-loo` dashed, `-true` dotted, `-seqnorm-true`
+dash-dot-dot)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from otb_diag.maths.estimators.registry import variant_of
 from otb_diag.maths.variance.fidelity import correlations
 from otb_diag.plots.style import STYLE, baseline_color, new_figure
 
-LINESTYLES = {"loo": "--", "true": ":"}
-HATCHES = {"loo": "//", "true": ".."}
+LINESTYLES = {"loo": "--", "true": ":", "seqnorm-true": (0, (3, 1, 1, 1, 1, 1))}
+HATCHES = {"loo": "//", "true": "..", "seqnorm-true": "xx"}
 
 
 PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would thin to none)

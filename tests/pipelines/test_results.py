@@ -56,7 +56,7 @@ def test_format_reads_the_fields(runs: Path) -> None:
     assert isinstance(variance, VarianceResult)
     text = variance.format()
     for claim in variance.paper_claim:
-        assert f"{claim.mode}: {claim.verdict}: {claim.text}." in text
+        assert f"paper's claim, {claim.mode} mode: {claim.text}." in text
     assert f"recommendation: {variance.recommendation}" in text
     assert len(text.splitlines()) > len(variance.headline) + len(variance.knee.rows)
 

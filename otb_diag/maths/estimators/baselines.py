@@ -19,7 +19,7 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import cumulative_energy
-from otb_diag.maths.estimators.registry import register_baseline
+from otb_diag.maths.estimators.registry import SEQUENCE_NORM, TOKEN_NORMS, register_baseline
 from otb_diag.maths.groups import group_total, weighted_group_mean
 
 
@@ -121,7 +121,7 @@ def _optseq_advantage(
     return (returns - baseline[:, None]) * mask
 
 
-@register_baseline("optseq", needs_energy=True, true_variant=True)
+@register_baseline("optseq", needs_energy=True, true_energies=(TOKEN_NORMS, SEQUENCE_NORM))
 def optseq_baseline(
     returns: Tensor,
     mask: Tensor,
@@ -133,8 +133,10 @@ def optseq_baseline(
 ) -> Tensor:
     """Classic optimal sequence baseline `B = sum_j R_j W_j / (sum_j W_j + eps)`.
 
-    `energy` is the cumulative `W: [B, T]` (its last column is `W(tau)`) or any per-sequence
-    energy `[B]`, such as the true `||grad log pi(tau)||^2`. A group of one gets `B = 0`.
+    `energy` is the cumulative `W: [B, T]` (its last column is `W(tau)`: the proxy's, or
+    `sum_t ||s_t||^2`, no cross terms) or any per-sequence energy `[B]`, such as the sequence
+    score's `||grad log pi(tau)||^2 = ||sum_t s_t||^2` of the classic optimal baseline (cross
+    terms in; importance weights, if any, already in it). A group of one gets `B = 0`.
     """
     energy = require_energy(energy, "optseq")
     return _optseq_advantage(returns, mask, group, energy, is_weights, eps=eps, leave_one_out=False)

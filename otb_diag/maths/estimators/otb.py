@@ -11,7 +11,7 @@ from torch import Tensor
 
 from otb_diag.maths.energy.token_stats import cumulative_energy, proxy_from_probs
 from otb_diag.maths.estimators.baselines import require_energy, reweight_energy
-from otb_diag.maths.estimators.registry import register_baseline
+from otb_diag.maths.estimators.registry import TOKEN_NORMS, register_baseline
 from otb_diag.maths.groups import weighted_group_mean, zero_tail
 from otb_diag.maths.returns import returns_to_go
 
@@ -108,7 +108,7 @@ def _otb_advantage(
 @register_baseline(
     "otb",
     needs_energy=True,
-    true_variant=True,
+    true_energies=(TOKEN_NORMS,),
     verl=("optimal_token_baseline", "tir_optimal_token_baseline"),
 )
 def otb_baseline(

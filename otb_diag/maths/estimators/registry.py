@@ -8,8 +8,9 @@ A baseline is one function registered with `@register_baseline`:
 and its entry says everything the rest of the package asks about it, so no other module lists
 baseline names: whether it needs the realized energy `W` (and so takes the importance weights
 as `w·ρ²`), whether it supports verl's TIR re-indexing, its family and variant (`otb-loo` is the
-`loo` variant of the `otb` family; the plots colour a family once), whether `variance-compare`
-also runs it on the exact per-token squared norms (`<name>-true`, full mode), whether it is in
+`loo` variant of the `otb` family; the plots colour a family once), which energies measured
+from the scores themselves `variance-compare` also runs it on in full mode (`true_energies`,
+see `TRUE_ENERGIES`; the row `<name>-<source>`), whether it is in
 the defaults of `energy` / `variance-compare` / the API, and the names and options under which
 trainers run it (for the advantage audit). The options a baseline takes (`is_weights`, `eps`,
 `handle_zero_tail`, `tir`) are read from its signature.
@@ -30,7 +31,17 @@ from typing import Any
 from otb_diag.errors import InputError
 
 BaselineFn = Callable[..., Any]  # (returns, mask, group, energy, **options) -> [B, T] Tensor
-TRUE_SUFFIX = "-true"  # variance-compare's label of a baseline fed the exact squared norms
+TRUE_SUFFIX = "-true"  # ends the label of every baseline fed an energy of the scores themselves
+
+# The energies variance-compare's full mode measures from the per-token scores `s_t` in place of
+# the proxy `w_t` (source name -> what it is); a baseline's entry names those it takes, and
+# its row is labelled `<name>-<source>`. Exact where the scores' norms are (reverse mode); in
+# forward mode, and for every cross term, JL estimates from the k projected coordinates.
+TOKEN_NORMS, SEQUENCE_NORM = "true", "seqnorm-true"
+TRUE_ENERGIES = {
+    TOKEN_NORMS: "per-token ‖s_t‖², accumulated to W_t = Σ_{j≤t} ‖s_j‖² (no cross terms)",
+    SEQUENCE_NORM: "per-response ‖Σ_t s_t‖² = ‖∇θ log π(τ)‖², cross terms included",
+}
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,7 @@ class Baseline:
     family: str
     variant: str = ""
     needs_energy: bool = False
-    true_variant: bool = False
+    true_energies: tuple[str, ...] = ()  # keys of TRUE_ENERGIES
     default: bool = True
     verl: tuple[str, ...] = ()  # verl `algorithm.adv_estimator` names that compute it
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # trainer -> options
@@ -76,7 +87,7 @@ def register_baseline(
     *,
     family: str | None = None,
     needs_energy: bool = False,
-    true_variant: bool = False,
+    true_energies: tuple[str, ...] = (),
     default: bool = True,
     verl: tuple[str, ...] = (),
     trainers: Mapping[str, Mapping[str, Any]] | None = None,
@@ -89,7 +100,12 @@ def register_baseline(
         if name in BASELINES:
             raise ValueError(f"baseline '{name}' is already registered to {BASELINES[name].fn}")
         if name.endswith(TRUE_SUFFIX):
-            raise ValueError(f"'{TRUE_SUFFIX}' is reserved for rows on exact squared norms")
+            raise ValueError(f"'{TRUE_SUFFIX}' is reserved for rows on the scores' own energies")
+        unknown = set(true_energies) - set(TRUE_ENERGIES)
+        if unknown:
+            raise ValueError(
+                f"unknown true_energies {sorted(unknown)}; known {list(TRUE_ENERGIES)}"
+            )
         stem, _, variant = name.partition("-")
         BASELINES[name] = Baseline(
             name=name,
@@ -97,7 +113,7 @@ def register_baseline(
             family=family or (stem if variant == "loo" else name),
             variant=variant if variant == "loo" and family is None else "",
             needs_energy=needs_energy,
-            true_variant=true_variant,
+            true_energies=tuple(true_energies),
             default=default,
             verl=tuple(verl),
             trainers=MappingProxyType(dict(trainers or {})),
@@ -127,19 +143,29 @@ def families() -> tuple[str, ...]:
     return tuple(dict.fromkeys(get_baseline(n).family for n in baseline_names()))
 
 
+def split_label(label: str) -> tuple[str, str]:
+    """(registry name, energy source) of a table label: `optseq-seqnorm-true` is `optseq` on
+    `seqnorm-true`, `otb-loo-true` is `otb-loo` on `true`; a name alone has source ""."""
+    for source in TRUE_ENERGIES:
+        stem = label.removesuffix(f"-{source}")
+        if stem != label and stem in BASELINES:
+            return stem, source
+    return label, ""
+
+
 def family_of(label: str) -> str | None:
     """The family of a baseline or of a table label such as `otb-true`; None when unknown."""
-    entry = BASELINES.get(label.removesuffix(TRUE_SUFFIX))
+    entry = BASELINES.get(split_label(label)[0])
     return entry.family if entry else None
 
 
 def variant_of(label: str) -> str:
-    """`loo`, `true`, `loo-true` or "" for a table label (what the plots tell apart by style)."""
-    entry = BASELINES.get(label.removesuffix(TRUE_SUFFIX))
+    """`loo`, `true`, `seqnorm-true`, `loo-true` or "" for a table label (what the plots tell
+    apart by style)."""
+    name, source = split_label(label)
+    entry = BASELINES.get(name)
     parts = [entry.variant] if entry and entry.variant else []
-    if label.endswith(TRUE_SUFFIX):
-        parts.append("true")
-    return "-".join(parts)
+    return "-".join([*parts, source] if source else parts)
 
 
 def trainer_baseline(trainer: str) -> tuple[str, dict[str, Any]] | None:

@@ -92,14 +92,17 @@ def default_specs(
     baselines: Sequence[str] | None = None, extra_sources: Sequence[str] = ()
 ) -> list[BaselineSpec]:
     """`baselines` (default: the registry's defaults) on the proxy energy when their registry
-    entry `needs_energy`, plus `<name>-<src>` for each extra energy source (e.g. "true": the
-    exact per-token squared gradient norms) of those whose entry has a `true_variant`."""
+    entry `needs_energy`, plus `<name>-<src>` for each extra energy source (the registry's
+    `TRUE_ENERGIES`: "true", the per-token `‖s_t‖²`; "seqnorm-true", the sequence's
+    `‖Σ_t s_t‖²`) of those whose entry lists it in `true_energies`."""
     names = baseline_names(defaults_only=True) if baselines is None else baselines
     entries = [get_baseline(n) for n in names]
     specs = [BaselineSpec(b.name, b.name, PROXY if b.needs_energy else None) for b in entries]
     for source in extra_sources:
         specs += [
-            BaselineSpec(f"{b.name}-{source}", b.name, source) for b in entries if b.true_variant
+            BaselineSpec(f"{b.name}-{source}", b.name, source)
+            for b in entries
+            if source in b.true_energies
         ]
     return specs
 
@@ -202,10 +205,12 @@ def draw_estimates(
     """`g_r` of every draw for every (aggregation, baseline label), all on the same draws.
 
     returns, mask: `[B, T]` pool tensors; scores: `[B, T, k]`; energies: source -> per-token
-    `w: [B, T]`; rows: `[R, P, N]` from `draw_groups`; centres: `[P, k]` from `pool_score_means`;
-    is_weights: `[B, T]` ρ of the pool or None. Each draw's advantages come from the one
-    estimator (`token_advantages`) on the drawn rows alone, under `estimator` (decided for the
-    pool: `Estimator.resolved`), exactly as `energy` computes them on a whole batch.
+    `w: [B, T]` (accumulated to `W_t` here) or a per-response energy `[B]` (taken as it is,
+    any importance weights already in it, so the baseline is given no ρ); rows: `[R, P, N]`
+    from `draw_groups`; centres: `[P, k]` from `pool_score_means`; is_weights: `[B, T]` ρ of
+    the pool or None. Each draw's advantages come from the one estimator (`token_advantages`)
+    on the drawn rows alone, under `estimator` (decided for the pool: `Estimator.resolved`),
+    exactly as `energy` computes them on a whole batch.
     Returns (aggregation, label) -> `DrawSet`, whose `g_centred` uses the scores
     `s_t - centres[p]` on prompt p's generated tokens. By linearity
     `g_centred_r = g_r - sum_p a_rp centres[p]` with `a_rp = sum_{i in p, t} c_it A_it`.
@@ -223,9 +228,12 @@ def draw_estimates(
     pool_scores = scores[layout.clamp(max=b - 1).reshape(-1)].double()  # [P*M_max, T, k]
     pool_scores[layout.reshape(-1) == b] = 0.0
     pool_scores = pool_scores.view(prompts, -1, k)  # [P, M_max * T, k]
-    # W_t of every source over whole pool rows (row-wise, so indexing a draw's rows after the
-    # cumsum gives the same numbers as accumulating them per draw).
-    cumulative = {src: cumulative_energy(w.double(), mask) for src, w in energies.items()}
+    # W_t of every per-token source over whole pool rows (row-wise, so indexing a draw's rows
+    # after the cumsum gives the same numbers as accumulating them per draw); per-row ones as is.
+    cumulative = {
+        src: cumulative_energy(w.double(), mask) if w.dim() == 2 else w.double()
+        for src, w in energies.items()
+    }
     is_weights = None if is_weights is None else is_weights.double()
     chunk = max(1, max_elements // max(b * t, 1))
     raw = {(agg, spec.label): np.empty((draws, k)) for agg in aggregations for spec in specs}
@@ -246,7 +254,8 @@ def draw_estimates(
         }
         for spec in specs:
             energy = cumulative[spec.energy][sub] if spec.energy else None
-            rho = None if is_weights is None else is_weights[sub]
+            per_row = energy is not None and energy.dim() == 1  # ρ already in it
+            rho = None if is_weights is None or per_row else is_weights[sub]
             adv = token_advantages(
                 spec.name, returns[sub], sub_mask, group, energy, is_weights=rho,
                 estimator=estimator,
@@ -425,7 +434,8 @@ def empirical_variance(
 
     returns: `[B, T]` reward-to-go `G_t` of the pool (`returns_to_go`); mask: `[B, T]`;
     group: `[B]` prompt ids; scores: `[B, T, k]` projected per-token scores;
-    energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`).
+    energies: source -> per-token energy `w: [B, T]` (`"proxy"`, and e.g. `"true"`) or
+    per-response energy `[B]` (e.g. `"seqnorm-true"`, see `draw_estimates`).
     options (keyword only): specs (default `default_specs` of the extra energy sources),
     aggregations, group_sizes, draws (200), bootstrap (1000), seed (0), mode (only recorded),
     is_weights, estimator, max_elements (see `paired_estimates`). N runs over `group_sizes` capped

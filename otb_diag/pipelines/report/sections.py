@@ -15,7 +15,7 @@ from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.train import TrainResult
-from otb_diag.pipelines.results.variance import VarianceResult
+from otb_diag.pipelines.results.variance import PAPER_TOKEN_SAVING, VarianceResult, percent
 from otb_diag.plots.registry import figures_of
 
 
@@ -132,8 +132,9 @@ _VARIANCE_DEFS = html.definitions(
         ("OTB/RLOO", "the same against RLOO, which is unbiased"),
         ("N′", "group size at which the mean baseline's variance (interpolated log–log over "
          "the measured N) equals OTB's; > max N: beyond the measured range"),
-        ("saving", "1 − N/N′: share of sampled tokens saved for the same variance (a lower "
-         "bound when N′ is beyond the range)"),
+        ("saving", "1 − N/N′: share of sampled tokens saved for the same gradient variance (a "
+         "lower bound when N′ is beyond the range); not the paper's > "
+         f"{percent(PAPER_TOKEN_SAVING)}, which is at equal score over training"),
     ]
 )  # fmt: skip
 _FIDELITY_DEFS = [

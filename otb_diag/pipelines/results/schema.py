@@ -13,8 +13,10 @@ from typing import Any, ClassVar, TypeVar
 from otb_diag.errors import InputError
 
 # Bumped whenever a field of a result class is added, renamed or changes meaning. 1: the first
-# versioned summary.json (the content of the unversioned files plus this field).
-SCHEMA_VERSION = 1
+# versioned summary.json (the content of the unversioned files plus this field). 2:
+# variance-compare's `paper_claim` gives both readings of the paper's headline, with N′, its
+# range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`).
+SCHEMA_VERSION = 2
 
 T = TypeVar("T")
 

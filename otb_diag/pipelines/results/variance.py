@@ -9,8 +9,14 @@ from typing import Any, ClassVar
 from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.schema import RunInputs
 
-# The paper's claim: OTB with 4 responses per prompt matches the group-mean baseline with 32.
+# The paper's claim, declared here once (its abstract; the authors' post for the two settings):
+# OTB with N = 4 responses per prompt matches the group-mean baseline with N = 32 in training
+# performance (score over training), cutting token consumption by over 65 % (62 % single-turn,
+# 66 % multi-turn tool-integrated reasoning), i.e. about 2.6–2.9× fewer tokens. That saving is
+# at equal score over a run. variance-compare measures another quantity: the saving at equal
+# gradient variance at one step, 1 − N/N′, which "N = 4 ≈ N = 32" would put at 87.5 %.
 CLAIM_N, CLAIM_EQUIVALENT_N = 4, 32
+PAPER_TOKEN_SAVING = 0.65  # "over 65 % fewer tokens", at equal score over training
 
 
 @dataclass(frozen=True)
@@ -29,10 +35,17 @@ class HeadlineRow:
 
 @dataclass(frozen=True)
 class ClaimVerdict:
-    """Whether one mode reproduces "OTB at N = 4 ≈ mean at N = 32"."""
+    """The paper's headline read in one mode, at equal gradient variance: OTB at N = CLAIM_N
+    matches the mean baseline at N′ (`token_savings` = 1 − N/N′ fewer sampled tokens), and
+    `verdict` on "N = 4 ≈ N = 32 at equal variance". `text` gives both readings, each naming
+    its quantity (ours at equal variance, the paper's > 65 % at equal score over training).
+    Self-contained (figures.json carries it without the headline)."""
 
     mode: str
-    verdict: str  # "reproduced", "not reproduced" or "undecided"
+    equivalent_mean_group_size: float  # N′ of OTB at N = CLAIM_N; inf beyond the measured N
+    equivalent_range: str | None  # "within", or "beyond" / "below" the measured N (N′ a bound)
+    token_savings: float  # 1 − CLAIM_N/N′ at equal variance (a bound outside the measured N)
+    verdict: str  # "reproduced" (N′ ≥ 32), "not reproduced" (N′ < 32) or "undecided"
     text: str
 
 
@@ -141,17 +154,13 @@ class VarianceResult(schema.Versioned):
             "the mean-equivalent N is the group size at which the mean baseline would "
             "reach OTB's variance (log-log interpolation over the measured N)."
         )
-        for c in self.paper_claim:
-            lines.append(
-                f"paper's claim (OTB N={CLAIM_N} ≈ mean N={CLAIM_EQUIVALENT_N}), {c.mode}: "
-                f"{c.verdict}: {c.text}."
-            )
+        lines += [f"paper's claim, {c.mode} mode: {c.text}." for c in self.paper_claim]
         lines += self._knee_lines()
         for step, full in self.full.items():
             err = full["jl_error"]
             lines.append(
                 f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² "
-                f"{full['sq_norm']}"
+                f"{full['sq_norm']}; the sequence's ‖Σ_t s_t‖² {full['sequence_sq_norm']}"
             )
             if err:
                 lines.append(
@@ -207,6 +216,11 @@ class VarianceResult(schema.Versioned):
             )
         lines.append(f"recommendation: {self.recommendation}")
         return lines
+
+
+def percent(x: float) -> str:
+    """A fraction as the sentences write it: 0.63 -> "63 %"."""
+    return f"{x:.0%}".replace("%", " %")
 
 
 def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:

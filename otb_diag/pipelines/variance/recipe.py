@@ -20,6 +20,7 @@ from otb_diag.io.loading import RolloutSet, load_rollout_set
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.maths.estimators.advantages import Estimator
+from otb_diag.maths.estimators.registry import TRUE_ENERGIES
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error
 from otb_diag.maths.variance.knee import noise_table, recommend
@@ -28,6 +29,7 @@ from otb_diag.maths.variance.paired_draws import (
     paired_estimates,
     variance_table,
 )
+from otb_diag.maths.variance.score_energies import score_energies
 from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.schema import RunInputs
 from otb_diag.pipelines.results.variance import VarianceResult
@@ -178,8 +180,10 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
         else:
             measured = found.scores[mode]
             scores = measured.proj
-            if mode == "full":
-                energies["true"] = measured.sq_norm
+            if mode == "full":  # per-token ‖s_t‖² and the sequence's ‖Σ_t s_t‖²
+                energies |= score_energies(
+                    measured.proj, measured.sq_norm, batch.mask, batch.is_weights
+                )
             tables.fidelity_rows += fidelity_rows(step, mode, found.w, measured, batch.mask)
             keep = batch.mask.bool()
             tables.fidelity_tokens.append(
@@ -198,7 +202,7 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
             batch.group,
             scores,
             energies,
-            specs=default_specs(settings.baselines, ["true"] if mode == "full" else []),
+            specs=default_specs(settings.baselines, list(TRUE_ENERGIES) if mode == "full" else []),
             aggregations=settings.aggregations,
             group_sizes=settings.group_sizes,
             draws=settings.draws,
