@@ -114,11 +114,11 @@ def variance_compare(
     **settings: Any,
 ) -> VarianceResult | None:
     """Run `otb-diag variance-compare` and return its result (`headline`: OTB's ratio to mean,
-    mean-equivalent N′ and token saving per mode; `paper_claim`: the verdict on "OTB at N = 4
-    matches mean at N = 32"; `to_json()`: its summary.json; None on a torchrun rank but 0).
-    Writes variance.csv, fidelity.csv, figures and summary.json into `out`. `settings` are
-    `VarianceSettings` fields, e.g. `modes=("proxy", "head")`,
-    `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
+    mean-equivalent N′ and token saving per mode; `paper_claim`: the paper's headline read at
+    equal gradient variance, beside its own > 65 % at equal score; `to_json()`: its
+    summary.json; None on a torchrun rank but 0). Writes variance.csv, fidelity.csv, figures
+    and summary.json into `out`. `settings` are `VarianceSettings` fields, e.g.
+    `modes=("proxy", "head")`, `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
     return run_variance(
         Inputs(ckpt=[Path(checkpoint)], rollouts=Path(rollouts)),
         Path(out),

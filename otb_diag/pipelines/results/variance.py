@@ -42,7 +42,7 @@ class ClaimVerdict:
     Self-contained (figures.json carries it without the headline)."""
 
     mode: str
-    equivalent_mean_group_size: float  # N′ of OTB at N = CLAIM_N; inf beyond the measured N
+    equivalent_mean_group_size: float  # N′ of OTB at N = CLAIM_N; inf (JSON null) beyond
     equivalent_range: str | None  # "within", or "beyond" / "below" the measured N (N′ a bound)
     token_savings: float  # 1 − CLAIM_N/N′ at equal variance (a bound outside the measured N)
     verdict: str  # "reproduced" (N′ ≥ 32), "not reproduced" (N′ < 32) or "undecided"
