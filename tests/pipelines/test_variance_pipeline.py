@@ -89,7 +89,8 @@ def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
     assert set(table["mode"]) == {"proxy", "head", "full"}
     assert sorted(table["group_size"].unique()) == [2, 4]  # capped at M/2 = 4
     full = table[table["mode"] == "full"]
-    assert {"otb-true", "optseq-true"} <= set(full["baseline"])
+    assert {"otb-true", "optseq-true", "optseq-seqnorm-true"} <= set(full["baseline"])
+    assert "otb-seqnorm-true" not in set(full["baseline"])  # OTB takes per-token norms only
     assert (table["ci_low"] <= table["variance"]).all()
     assert (table["variance"] <= table["ci_high"]).all()
     mean_rows = table[table["baseline"] == "mean"]
@@ -261,6 +262,7 @@ def test_full_mode_by_block_in_forward_mode(inputs, tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     [full] = summary["full"].values()
     assert full["engine"] == "jvp" and full["sq_norm"].startswith("JL estimate")
+    assert full["sequence_sq_norm"].startswith("JL estimate ‖Σ_t u_t‖²")  # no exact part here
     assert full["jl_error"]["k"] == 16 and full["jl_error"]["subsketches"] == 2
     assert (out / "variance_by_block.png").exists()
     assert "engine jvp" in result.stdout and "projection error (k=16" in result.stdout

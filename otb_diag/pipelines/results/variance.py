@@ -160,7 +160,7 @@ class VarianceResult(schema.Versioned):
             err = full["jl_error"]
             lines.append(
                 f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² "
-                f"{full['sq_norm']}; the sequence's ‖Σ_t s_t‖² {full['sequence_sq_norm']}"
+                f"{full['sq_norm']}; sequence ‖Σ_t s_t‖²: {full['sequence_sq_norm']}"
             )
             if err:
                 lines.append(
