@@ -144,3 +144,10 @@ def test_a_per_response_energy_is_drawn_with_its_rows_and_given_no_second_rho() 
         baseline = (r * e).sum() / (e.sum() + 1e-8)
         by_hand += torch.einsum("i,itk->k", r - baseline, scores[sub]) / 8
     np.testing.assert_allclose(g[0], by_hand.numpy(), rtol=1e-12)
+
+
+def test_an_estimate_below_zero_is_clipped_to_the_norms_floor() -> None:
+    """Exact diagonal 1 + 1 = 2, projections that overstate each token 1.5× (diagonal 4.5) and
+    cancel exactly: the cross-term estimate −4.5 would give −2.5; the norm's floor is 0."""
+    got = sequence_sq_norm(1.5 * SCORES, SQ_NORM, MASK)
+    torch.testing.assert_close(got, torch.tensor([11.25 + 3.0 - 6.75, 0.0], dtype=F64))
