@@ -25,6 +25,7 @@ SPLIT_K = 16
 
 
 def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     config = {"beta": 0.0} if rloo else {}
     trainer = toy_trainer(
         out,
