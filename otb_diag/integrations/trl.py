@@ -426,17 +426,22 @@ class LiveDiagnostics:
         self._job = (p, self._worker.submit(self._measure, batch, p.step, rows.scores))
 
     def _check_dump_dirs(self, shares: list[_Share]) -> None:
-        """Warn once where another process was given a dump directory the main one does not
-        write: the main process writes every process's rows to its own `dump_dir`."""
+        """Warn once where another process was given a dump directory that is not the main
+        process's: the main process writes every process's rows, to its own `dump_dir`."""
         if self._dirs_checked:
             return
         self._dirs_checked = True
-        other = {i: s.dump_dir for i, s in enumerate(shares) if s.dump_dir != self.dump_dir}
+        other = {
+            i: s.dump_dir
+            for i, s in enumerate(shares)
+            if s.dump_dir is not None and s.dump_dir != self.dump_dir
+        }
         if other:
             given = ", ".join(f"process {i}: {d}" for i, d in other.items())
+            main = self.dump_dir or "none, so nothing is dumped"
             warnings.warn(
-                f"otb-diag: the main process writes the dump of every process's rows to "
-                f"dump_dir={self.dump_dir}; the dump_dir given elsewhere ({given}) is not used.",
+                f"otb-diag: the main process writes the dump of every process's rows, to its "
+                f"own dump_dir ({main}); the dump_dir given elsewhere ({given}) is not used.",
                 RuntimeWarning,
                 stacklevel=4,
             )
