@@ -452,3 +452,19 @@ def test_a_dump_directory_given_to_another_process_is_named(tmp_path: Path) -> N
     alone = attach(toy_trainer(tmp_path / "other", 1))  # the main process was given none
     with pytest.warns(RuntimeWarning, match="own dump_dir \\(none, so nothing is dumped\\)"):
         alone._check_dump_dirs([_Share(None, None, None), _Share(None, None, elsewhere)])
+
+
+def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> None:
+    """`extra_forward=True`: log p and Σπ² of each process's rows from one no-grad forward
+    (`otb/sum_pi2_from_loss_logits` = 0); `energy --ckpt` with the weights that sampled step 1
+    reproduces the logged step as it does for the loss's logits."""
+    out = tmp_path / "run"
+    trainer = toy_trainer(out, 1)
+    attach(trainer, dump_dir=out / "otb", extra_forward=True, split_every=None)
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
+    assert entry["otb/sum_pi2_from_loss_logits"] == 0.0
+    assert entry["otb/audit/agrees"] == 1.0
+    rollouts = out / "otb" / "step_000001.jsonl"
+    summary = energy(rollouts, tmp_path / "e", "--ckpt", str(default_checkpoint()))
+    check_reproduces(summary, entry, rel=1e-4, w_floor=W_FLOOR, token_level_rel=1e-2)
