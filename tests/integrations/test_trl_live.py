@@ -3,7 +3,11 @@
 (model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
 audit, the within/between split logged at every second step equals the split of the dumped step
 scored offline by that step's checkpoint, the training's numbers are those of a run without
-`attach`, and bad input gets one clear message before anything changes."""
+`attach`, and bad input gets one clear message before anything changes. A real `RLOOTrainer`
+is audited against the registry's `rloo`; the extra forward reproduces energy's; failures with
+several processes (a failed gather, another process's error, the main one's, a dump directory
+given elsewhere) are checked at the function level (tests/integrations/test_trl_processes.py
+runs 2 processes for real)."""
 
 from __future__ import annotations
 
