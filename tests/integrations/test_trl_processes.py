@@ -5,7 +5,8 @@ straddles the two processes (rows 4-5 on process 0, 6-7 on process 1). The dump 
 process's rows once, in process order; every logged `otb/` number equals the one-process
 computation on the dumped rows (`step_metrics`, and `split_metrics` on scores from the step's
 checkpoint) to 1e-6; `otb-diag energy --model-free` on the dump reproduces them as it does for
-one process; and TRL's own logged mean reward is the dump's."""
+one process; and TRL's own logged mean reward is the dump's. A failure on one process stops
+both together, the training going on."""
 
 from __future__ import annotations
 
@@ -128,3 +129,20 @@ def test_model_free_energy_on_the_dump_reproduces_the_logged_step(
         summary = energy(rollouts, tmp_path / str(step), "--model-free")
         assert summary["totals"]["responses"] == ROWS
         check_reproduces(summary, entry, rel=1e-6)
+
+
+def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: Path) -> None:
+    """The split's scores fail on process 1 only, at step 1: it says so once, hands the error
+    over at that step's gather, and both processes stop there together (neither waits for the
+    other at a later gather); the training runs its steps to the end."""
+    out = tmp_path / "run"
+    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, "fail", script=SCRIPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("otb-diag live diagnostics switched off") == 1
+    assert "switched off at step 1 (process 1): RuntimeError: planted on process 1" in (
+        result.stderr
+    )
+    entries = json.loads((out / "log_history.json").read_text())
+    assert [e["step"] for e in entries if "grad_norm" in e] == list(range(1, STEPS + 1))
+    assert not any(k.startswith("otb/") for e in entries for k in e)
+    assert not list((out / "otb").glob("*.jsonl"))
