@@ -1,15 +1,22 @@
-"""OTB diagnostics inside TRL's `GRPOTrainer`: `attach(trainer)` and nothing else.
+"""OTB diagnostics inside TRL's `GRPOTrainer` or `RLOOTrainer`: `attach(trainer)` and nothing else.
 
     trainer = GRPOTrainer(...)
     attach(trainer, dump_dir="otb-dumps")   # the one added line
     trainer.train()
 
-Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`):
+Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`; `rloo_trainer.py` has
+the same hooks):
 - the batch: `_generate_and_score_completions` returns `prompt_ids`, `completion_ids`,
-  `completion_mask` and `advantages` of the local generation batch, groups as consecutive blocks
-  of `num_generations` rows; the rewards come from `_calculate_rewards` (weighted and summed as
-  TRL sums them). TRL then shuffles the rows and splits them over the gradient-accumulation
-  micro-steps, so each row is tagged with its position (`otb_row`) to put the batch back together.
+  `completion_mask` and `advantages` of the process's share of the generation batch; the
+  rewards come from `_calculate_rewards` (every process's, weighted and summed as TRL sums them,
+  sliced as TRL slices its `process_slice`). TRL then shuffles the rows and splits them over the
+  gradient-accumulation micro-steps, so each row is tagged with its position (`otb_row`) to put
+  the share back together.
+- several processes: TRL hands process r the rows [r·n, (r+1)·n) of its generation batch, whose
+  groups are consecutive blocks of `num_generations` rows, so a group can straddle two
+  processes. Once a share is whole, every process hands it over (`gather_shares`) and the main
+  process concatenates them in process order: the whole batch, whole groups, one computation,
+  one log entry, one dump file, one step's rows in memory.
 - Σπ² and log p: from the loss's own forward. TRL's fused LM head (`add_fused_lm_head`) computes,
   tile by tile, the per-token fields it is asked for; `attach` asks it for `log_sum_sq_probs`
   too, and reads `log_probs` and `log_sum_sq_probs` off the forward `_compute_loss` runs, at no
@@ -26,7 +33,8 @@ Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`):
   (`policy/scores/token_scores.py:token_scores`, head mode) from one extra no-grad forward of the
   body, run before the step's backward pass (the weights are those that sampled the batch); the
   fused head's capture holds no hidden states, so no score comes from the loss's own forward.
-  TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
+  TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`; RLOO's loss is per sequence).
+  Each process scores its own rows (a forward on one process only would stall sharded models).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -40,7 +48,7 @@ import functools
 import math
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +73,10 @@ from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
 
-TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer the tests run
+TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
 HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
+# What `attach` reads of the batch `_generate_and_score_completions` returns.
+OUTPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
 ROW_KEY = "otb_row"
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
 # TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
@@ -88,6 +98,27 @@ LOSS_AGGREGATION = {
 }
 
 
+@dataclass(frozen=True)
+class Supported:
+    """A TRL trainer `attach` takes, and what differs between them."""
+
+    registry: str  # `registry.trainer_baseline` name of the estimator its documentation gives
+    documented: Mapping[str, Any]  # the settings under which its advantages are that estimator
+    aggregation: str | None  # how its loss averages per-token terms; None: by its `loss_type`
+
+
+# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): A_i = R_i − mean_{j≠i} R_j (the
+# registry's `rloo`), unless its KL penalty (`beta`) shapes the rewards or it normalises the
+# advantages; its loss is −min(ρ_i A_i, clip(ρ_i) A_i) averaged over sequences, ρ_i the ratio of
+# the whole sequence (Σ_t log p), so its per-token terms are summed per sequence.
+SUPPORTED = {
+    "GRPOTrainer": Supported("trl", TRL_DEFAULTS, None),
+    "RLOOTrainer": Supported(
+        "trl-rloo", {"beta": 0.0, "normalize_advantages": False}, "seq-mean-token-sum"
+    ),
+}
+
+
 @dataclass
 class _Pending:
     """One generation batch being put back together from the micro-steps that train on it."""
@@ -101,14 +132,81 @@ class _Pending:
     from_loss: bool = True
 
 
+@dataclass
+class _Rows:
+    """A step's rows on the CPU: one process's share (n rows, C its completion width), or every
+    process's concatenated in process order, the order of TRL's generation batch."""
+
+    prompt_ids: list[list[int]]  # n unpadded prompts
+    completion_ids: Tensor  # [n, C]
+    completion_mask: Tensor  # [n, C]
+    tool_mask: Tensor  # [n, C] 1 on generated tokens (completion_mask times TRL's tool_mask)
+    advantages: Tensor  # [n] the trainer's
+    rewards: Tensor  # [n]
+    logprobs: Tensor  # [n, C'] (C' ≥ the longest response)
+    sum_pi2: Tensor  # [n, C']
+    scores: Tensor | None = None  # [n, T, k] the split's score vectors, on split steps
+
+
+@dataclass
+class _Share:
+    """What one process hands over at a step's gather."""
+
+    rows: _Rows | None  # None after an error on this process
+    error: str | None  # the error that stopped this process's diagnostics
+    dump_dir: Path | None  # the dump directory it was given (the main process writes the dump)
+
+
+def gather_shares(share: _Share) -> list[_Share]:
+    """Every process's share, in process order (accelerate's `gather_object`, that is
+    `torch.distributed.all_gather_object`: pickled, any shapes); `[share]` with one process."""
+    from accelerate.utils import gather_object
+
+    return gather_object([share])
+
+
+def concat_rows(parts: Sequence[_Rows]) -> _Rows:
+    """The processes' rows one after the other, each tensor right-padded with 0 to the widest."""
+
+    def cat(tensors: list[Tensor]) -> Tensor:  # [n_r, C_r, ...] -> [Σ n_r, max C_r, ...]
+        width = max(x.shape[1] for x in tensors)
+        pads = [x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:]) for x in tensors]
+        return torch.cat([torch.cat([x, pad], 1) for x, pad in zip(tensors, pads, strict=True)])
+
+    scores = [p.scores for p in parts]
+    return _Rows(
+        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
+        completion_ids=cat([p.completion_ids for p in parts]),
+        completion_mask=cat([p.completion_mask for p in parts]),
+        tool_mask=cat([p.tool_mask for p in parts]),
+        advantages=torch.cat([p.advantages for p in parts]),
+        rewards=torch.cat([p.rewards for p in parts]),
+        logprobs=cat([p.logprobs for p in parts]),
+        sum_pi2=cat([p.sum_pi2 for p in parts]),
+        scores=None if any(x is None for x in scores) else cat(scores),  # type: ignore[misc]
+    )
+
+
+def _describe(error: Exception) -> str:
+    return str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+
+
 class LiveDiagnostics:
-    """What `attach` installs on one trainer. It keeps one batch while the micro-steps train on
-    it, the collapse watch's windows and the last step's metrics (`last`), nothing per step:
-    its memory is the same whatever the run's length, the numbers live in the trainer's log."""
+    """What `attach` installs on one trainer, in every process. It keeps one batch while the
+    micro-steps train on it, the collapse watch's windows and the last step's metrics (`last`,
+    main process), nothing per step: its memory is the same whatever the run's length, the
+    numbers live in the trainer's log.
+
+    With several processes each one collects its share of the step's rows; once the micro-steps
+    have trained on all of them (the same micro-step in every process), every process hands its
+    share over (`gather_shares`) and the main one computes, logs and dumps the whole step. A
+    process whose diagnostics fail says so at once and hands the error over at the next gather,
+    where every process stops together: one that stopped alone would leave the others waiting."""
 
     def __init__(
         self,
         trainer: Any,
+        supported: Supported,
         every: int,
         dump_dir: Path | None,
         baselines: Sequence[str] | None,
@@ -118,7 +216,7 @@ class LiveDiagnostics:
     ) -> None:
         self.trainer = trainer
         self.every = every
-        self.dump_dir = dump_dir
+        self.dump_dir = dump_dir  # written by the main process only
         self.baselines = baselines
         self.extra_forward = extra_forward
         self.split_every = split_every  # 0: no split
@@ -126,16 +224,22 @@ class LiveDiagnostics:
         self.watch = CollapseWatch()
         self.enabled = True
         self.last: dict[str, float] = {}  # the latest step's metrics (for a user's own use)
+        self._processes = trainer.accelerator.num_processes
+        self._main = trainer.accelerator.is_main_process
+        self._error: str | None = None  # this process's error, not yet handed over
+        self._dirs_checked = False
         self._pending: _Pending | None = None
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
-        documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
-        self.audited = trainer_baseline("trl") if documented else None
-        # The split under TRL's own estimator (when its settings are the documented ones) and OTB.
+        documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
+        self.audited = trainer_baseline(supported.registry) if documented else None
+        # The split under the trainer's own estimator (when its settings are the documented
+        # ones) and OTB.
         self.split_baselines = split_baselines(self.audited)
-        self.aggregation = LOSS_AGGREGATION.get(getattr(trainer, "loss_type", ""), "")
+        loss_type = getattr(trainer, "loss_type", "")
+        self.aggregation = supported.aggregation or LOSS_AGGREGATION.get(loss_type, "")
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -175,24 +279,42 @@ class LiveDiagnostics:
     # -- the work ----------------------------------------------------------------------------
 
     def _guard(self, step: int, fn: Callable[..., None], *args: Any) -> None:
-        """Run `fn` (for step `step`); on any error, say so once and switch the diagnostics off
-        (the training goes on untouched)."""
+        """Run `fn` (for step `step`); on any error, `_fail` (the training goes on untouched)."""
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001  the training must not die of a diagnostic
-            self.enabled = False
-            self._pending = None
-            what = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
+            self._fail(step, _describe(e))
+
+    def _fail(self, step: int, what: str) -> None:
+        """Say once that the diagnostics stop at `step`, and why. One process stops here;
+        with several, this one hands `what` over at the next gather, where all stop."""
+        if self._error is None:
+            where = f" (process {self.trainer.accelerator.process_index})" * (self._processes > 1)
             warnings.warn(
-                f"otb-diag live diagnostics switched off at step {step}: {what}",
+                f"otb-diag live diagnostics switched off at step {step}{where}: {what}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+            self._error = what
+        if self._processes == 1:
+            self._switch_off()
+
+    def _switch_off(self) -> None:
+        self.enabled = False
+        self._pending = None
 
     def _start(self, output: dict[str, Any]) -> None:
         step = self.trainer.state.global_step + 1  # the step this batch trains (TRL's log step)
         if (step - 1) % self.every:
             return
+        missing = [k for k in OUTPUT_KEYS if k not in output]
+        if missing:
+            raise InputError(
+                f"{type(self.trainer).__name__}._generate_and_score_completions returned no "
+                f"{', '.join(missing)}: this TRL is not one attach() can read (tested with TRL "
+                f"{', '.join(TESTED)}).",
+                hint="Install a tested TRL (pip install 'trl==1.16.*').",
+            )
         n, c = output["completion_ids"].shape
         rows = self._local_rewards(n)
         self._pending = _Pending(
@@ -208,43 +330,121 @@ class LiveDiagnostics:
 
     def _local_rewards(self, n: int) -> Tensor:
         """This process's rewards `[n]`, formed as TRL forms them: Σ_f weight_f · r_f, NaN
-        rewards left out (`nansum`), NaN where every function returned None."""
+        rewards left out (`nansum`), NaN where every function returned None, clamped to
+        RLOOTrainer's `reward_clip_range` where it has one."""
         assert self._rewards is not None, "TRL scored no completion"
         t = self.trainer
-        start = t.accelerator.process_index * n
+        start = t.accelerator.process_index * n  # TRL's `process_slice`
         per_func = self._rewards[start : start + n].float()  # [n, F]
         weights = t.reward_weights.to(per_func.device)[None, :]
         rewards = (per_func * weights).nansum(1)
         rewards[torch.isnan(per_func).all(1)] = torch.nan
+        clip = getattr(t, "reward_clip_range", None)
+        if clip:
+            rewards = rewards.clamp(min=clip[0], max=clip[1])
         return rewards.detach().cpu()
 
     def _take(self, inputs: dict[str, Any], rows: Tensor, captured: list) -> None:
         p = self._pending
         assert p is not None
         rows = rows.cpu()
+        self._guard(p.step, self._keep, p, rows, captured)
+        p.seen[rows] = True  # even after an error: this process still comes to the gather
+        if self.enabled and bool(p.seen.all()):
+            self._pending = None
+            self._finish(p)
+
+    def _keep(self, p: _Pending, rows: Tensor, captured: list) -> None:
+        """The loss forward's log p and Σπ² of the micro-step's `rows`."""
         if captured and p.from_loss:
             c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
             p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float().cpu()
             p.sum_pi2[rows] = torch.cat([lq for _, lq in captured])[:, -c:].float().exp().cpu()
         else:
             p.from_loss = False  # this forward was not the fused one: one extra forward
-        p.seen[rows] = True
-        if bool(p.seen.all()):
-            self._pending = None
-            self._finish(p)
 
     def _finish(self, p: _Pending) -> None:
-        batch = self._batch(p, p.logprobs, p.sum_pi2)
-        if not p.from_loss:
-            batch = self._batch(p, *self._forward_stats(batch))
-        check_whole_groups(batch, f"TRL step {p.step}")
-        # The scores need the weights that sampled the batch: before the optimizer step, here.
+        """Every process, at the micro-step that trained the last of its rows (before that
+        micro-step's backward pass): its share handed over; the main process measures."""
+        rows = None
+        if self._error is None:
+            try:
+                rows = self._local_rows(p)
+            except Exception as e:  # noqa: BLE001  an extra forward can fail on one process
+                self._fail(p.step, _describe(e))
+        try:
+            shares = gather_shares(_Share(rows, self._error, self.dump_dir))
+        except Exception as e:  # noqa: BLE001  no agreement is possible without the group
+            self._fail(p.step, f"the step's rows could not be gathered ({_describe(e)})")
+            self._switch_off()
+            return
+        if any(s.error is not None for s in shares):
+            self._switch_off()  # every process, together (the failing one has said why)
+            return
+        if self._main:
+            self._guard(p.step, self._submit, p, shares)
+
+    def _local_rows(self, p: _Pending) -> _Rows:
+        """This process's rows of `p`, with log p and Σπ² from one extra forward where the
+        loss's forward gave none, and the split's scores on split steps. The scores need the
+        weights that sampled the batch: before the optimizer step, here."""
+        x = p.inputs
+        prompt_mask = x["prompt_mask"].bool().cpu()
+        completion_mask = x["completion_mask"].cpu()
+        tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
+        rows = _Rows(
+            prompt_ids=[
+                ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
+            ],
+            completion_ids=x["completion_ids"].cpu(),
+            completion_mask=completion_mask,
+            tool_mask=tool,
+            advantages=x["advantages"].detach().cpu(),
+            rewards=p.rewards,
+            logprobs=p.logprobs,
+            sum_pi2=p.sum_pi2,
+        )
         logged = (p.step - 1) // self.every  # this step's rank among the logged steps
         split = self.split_every > 0 and logged % self.split_every == 0
-        scores = split_scores(self._policy(), batch, self.split_k) if split else None
-        # The tables are computed beside the backward pass and the optimizer step (torch's
-        # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.
-        self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
+        if not p.from_loss or split:
+            own = self._batch(p.step, rows, grouped=False)  # the forward's input
+            if not p.from_loss:
+                rows.logprobs, rows.sum_pi2 = self._forward_stats(own)
+                own = self._batch(p.step, rows, grouped=False)
+            if split:
+                rows.scores = split_scores(self._policy(), own, self.split_k)
+        return rows
+
+    def _submit(self, p: _Pending, shares: list[_Share]) -> None:
+        """The main process: the step's batch from every process's rows, its tables computed
+        beside the backward pass and the optimizer step (torch's kernels release the GIL);
+        `collect`, at the step's end, logs them before TRL does."""
+        self._check_dump_dirs(shares)
+        rows = concat_rows([s.rows for s in shares if s.rows is not None])
+        batch = self._batch(p.step, rows)
+        check_whole_groups(batch, f"TRL step {p.step}")
+        self._job = (p, self._worker.submit(self._measure, batch, p.step, rows.scores))
+
+    def _check_dump_dirs(self, shares: list[_Share]) -> None:
+        """Warn once where another process was given a dump directory that is not the main
+        process's: the main process writes every process's rows, to its own `dump_dir`."""
+        if self._dirs_checked:
+            return
+        self._dirs_checked = True
+        other = {
+            i: s.dump_dir
+            for i, s in enumerate(shares)
+            if s.dump_dir is not None and s.dump_dir != self.dump_dir
+        }
+        if other:
+            given = ", ".join(f"process {i}: {d}" for i, d in other.items())
+            main = self.dump_dir or "none, so nothing is dumped"
+            warnings.warn(
+                f"otb-diag: the main process writes the dump of every process's rows, to its "
+                f"own dump_dir ({main}); the dump_dir given elsewhere ({given}) is not used.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _measure(self, batch: ResponseBatch, step: int, scores: Tensor | None) -> dict[str, float]:
         metrics = step_metrics(batch, self.audited, self.baselines)
@@ -274,41 +474,42 @@ class LiveDiagnostics:
             if math.isfinite(value):  # an undefined z or ratio is left out, not logged as NaN
                 logged[name].append(value)
 
-    def _batch(self, p: _Pending, logprobs: Tensor, sum_pi2: Tensor) -> ResponseBatch:
-        t, x = self.trainer, p.inputs
-        n, c = x["completion_ids"].shape
-        generations = t.num_generations
-        prompt_mask = x["prompt_mask"].bool().cpu()
-        prompts = [
-            ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
-        ]
-        if n % generations or any(prompts[i] != prompts[i - i % generations] for i in range(n)):
+    def _batch(self, step: int, rows: _Rows, *, grouped: bool = True) -> ResponseBatch:
+        """The `ResponseBatch` of `rows`: the step's, its groups the consecutive blocks of
+        `num_generations` rows of TRL's generation batch; or (`grouped=False`) one process's
+        share as one group, the input of a forward pass over it."""
+        t = self.trainer
+        n, c = rows.completion_ids.shape
+        generations = t.num_generations if grouped else max(n, 1)
+        prompts = rows.prompt_ids
+        if grouped and (
+            n % generations or any(prompts[i] != prompts[i - i % generations] for i in range(n))
+        ):
             raise InputError(
-                f"the step's groups are not whole: {n} rows on this process are not blocks of "
-                f"num_generations={generations} completions of one prompt each.",
-                hint="Make the per-process generation batch a multiple of num_generations.",
+                f"the step's groups are not whole: its {n} rows, gathered from "
+                f"{self._processes} process(es), are not blocks of num_generations={generations} "
+                "completions of one prompt each.",
+                hint="TRL's sampler repeats each prompt num_generations times in a row; a "
+                "sampler or data collator that reorders the batch breaks its groups.",
             )
-        completion_mask = x["completion_mask"].cpu()
-        tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
         # A response runs to its last completion token (mask 1); a truncated one that TRL
         # masked out entirely (`mask_truncated_completions`) to the full width.
         positions = torch.arange(c)
-        last = torch.where(completion_mask.bool(), positions, -1).amax(-1)
+        last = torch.where(rows.completion_mask.bool(), positions, -1).amax(-1)
         length = torch.where(last >= 0, last + 1, c)
-        groups = torch.arange(n) // generations
         return response_batch(
-            group_names=[f"s{p.step}-g{k}" for k in range(n // generations)],
-            group=groups,
+            group_names=[f"s{step}-g{k}" for k in range(n // generations)],
+            group=torch.arange(n) // generations,
             prompt_ids=prompts,
-            response_ids=x["completion_ids"],
+            response_ids=rows.completion_ids,
             length=length,
-            tool_mask=tool,
-            logprobs=logprobs,
-            sum_pi2=sum_pi2,
+            tool_mask=rows.tool_mask,
+            logprobs=rows.logprobs,
+            sum_pi2=rows.sum_pi2,
             temperature=t.temperature,
-            step=p.step,
-            reward=p.rewards,
-            trainer_advantage=x["advantages"],
+            step=step,
+            reward=rows.rewards,
+            trainer_advantage=rows.advantages,
         )
 
     def _policy(self) -> torch.nn.Module:
@@ -339,34 +540,27 @@ def attach(
     split_k: int = 64,
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
-    `trl.GRPOTrainer`) and, with `dump_dir`, write each such step's batch there as exact-id
-    rollouts (`dump.py`). `baselines` default to the registry's defaults (as `otb-diag energy`);
-    `extra_forward=True` takes Σπ² from one extra no-grad forward instead of the loss's logits
-    (what a TRL without the fused head's field does; for the overhead benchmark).
-    `split_every=K` adds, at every K-th logged step (the 1st, the K+1-th, …), the step's noise
-    split within and between prompts, `|G|²`, the noise scale and the SNR under TRL's own
-    estimator and OTB (`otb/split/<baseline>/...`), from head-mode score vectors of dimension
-    `split_k`: one extra no-grad forward of the policy on those steps; None or 0 switches it off.
+    `trl.GRPOTrainer` or `trl.RLOOTrainer`) and, with `dump_dir`, write each such step's batch
+    there as exact-id rollouts (`dump.py`). `baselines` default to the registry's defaults (as
+    `otb-diag energy`); `extra_forward=True` takes Σπ² from one extra no-grad forward instead of
+    the loss's logits (what a TRL without the fused head's field does; for the overhead
+    benchmark). `split_every=K` adds, at every K-th logged step (the 1st, the K+1-th, …), the
+    step's noise split within and between prompts, `|G|²`, the noise scale and the SNR under
+    the trainer's own estimator and OTB (`otb/split/<baseline>/...`), from head-mode score
+    vectors of dimension `split_k`: one extra no-grad forward of the policy on those steps;
+    None or 0 switches it off.
 
-    Raises `InputError`, before anything is changed, for a trainer that is not a GRPOTrainer, a
-    TRL whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a
-    whole number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, or a dump directory
-    that cannot be written."""
+    With several processes (torchrun, accelerate launch), call it in every process, as the
+    trainer is built in every process: the step's rows are gathered to the main process, which
+    logs the metrics and writes the dump (its `dump_dir`; the others' is not used).
+
+    Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
+    whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a whole
+    number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, or a dump directory that
+    the main process cannot write."""
     import trl
 
-    if not isinstance(trainer, trl.GRPOTrainer):
-        raise InputError(
-            f"attach() takes a trl.GRPOTrainer; got a {type(trainer).__name__}.",
-            hint="Construct the GRPOTrainer first, then call attach(trainer) before train().",
-        )
-    missing = [h for h in HOOKS if not callable(getattr(trainer, h, None))]
-    if missing:
-        raise InputError(
-            f"TRL {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}, the hook(s) "
-            f"attach() uses; it is tested with TRL {', '.join(TESTED)}.",
-            hint="Install a tested TRL (pip install 'trl==1.16.*'), or dump the batches "
-            "yourself and run otb-diag energy on them.",
-        )
+    supported = _supported(trainer)
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a whole number ≥ 1; got {every!r}.")
     split_every = split_every or 0
@@ -375,7 +569,7 @@ def attach(
     if not isinstance(split_k, int) or split_k < 1:
         raise InputError(f"split_k must be a whole number ≥ 1; got {split_k!r}.")
     loss_type = getattr(trainer, "loss_type", None)
-    if split_every and loss_type not in LOSS_AGGREGATION:
+    if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
         raise InputError(
             f"the split needs the aggregation of TRL's loss_type {loss_type!r}, which otb-diag "
             f"does not know (it knows {', '.join(LOSS_AGGREGATION)}).",
@@ -387,13 +581,44 @@ def attach(
             f"{trl.__version__}; the hooks exist, the audit will say if the numbers agree.",
             stacklevel=2,
         )
-    folder = check_dump_dir(dump_dir) if dump_dir is not None else None
+    folder = None if dump_dir is None else Path(dump_dir)
+    if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
+        folder = check_dump_dir(folder)
     fused = _fused_head()
     live = LiveDiagnostics(
-        trainer, every, folder, baselines, extra_forward or fused is None, split_every, split_k
+        trainer,
+        supported,
+        every,
+        folder,
+        baselines,
+        extra_forward or fused is None,
+        split_every,
+        split_k,
     )
     _install(trainer, live, fused)
     return live
+
+
+def _supported(trainer: Any) -> Supported:
+    """What `attach` knows of `trainer`'s class; an `InputError` for one it cannot hook."""
+    import trl
+
+    kinds = [name for name in SUPPORTED if getattr(trl, name, None) is not None]
+    name = next((k for k in kinds if isinstance(trainer, getattr(trl, k))), None)
+    if name is None:
+        raise InputError(
+            f"attach() takes a trl.{' or trl.'.join(kinds)}; got a {type(trainer).__name__}.",
+            hint="Construct the trainer first, then call attach(trainer) before train().",
+        )
+    missing = [h for h in HOOKS if not callable(getattr(trainer, h, None))]
+    if missing:
+        raise InputError(
+            f"TRL {trl.__version__}'s {name} has no {', '.join(missing)}, the hook(s) "
+            f"attach() uses; it is tested with TRL {', '.join(TESTED)}.",
+            hint="Install a tested TRL (pip install 'trl==1.16.*'), or dump the batches "
+            "yourself and run otb-diag energy on them.",
+        )
+    return SUPPORTED[name]
 
 
 def _fused_head() -> Callable[..., None] | None:
@@ -420,7 +645,8 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
         fused(
             model,
             temperature=trainer.temperature,
-            cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
+            # RLOOConfig has no cast_lm_head_to_fp32: RLOOTrainer leaves the head as it is
+            cast_lm_head_to_fp32=getattr(trainer.args, "cast_lm_head_to_fp32", False),
             outputs=FUSED_OUTPUTS,
         )
         forward = model.forward

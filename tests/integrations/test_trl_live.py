@@ -3,12 +3,18 @@
 (model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
 audit, the within/between split logged at every second step equals the split of the dumped step
 scored offline by that step's checkpoint, the training's numbers are those of a run without
-`attach`, and bad input gets one clear message before anything changes."""
+`attach`, and bad input gets one clear message before anything changes. A real `RLOOTrainer`
+is audited against the registry's `rloo`; the extra forward reproduces energy's; failures with
+several processes (a failed gather, another process's error, the main one's, a dump directory
+given elsewhere) are checked at the function level (tests/integrations/test_trl_processes.py
+runs 2 processes for real)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +26,7 @@ from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
-from otb_diag.integrations.trl import LOSS_AGGREGATION, attach
+from otb_diag.integrations.trl import LOSS_AGGREGATION, _Share, attach
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
@@ -235,7 +241,7 @@ def test_bad_input_is_refused_before_anything_changes(
     import trl
     from trl import GRPOTrainer
 
-    with pytest.raises(InputError, match="takes a trl.GRPOTrainer; got a dict"):
+    with pytest.raises(InputError, match="takes a trl.GRPOTrainer or trl.RLOOTrainer; got a dict"):
         attach({})
     trainer = toy_trainer(tmp_path / "run", 1)
     before = dict(vars(trainer))
@@ -289,3 +295,180 @@ def test_every_k_steps(tmp_path: Path) -> None:
         "step_000001.jsonl",
         "step_000003.jsonl",
     ]
+
+
+@pytest.fixture(scope="module")
+def rloo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 steps of a real RLOOTrainer (no KL penalty) with `attach(dump_dir=...)`."""
+    out = tmp_path_factory.mktemp("rloo-live") / "rloo-toy"
+    trainer = toy_trainer(
+        out, STEPS, rloo=True, beta=0.0, save_strategy="steps", save_steps=1, save_only_model=True
+    )
+    live = attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K)
+    assert (live.audited, live.aggregation) == (("rloo", {}), "seq-mean-token-sum")
+    trainer.train()
+    return out
+
+
+def test_rloo_logs_every_step_and_its_advantages_are_the_registrys_rloo(
+    rloo_run: Path, tmp_path: Path
+) -> None:
+    """RLOOTrainer's advantages R_i − mean_{j≠i} R_j agree with the registry's `rloo` live and
+    offline (`energy --trainer-baseline rloo` on the dump), and not with `mean`, `R_i − mean R`,
+    which is RLOO's times (n − 1)/n, where a group's rewards differ; the dumped steps give the
+    logged numbers back."""
+    entries = logged(rloo_run)
+    assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in entries if "otb/split/rloo/within" in e] == [1, 3]
+    mixed = 0
+    for entry in entries:
+        assert entry["otb/audit/agrees"] == 1.0, entry["otb/audit/max_abs_diff"]
+        assert entry["otb/sum_pi2_from_loss_logits"] == 1.0
+        step = entry["step"]
+        rollouts = rloo_run / "otb" / f"step_{step:06d}.jsonl"
+        for baseline in ("rloo", "mean"):
+            args = ("--model-free", "--trainer-baseline", baseline)
+            summary = energy(rollouts, tmp_path / f"{step}-{baseline}", *args)
+            check_reproduces(summary, entry, rel=1e-6)
+            audit = summary["advantage_audit"]
+            if baseline == "rloo" or entry["otb/groups/mixed_rewards_fraction"] > 0:
+                assert audit["agrees"] == (baseline == "rloo"), (step, baseline, audit)
+        mixed += entry["otb/groups/mixed_rewards_fraction"] > 0
+    assert mixed  # the audit against `mean` was put to the test
+
+
+def test_rloo_with_a_kl_penalty_is_not_audited(tmp_path: Path) -> None:
+    """RLOOConfig's default β = 0.05 subtracts β·KL from the rewards TRL forms its advantages
+    of, a KL attach does not see: no audit rather than a false alarm."""
+    assert attach(toy_trainer(tmp_path / "run", 1, rloo=True)).audited is None
+
+
+def test_a_process_group_that_fails_to_gather_switches_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import otb_diag.integrations.trl as live
+
+    def broken(share: _Share) -> list[_Share]:
+        raise RuntimeError("[gloo] Connection closed by peer (simulated)")
+
+    monkeypatch.setattr(live, "gather_shares", broken)
+    trainer = toy_trainer(tmp_path / "run", 2)
+    diagnostics = attach(trainer)
+    match = r"switched off at step 1: the step's rows could not be gathered \(RuntimeError: \[gloo"
+    with pytest.warns(RuntimeWarning, match=match):
+        trainer.train()
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 2
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+
+
+def test_another_processs_error_stops_every_process_at_the_gather(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process 1's diagnostics failed (its extra forward ran out of memory, say; it said so):
+    it hands the error over at the step's gather, and this process, which had none, stops there
+    too, quietly, so no process waits at a later gather for one that stopped."""
+    import otb_diag.integrations.trl as live
+
+    handed: list[_Share] = []
+
+    def gather(share: _Share) -> list[_Share]:
+        handed.append(share)
+        return [share, _Share(None, "OutOfMemoryError: (simulated)", None)]
+
+    monkeypatch.setattr(live, "gather_shares", gather)
+    trainer = toy_trainer(tmp_path / "run", 2)
+    diagnostics = attach(trainer)
+    diagnostics._processes = 2  # as under torchrun with 2 processes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in caught if "otb-diag" in str(w.message)]
+    assert len(handed) == 1 and handed[0].rows is not None and handed[0].error is None
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 2
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+
+
+def test_the_main_processs_error_is_handed_over_at_the_next_gather(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main process's tables fail at step 1 (after that step's gather): it says so at once,
+    logs nothing more, and at step 2's gather hands the error over instead of its rows; every
+    process stops there, and step 3 gathers nothing."""
+    import otb_diag.integrations.trl as live
+
+    handed: list[_Share] = []
+
+    def gather(share: _Share) -> list[_Share]:
+        handed.append(share)
+        return [share]
+
+    def broken(*_: object, **__: object) -> dict:
+        raise ValueError("planted")
+
+    monkeypatch.setattr(live, "gather_shares", gather)
+    monkeypatch.setattr(live, "step_metrics", broken)
+    trainer = toy_trainer(tmp_path / "run", 3)
+    diagnostics = attach(trainer)
+    diagnostics._processes = 2
+    with pytest.warns(RuntimeWarning, match=r"at step 1 \(process 0\): ValueError: planted"):
+        trainer.train()
+    assert [(s.rows is None, s.error) for s in handed] == [
+        (False, None),
+        (True, "ValueError: planted"),
+    ]
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 3
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+
+
+def test_a_trl_whose_batch_lacks_a_field_is_named(tmp_path: Path) -> None:
+    """A TRL whose `_generate_and_score_completions` returns no `advantages` (renamed, say):
+    one warning naming the method and the field, the batch handed back untouched."""
+    trainer = toy_trainer(tmp_path / "run", 1)
+    diagnostics = attach(trainer)
+    trainer.model.train()
+    batch = {k: torch.zeros(4, 3) for k in ("prompt_ids", "prompt_mask", "completion_ids")}
+    batch["completion_mask"] = torch.ones(4, 3)
+    match = "at step 1: GRPOTrainer._generate_and_score_completions returned no advantages"
+    with pytest.warns(RuntimeWarning, match=match):
+        output = diagnostics.generate(lambda inputs: dict(batch), None)
+    assert output.keys() == batch.keys()
+    assert not diagnostics.enabled
+
+
+def test_a_dump_directory_given_to_another_process_is_named(tmp_path: Path) -> None:
+    """The main process writes the dump: another process's own directory is named, once; one
+    given none (`dump_dir=... if rank == 0 else None`) is fine."""
+    trainer = toy_trainer(tmp_path / "run", 1)
+    main, elsewhere = tmp_path / "main", tmp_path / "elsewhere"
+    diagnostics = attach(trainer, dump_dir=main)
+    shares = [_Share(None, None, main), _Share(None, None, None), _Share(None, None, elsewhere)]
+    match = re.escape(
+        f"own dump_dir ({main}); the dump_dir given elsewhere (process 2: {elsewhere})"
+    )
+    with pytest.warns(RuntimeWarning, match=match):
+        diagnostics._check_dump_dirs(shares)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        diagnostics._check_dump_dirs(shares)  # said once
+    alone = attach(toy_trainer(tmp_path / "other", 1))  # the main process was given none
+    with pytest.warns(RuntimeWarning, match="own dump_dir \\(none, so nothing is dumped\\)"):
+        alone._check_dump_dirs([_Share(None, None, None), _Share(None, None, elsewhere)])
+
+
+def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> None:
+    """`extra_forward=True`: log p and Σπ² of each process's rows from one no-grad forward
+    (`otb/sum_pi2_from_loss_logits` = 0); `energy --ckpt` with the weights that sampled step 1
+    reproduces the logged step as it does for the loss's logits."""
+    out = tmp_path / "run"
+    trainer = toy_trainer(out, 1)
+    attach(trainer, dump_dir=out / "otb", extra_forward=True, split_every=None)
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
+    assert entry["otb/sum_pi2_from_loss_logits"] == 0.0
+    assert entry["otb/audit/agrees"] == 1.0
+    rollouts = out / "otb" / "step_000001.jsonl"
+    summary = energy(rollouts, tmp_path / "e", "--ckpt", str(default_checkpoint()))
+    check_reproduces(summary, entry, rel=1e-4, w_floor=W_FLOOR, token_level_rel=1e-2)

@@ -34,15 +34,21 @@ def short(prompts: list[str], completions: list[str], **_: object) -> list[float
 
 
 def toy_trainer(
-    out: Path, steps: int, *, per_step: int = 8, ckpt: Path | None = None, **config: Any
+    out: Path,
+    steps: int,
+    *,
+    per_step: int = 8,
+    ckpt: Path | None = None,
+    rloo: bool = False,
+    **config: Any,
 ) -> Any:
-    """A constructed GRPOTrainer writing to `out` (`per_step` completions a step, groups of
-    `GENERATIONS`, seed 0) on `ckpt` (default: the embedded checkpoint; another must use its
-    tokenizer, as bench/bench_live.py's larger random-weight bodies do); `config` overrides
-    GRPOConfig fields."""
+    """A constructed GRPOTrainer (an RLOOTrainer with `rloo`) writing to `out` (`per_step`
+    completions a process and micro-step, groups of `GENERATIONS`, seed 0) on `ckpt` (default:
+    the embedded checkpoint; another must use its tokenizer, as bench/bench_live.py's larger
+    random-weight bodies do); `config` overrides GRPOConfig (RLOOConfig) fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
     settings = {
         "output_dir": str(out),
@@ -62,10 +68,11 @@ def toy_trainer(
     }
     ckpt = ckpt or default_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    return GRPOTrainer(
+    trainer, config_class = (RLOOTrainer, RLOOConfig) if rloo else (GRPOTrainer, GRPOConfig)
+    return trainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt),
         reward_funcs=[correct, short],
-        args=GRPOConfig(**settings),
+        args=config_class(**settings),
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         processing_class=tokenizer,
     )

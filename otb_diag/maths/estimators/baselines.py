@@ -91,7 +91,7 @@ def grpo_advantage(
     return ((r - mean) / (std + eps))[:, None] * mask
 
 
-@register_baseline("rloo", verl=("rloo",))
+@register_baseline("rloo", verl=("rloo",), trainers={"trl-rloo": {}})
 def rloo_baseline(returns: Tensor, mask: Tensor, group: Tensor, energy: Tensor | None) -> Tensor:
     """`B_i = mean_{j != i} R_j` (leave-one-out, exactly unbiased); a group of one gets `B = 0`."""
     return _mean_advantage(returns, mask, group, leave_one_out=True)

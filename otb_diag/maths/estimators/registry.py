@@ -170,7 +170,8 @@ def variant_of(label: str) -> str:
 
 def trainer_baseline(trainer: str) -> tuple[str, dict[str, Any]] | None:
     """(registry name, options) of the estimator a trainer's logs document by default (TRL's
-    GRPOTrainer: `grpo` with its ε), or None when the registry knows none for `trainer`."""
+    GRPOTrainer, "trl": `grpo` with its ε; its RLOOTrainer, "trl-rloo": `rloo`), or None when
+    the registry knows none for `trainer`."""
     for name in baseline_names():
         entry = BASELINES[name]
         if trainer in entry.trainers:

@@ -24,6 +24,8 @@ Which registry baseline a trainer runs is declared by the registry entry (`train
 - TRL `GRPOTrainer` (defaults `scale_rewards="group"`, `multi_objective_aggregation=
   "sum_then_normalize"`): `(R − mean_group R) / (std_group R + 1e-4)`, unbiased std
   (`trl.trainer.utils.nanstd`, Bessel's correction), i.e. `grpo` with `eps = 1e-4`;
+- TRL `RLOOTrainer` (`beta=0`, `normalize_advantages=False`): `R_i − mean_{j≠i} R_j`, i.e.
+  `rloo` (registry trainer name `trl-rloo`);
 - verl: the estimator named by its `algorithm.adv_estimator`, given here by name (`grpo` uses
   verl's `eps = 1e-6`, `otb` verl's OTB conventions).
 """

@@ -214,6 +214,7 @@ def test_the_registry_names_trainers_and_checks_names_before_any_work() -> None:
     assert registry.resolve_name("tir_optimal_token_baseline") == "otb"
     assert registry.resolve_name("rloo") == "rloo"
     assert registry.trainer_baseline("trl") == ("grpo", {"eps": 1e-4})
+    assert registry.trainer_baseline("trl-rloo") == ("rloo", {})  # TRL's RLOOTrainer
     assert registry.trainer_baseline("verl") is None  # verl's estimator is whatever it was told
     assert registry.family_of("otb-loo-true") == "otb" and registry.variant_of("otb-loo") == "loo"
     with pytest.raises(InputError, match="known baselines: none, mean"):

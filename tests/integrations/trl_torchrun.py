@@ -1,0 +1,70 @@
+"""A real GRPOTrainer (or RLOOTrainer) under torchrun with `attach`, for
+tests/integrations/test_trl_processes.py:
+
+    torchrun --nproc-per-node 2 -- trl_torchrun.py OUT PER_STEP ACCUMULATION STEPS [rloo] [fail]
+
+`trl_toy.toy_trainer` with `PER_STEP` completions a process and micro-step and `ACCUMULATION`
+micro-steps a step (so a step's generation batch holds PER_STEP · ACCUMULATION rows a process,
+and a group of `trl_toy.GENERATIONS` can straddle two processes), the split at every step and a
+checkpoint after each. Each process writes the rows it generated at each step,
+`OUT/rank{r}-step{s}.json` (completion ids and mask, as `_generate_and_score_completions`
+returned them), and the main process TRL's log, `OUT/log_history.json`. With `fail`, the
+split's scores raise on the last process (as an extra forward that runs out of memory there
+would)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from trl_toy import toy_trainer
+
+import otb_diag.integrations.trl as live
+from otb_diag.integrations.trl import attach
+
+SPLIT_K = 16
+
+
+def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fail: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"beta": 0.0} if rloo else {}
+    trainer = toy_trainer(
+        out,
+        steps,
+        per_step=per_step,
+        rloo=rloo,
+        gradient_accumulation_steps=accumulation,
+        save_strategy="steps",
+        save_steps=1,
+        save_only_model=True,
+        **config,
+    )
+    attach(trainer, dump_dir=out / "otb", split_every=1, split_k=SPLIT_K)
+    rank = trainer.accelerator.process_index
+    if fail and rank == trainer.accelerator.num_processes - 1:
+
+        def out_of_memory(*_: Any) -> None:
+            raise RuntimeError(f"planted on process {rank}")
+
+        live.split_scores = out_of_memory
+    generate = trainer._generate_and_score_completions
+
+    def recording(inputs: Any) -> dict[str, Any]:
+        output = generate(inputs)
+        if trainer.model.training:
+            step = trainer.state.global_step + 1
+            rows = {k: output[k].tolist() for k in ("completion_ids", "completion_mask")}
+            (out / f"rank{rank}-step{step}.json").write_text(json.dumps(rows))
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+
+
+if __name__ == "__main__":
+    out, per_step, accumulation, steps, *flags = sys.argv[1:]
+    main(Path(out), int(per_step), int(accumulation), int(steps), "rloo" in flags, "fail" in flags)
