@@ -29,9 +29,9 @@ from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
-from otb_diag.maths.variance.budget_stream import STEP_SHAPE
 from otb_diag.maths.variance.step_split import (
     response_contributions,
+    step_shape,
     step_split,
     without_rounding,
 )
@@ -223,9 +223,7 @@ def split_metrics(
     stats = logged_stats(batch)
     tir = has_tool_output(batch.mask, batch.valid)
     scores = scores[:, : batch.mask.shape[1]].cpu()
-    rows, prompts = len(batch.group), len(batch.group_names)
-    shape = (prompts, rows / prompts, float(batch.mask.sum()) / rows)  # P, N, L̄
-    out: dict[str, float] = {f"split/{k}": float(v) for k, v in zip(STEP_SHAPE, shape, strict=True)}
+    out = {f"split/{k}": v for k, v in step_shape(batch.mask, batch.group).items()}
     for name, options in baselines.items():
         estimator = Estimator(handle_zero_tail, tir, options=dict(options))
         found = batch_advantages(batch, stats.w, [name], estimator)

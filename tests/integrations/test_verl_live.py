@@ -22,12 +22,18 @@ from typer.testing import CliRunner
 from otb_diag import api
 from otb_diag.errors import InputError
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
-from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
+from otb_diag.integrations.verl import (
+    BudgetTracker,
+    compute_otb_metrics,
+    dump_batch,
+    verl_batch,
+)
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index, returns_to_go
+from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
     draw_estimates,
@@ -266,3 +272,28 @@ def test_the_split_from_the_model_scores_it_in_head_mode() -> None:
     assert {k for k in from_model if k.startswith("otb/split/")} >= {
         f"otb/split/{b}/{name}" for b in ("grpo", "otb") for name in ("within", "between")
     }
+
+
+def test_the_budget_tracker_pools_the_split_across_calls() -> None:
+    """`BudgetTracker` called as `compute_otb_metrics` is, over 4 batches with scores: each call
+    returns `compute_otb_metrics`' metrics and the pools fed every split so far (`BudgetPools`,
+    fed by hand here); the step's shape is logged beside the split; a call without a split adds
+    no budget."""
+    tracker, by_hand = BudgetTracker(window=3), BudgetPools("otb/", window=3)
+    for seed in range(4):
+        fields = verl_shaped(seed=seed)
+        scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(seed))
+        metrics = compute_otb_metrics(fields, scores=scores)
+        assert (metrics["otb/split/prompts"], metrics["otb/split/group_size"]) == (GROUPS, N)
+        mean_tokens = float(fields["response_mask"].sum()) / (GROUPS * N)
+        assert metrics["otb/split/mean_response_tokens"] == pytest.approx(mean_tokens)
+        out = tracker(fields, seed, scores=scores)
+        expected = metrics | by_hand.update(metrics, seed)
+        assert out.keys() == expected.keys() and _nan_equal(out, expected)
+    assert out["otb/budget/grpo/window/steps"] == 3 and out["otb/budget/otb/ema/steps"] == 4
+    assert not any(k.startswith("otb/budget/") for k in tracker(verl_shaped(seed=9)))
+
+
+def _nan_equal(a: dict, b: dict) -> bool:
+    """Every value of `b` equal in `a`, NaN to NaN (an undefined ratio)."""
+    return all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in b)

@@ -115,23 +115,25 @@ class Pooled:
         out = {f.name: float(getattr(self, f.name)) for f in fields(self)}
         return out | {"resolved": float(self.resolved)}
 
-    def text(self, baseline: str) -> str:
-        """The knee, or the honest bound, in one sentence."""
-        n = _count(self.group_size)
+    def sentence(self, estimator: str, step: int) -> str:
+        """The pooled answer at split step `step`: "at step S, the knee is ~B prompts [lo, hi]
+        under <estimator> at N; you train with P", or the honest bound while `|G|²` is not
+        resolved."""
+        n, p = _count(self.group_size), _count(self.prompts_per_step)
         if self.resolved:
             return (
-                f"the knee is ~{self.noise_scale:.3g} prompts [{self.noise_scale_low:.3g}, "
-                f"{_end(self.noise_scale_high)}] under {baseline} at N = {n} "
-                f"({self.knee_tokens / 1e3:.3g} k tokens a step)"
+                f"at step {step}, the knee is ~{self.noise_scale:.3g} prompts "
+                f"[{self.noise_scale_low:.3g}, {_end(self.noise_scale_high)}] under {estimator} "
+                f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); you train with {p}"
             )
         bound = (
-            f"at least {self.noise_scale_low:.3g} prompts"
+            f"the knee is at least {self.noise_scale_low:.3g} prompts"
             if math.isfinite(self.noise_scale_low) and self.noise_scale_low > 0
-            else "no lower bound yet"
+            else "no bound on the knee yet"
         )
         return (
-            f"under {baseline} at N = {n}, |G|² is not resolved after {self.steps} steps "
-            f"({self.prompts:.0f} prompts); {bound}"
+            f"at step {step}, under {estimator} at N = {n}, |G|² is not resolved after "
+            f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; you train with {p}"
         )
 
 
