@@ -1,7 +1,8 @@
 """`otb-diag dynamics` end to end: read each training log, detect collapse and the variance
-warning (`dynamics/collapse.py`), pool the split it logged over its steps (`dynamics/budget.py`),
-write the tidy table, collapse.json, budget.csv (the pooled split at every split step) and
-figures 1–2, score against tokens and the pooled noise scale (`plots/dynamics.py`)."""
+warning (`dynamics/collapse.py`), pool the split it logged over its steps
+(`pipelines/pooled_budget.py`), write the tidy table, collapse.json, budget.csv (the pooled split
+at every split step) and figures 1–2, score against tokens and the pooled noise scale
+(`plots/dynamics.py`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from typing import Any
 
 import pandas as pd
 
-from otb_diag.dynamics.budget import budget_long, pooled_over_steps
 from otb_diag.dynamics.collapse import DetectionRule, RunDynamics, analyse_run
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
 from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun, PooledBudget
 from otb_diag.plots.registry import save_figures
 

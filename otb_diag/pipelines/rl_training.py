@@ -21,7 +21,7 @@ updates, `checkpoint-<s>` holds the weights after update s):
    `aggregation`, as TRL's `attach` logs it (`otb/split/<baseline>/...` and the step's shape
    `otb/split/prompts`, ...: head-mode scores of the sampling policy,
    `maths/variance/step_split.py`), so that `otb-diag dynamics` pools it over the run
-   (`dynamics/budget.py`).
+   (`pipelines/pooled_budget.py`).
 
 The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
 sampled. Everything random draws from the seed: prompts from a numpy generator, sampling (the one

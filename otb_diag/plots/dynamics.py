@@ -290,8 +290,8 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
 
 
 def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
-    """The noise scale pooled over the split steps so far (`dynamics/budget.py`, the window
-    pool), against step: one panel per run, a line per estimator (coloured as its baseline),
+    """The noise scale pooled over the split steps so far (`pipelines/pooled_budget.py`, the
+    window pool), against step: one panel per run, a line per estimator (coloured as its baseline),
     its 95 % band, filled dots where `|G|²` is resolved and hollow ones where it is not (the
     band then runs off the top: the knee is only bounded below); the run's P as a dashed line.
     Where the line sits under the band the run trains below its knee. Log y axis."""
@@ -317,14 +317,16 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
     for estimator, lines in rows.groupby("estimator", sort=False):
         color = baseline_color(str(estimator))
         step = lines["step"].to_numpy(dtype=float)
-        low = lines["noise_scale_low"].to_numpy(dtype=float)
+        # One step has no interval (its band would be the whole axis): bands from two on.
+        spread = lines["effective_steps"].to_numpy(dtype=float) > 1
+        low = np.where(spread, lines["noise_scale_low"], np.nan)
         high = np.where(np.isfinite(lines["noise_scale_high"]), lines["noise_scale_high"], top)
         point = lines["noise_scale"].to_numpy(dtype=float)
-        ax.fill_between(step, np.maximum(low, 1e-300), high, color=color, alpha=0.2, lw=0)
+        ax.fill_between(step, low, np.where(spread, high, np.nan), color=color, alpha=0.2, lw=0)
         ax.plot(step, np.where(np.isfinite(point), point, np.nan), color=color, label=estimator)
         resolved = lines["resolved"].to_numpy(dtype=float) > 0
-        ax.plot(step[resolved], point[resolved], "o", ms=2.5, color=color)
-        ax.plot(step[~resolved], np.minimum(point[~resolved], top), "o", ms=2.5, mfc="none",
+        ax.plot(step[resolved], point[resolved], "o", ms=3, color=color)
+        ax.plot(step[~resolved], np.minimum(point[~resolved], top), "o", ms=3, mfc="white",
                 color=color)  # fmt: skip
     p = rows["prompts_per_step"].dropna()
     if len(p):

@@ -126,11 +126,12 @@ class Pooled:
                 f"[{self.noise_scale_low:.3g}, {_end(self.noise_scale_high)}] under {estimator} "
                 f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); you train with {p}"
             )
-        bound = (
-            f"the knee is at least {self.noise_scale_low:.3g} prompts"
-            if math.isfinite(self.noise_scale_low) and self.noise_scale_low > 0
-            else "no bound on the knee yet"
-        )
+        if math.isinf(self.noise_scale_low):  # 1/B's whole interval ≤ 0
+            bound = "no signal measurable at all (|G|² ≤ 0 across its interval)"
+        elif self.noise_scale_low > 0:
+            bound = f"the knee is at least {self.noise_scale_low:.3g} prompts"
+        else:  # one step: no interval yet
+            bound = "no bound on the knee yet"
         return (
             f"at step {step}, under {estimator} at N = {n}, |G|² is not resolved after "
             f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; you train with {p}"

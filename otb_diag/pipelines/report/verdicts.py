@@ -10,7 +10,7 @@ re-measured here.
   mean-baseline curve), and the paper-claim verdict of summary.json;
 - proxy fidelity (fidelity.csv, per block when it has a `block` column);
 - a training log's split pooled over its steps: the knee at its last split step, or the honest
-  bound (collapse.json's `budget`, `dynamics/budget.py`); these lead the report;
+  bound (collapse.json's `budget`, `pipelines/pooled_budget.py`); these lead the report;
 - collapse step, warning and lead time per run (collapse.json);
 - energy heterogeneity (summary.json) and a training run's early/late reward (train.json).
 """

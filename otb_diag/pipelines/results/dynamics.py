@@ -11,8 +11,8 @@ from otb_diag.pipelines.results import schema
 
 @dataclass(frozen=True)
 class PooledBudget:
-    """One estimator's split pooled over the run's split steps (`dynamics/budget.py`), as the
-    live `attach` logs it under `otb/budget/<estimator>/...`."""
+    """One estimator's split pooled over the run's split steps (`pipelines/pooled_budget.py`), as
+    the live `attach` logs it under `otb/budget/<estimator>/...`."""
 
     estimator: str  # a baseline under the trainer's aggregation, or `params`
     step: int  # the last split step pooled

@@ -1,4 +1,4 @@
-"""`otb-diag dynamics` pools the split a trainer logged (`dynamics/budget.py`) as the live
+"""`otb-diag dynamics` pools the split a trainer logged (`pipelines/pooled_budget.py`) as the live
 `attach` pools it: a log written by the live pools (non-finite values left out, as TRL's
 `attach` leaves them out) gives the same `otb/budget/...` back from `dynamics` to 1e-6, the
 figure of the pooled noise scale and budget.csv are written, and the result leads with the
@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from otb_diag.dynamics.budget import budget_long, pooled_over_steps
 from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.dynamics import run_dynamics
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
 
@@ -117,3 +117,38 @@ def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
     )
     assert result.runs[0].budget is None
     assert not (tmp_path / "out" / "budget.csv").exists()
+
+
+# The docs/live.md run: a real TRL GRPOTrainer on SmolLM2-135M-Instruct (CPU), 40 steps of 8
+# prompts × 4, `attach(split_every=1)`; its trainer_state.json trimmed to the reward, the split
+# and the live window pools (117 kB).
+SMOLLM2_RUN = Path(__file__).parent / "smollm2_trl_state.json"
+
+
+def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> None:
+    """Every split step's window pool, pooled again from the log, equals what `attach` logged
+    live (exactly: the same floats, the same order); the answer is docs/live.md's: OTB's |G|²
+    resolved from step 24 on, the knee ~53.5 prompts [31.3, 184] at step 40 against P = 8, and
+    grpo's not resolved (at least 45.6 prompts)."""
+    state = json.loads(SMOLLM2_RUN.read_text())
+    result = run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path, DetectionRule(), None)
+    table = pd.read_csv(tmp_path / "budget.csv")
+    logged = {e["step"]: e for e in state["log_history"]}
+    window = table[table["pool"] == "window"]
+    compared = 0
+    for row in window.to_dict("records"):
+        entry = logged[row["step"]]
+        for field, value in row.items():
+            key = f"otb/budget/{row['estimator']}/window/{field}"
+            if key in entry:
+                assert value == pytest.approx(entry[key], rel=1e-6), (row["step"], key)
+                compared += 1
+    assert compared > 1500
+    otb = window[window["estimator"] == "otb"].set_index("step")
+    assert otb.index[otb["resolved"] == 1].tolist() == list(range(24, 41))
+    grpo, pooled = result.runs[0].budget
+    assert pooled.sentence == (
+        "at step 40, the knee is ~53.5 prompts [31.3, 184] under otb at N = 4 (3.17 k tokens "
+        "a step); you train with 8"
+    )
+    assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
