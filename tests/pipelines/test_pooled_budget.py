@@ -19,6 +19,7 @@ from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.report.recipe import write_report
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
 
@@ -152,3 +153,16 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
         "a step); you train with 8"
     )
     assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
+
+
+def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
+    """`report` on the real run's dynamics directory: its first verdicts are the pooled
+    sentences, one per estimator, before the collapse verdict."""
+    run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path / "dyn", DetectionRule(), None)
+    result = write_report([tmp_path / "dyn"], tmp_path / "report.html")
+    first, second, third = result.verdicts[:3]
+    assert first.topic == second.topic == "prompts per step over training (dyn: smollm2)"
+    assert first.sentence.startswith("At step 40, under grpo at N = 4, |G|² is not resolved")
+    assert second.sentence.startswith("At step 40, the knee is ~53.5 prompts [31.3, 184]")
+    assert third.topic.startswith("collapse")
+    assert "the knee is ~53.5 prompts" in (tmp_path / "report.html").read_text(encoding="utf-8")
