@@ -297,3 +297,33 @@ def test_the_budget_tracker_pools_the_split_across_calls() -> None:
 def _nan_equal(a: dict, b: dict) -> bool:
     """Every value of `b` equal in `a`, NaN to NaN (an undefined ratio)."""
     return all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in b)
+
+
+def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_path: Path) -> None:
+    """A verl file log of 5 steps written from `BudgetTracker` (non-finite values left out, as
+    JSON cannot hold them): `dynamics` pools the logged split again and gives the tracker's
+    last `otb/budget/...` back to 1e-6."""
+    tracker, lines = BudgetTracker(), []
+    for step in range(1, 6):
+        fields = verl_shaped(seed=20 + step)
+        scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(step))
+        metrics = tracker(fields, step, adv_estimator="grpo", scores=scores)
+        data = {"actor/grad_norm": 1.0, "critic/score/mean": 0.1 * step}
+        data |= {k: v for k, v in metrics.items() if np.isfinite(v)}
+        lines.append(json.dumps({"step": step, "data": data}))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "dynamics"
+    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    assert [b["estimator"] for b in run["budget"]] == ["grpo", "otb"]
+    compared = 0
+    for pooled in run["budget"]:
+        for pool in ("window", "ema"):
+            for field, value in pooled[pool].items():
+                key = f"otb/budget/{pooled['estimator']}/{pool}/{field}"
+                if np.isfinite(metrics[key]):
+                    assert value == pytest.approx(metrics[key], rel=1e-6), key
+                    compared += 1
+    assert compared > 50 and (out / "pooled_noise_scale.png").stat().st_size > 0
