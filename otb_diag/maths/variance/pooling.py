@@ -100,6 +100,8 @@ class Pooled:
     snr_low: float
     snr_high: float
     knee_responses: float  # B · N̄
+    knee_responses_low: float
+    knee_responses_high: float
     knee_tokens: float  # B · N̄ · L̄, tokens a step at the knee
     knee_tokens_low: float
     knee_tokens_high: float
@@ -191,6 +193,8 @@ def pooled_estimates(m: Moments) -> Pooled:
         snr_low=x[_P] * inv_low,
         snr_high=x[_P] * inv_high,
         knee_responses=b * x[_N],
+        knee_responses_low=b_low * x[_N],
+        knee_responses_high=b_high * x[_N],
         knee_tokens=b * tokens,
         knee_tokens_low=b_low * tokens,
         knee_tokens_high=b_high * tokens,

@@ -145,6 +145,8 @@ def test_a_hand_computed_window() -> None:
     half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t_{0.975, 2} · sd(1, 2, 0) / √3
     assert (found.grad_sq_low, found.grad_sq_high) == pytest.approx((1 - half, 1 + half))
     assert found.knee_responses == pytest.approx(5.0 * 4)
+    assert found.knee_responses_low == pytest.approx(found.noise_scale_low * 4)
+    assert found.knee_tokens_high == pytest.approx(found.noise_scale_high * 4 * 20.0)
     assert found.knee_tokens == pytest.approx(5.0 * 4 * 20.0)
     assert found.snr == pytest.approx(8 / 5.0)
     assert (found.steps, found.prompts) == (3, pytest.approx(24.0))
