@@ -22,7 +22,9 @@ demo: setup
 	$(BIN)/otb-diag rollouts inspect
 	$(BIN)/otb-diag energy --out out/energy
 	$(BIN)/otb-diag variance-compare --out out/variance
-	$(BIN)/otb-diag report out/energy out/variance --out out/report.html
+	$(BIN)/otb-diag train --out out/train --quiet
+	$(BIN)/otb-diag dynamics --log out/train/metrics.jsonl --out out/dynamics
+	$(BIN)/otb-diag report out/energy out/variance out/dynamics --out out/report.html
 
 test: setup
 	$(BIN)/ruff check .

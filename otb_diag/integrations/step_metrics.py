@@ -31,6 +31,7 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
 from otb_diag.maths.variance.step_split import (
     response_contributions,
+    step_shape,
     step_split,
     without_rounding,
 )
@@ -211,7 +212,9 @@ def split_metrics(
     split within and between its prompts, `|G|²`, the noise scale and the SNR at the step's
     prompts (`maths/variance/step_split.py`), under each registry baseline of `baselines`
     (name -> the options it runs with, e.g. the trainer's ε) and the trainer's `aggregation`
-    (a `maths/aggregation.py` name).
+    (a `maths/aggregation.py` name); and `otb/split/<shape>` for the step's prompts, group size
+    and mean generated tokens a response (`budget_stream.STEP_SHAPE`), which pooling the split
+    over steps needs (`maths/variance/budget_stream.py`).
 
     scores: `[B, C, k]` projected per-token scores of the batch's responses (C ≥ its width),
     e.g. `split_scores(model, batch, k)`. The advantages are the
@@ -220,7 +223,7 @@ def split_metrics(
     stats = logged_stats(batch)
     tir = has_tool_output(batch.mask, batch.valid)
     scores = scores[:, : batch.mask.shape[1]].cpu()
-    out: dict[str, float] = {}
+    out = {f"split/{k}": v for k, v in step_shape(batch.mask, batch.group).items()}
     for name, options in baselines.items():
         estimator = Estimator(handle_zero_tail, tir, options=dict(options))
         found = batch_advantages(batch, stats.w, [name], estimator)

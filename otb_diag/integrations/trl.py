@@ -71,6 +71,7 @@ from otb_diag.integrations.step_metrics import (
 )
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.policy.forward_pass import checkpoint_stats
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
@@ -193,7 +194,8 @@ def _describe(error: Exception) -> str:
 
 class LiveDiagnostics:
     """What `attach` installs on one trainer, in every process. It keeps one batch while the
-    micro-steps train on it, the collapse watch's windows and the last step's metrics (`last`,
+    micro-steps train on it, the collapse watch's windows, the split pooled over the steps
+    (`budget`: a fixed window of step tuples and moments) and the last step's metrics (`last`,
     main process), nothing per step: its memory is the same whatever the run's length, the
     numbers live in the trainer's log.
 
@@ -222,6 +224,7 @@ class LiveDiagnostics:
         self.split_every = split_every  # 0: no split
         self.split_k = split_k
         self.watch = CollapseWatch()
+        self.budget = BudgetPools(PREFIX)  # the split pooled over steps: `otb/budget/...`
         self.enabled = True
         self.last: dict[str, float] = {}  # the latest step's metrics (for a user's own use)
         self._processes = trainer.accelerator.num_processes
@@ -467,6 +470,7 @@ class LiveDiagnostics:
         if proxy is not None:
             self.watch.add_variance(p.step, proxy)
         metrics.update({PREFIX + k: v for k, v in self.watch.metrics().items()})
+        metrics |= self.budget.update(metrics, p.step)
         metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
         self.last = metrics
         logged = self.trainer._metrics["train"]
@@ -548,7 +552,10 @@ def attach(
     step's noise split within and between prompts, `|G|²`, the noise scale and the SNR under
     the trainer's own estimator and OTB (`otb/split/<baseline>/...`), from head-mode score
     vectors of dimension `split_k`: one extra no-grad forward of the policy on those steps;
-    None or 0 switches it off.
+    None or 0 switches it off. Every split step also logs the split pooled over the split steps
+    so far (`otb/budget/<baseline>/<window|ema>/...`, `maths/variance/budget_stream.py`): the
+    pooled noise scale and its interval, the SNR at the run's P, the within share, the tokens a
+    step at the knee.
 
     With several processes (torchrun, accelerate launch), call it in every process, as the
     trainer is built in every process: the step's rows are gathered to the main process, which

@@ -19,7 +19,8 @@ The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/.
 sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two. Given
 the policy (`model`, a Hugging Face causal LM) or the step's per-token score vectors (`scores`),
 `compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
-verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`.
+verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`; `BudgetTracker`, a
+small object called in its place, pools that split over the steps (`otb/budget/...`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.integrations.dump import check_dump_dir, dump_step
 from otb_diag.integrations.step_metrics import (
+    PREFIX,
     check_whole_groups,
     response_batch,
     split_baselines,
@@ -43,6 +45,7 @@ from otb_diag.integrations.step_metrics import (
 )
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.variance.budget_stream import DECAY, WINDOW, BudgetPools
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
 
@@ -83,6 +86,26 @@ def compute_otb_metrics(
             )
         metrics |= split_metrics(step, scores, split_baselines(audited), loss_agg_mode)
     return metrics
+
+
+class BudgetTracker:
+    """`compute_otb_metrics` across a run's steps, with the split pooled over them: one per
+    trainer, called where `compute_otb_metrics` would be, with its arguments.
+
+        otb = BudgetTracker()                                     # in the trainer's __init__
+        metrics.update(otb(batch, adv_estimator=..., model=...))  # each step
+
+    Its calls with a split (`scores` or `model`) add `otb/budget/<baseline>/<window|ema>/...`
+    (`maths/variance/budget_stream.py`); it keeps `window` step tuples and one set of moments
+    per baseline, whatever the run's length."""
+
+    def __init__(self, window: int = WINDOW, decay: float = DECAY) -> None:
+        self.pools = BudgetPools(PREFIX, window, decay)
+
+    def __call__(self, batch: Any, step: int | None = None, **options: Any) -> dict[str, float]:
+        """`compute_otb_metrics(batch, **options)` and the pooled budget after this step."""
+        metrics = compute_otb_metrics(batch, **options)
+        return metrics | self.pools.update(metrics, step)
 
 
 def dump_batch(

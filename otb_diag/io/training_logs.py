@@ -220,8 +220,12 @@ def _tidy(
     frame["baseline"] = _constant(raw, "baseline")
     group_size = _constant(raw, "group_size")
     frame["group_size"] = float(group_size) if group_size is not None else np.nan
-    for key in (c for c in raw.columns if str(c).startswith(OTB_PREFIX)):
-        frame[key] = pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=float)
+    live = {
+        key: pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=float)
+        for key in raw.columns
+        if str(key).startswith(OTB_PREFIX)
+    }  # added at once: a live log has hundreds (one by one fragments the frame)
+    frame = pd.concat([frame, pd.DataFrame(live, index=frame.index)], axis=1)
     frame["_line"] = raw["_line"].to_numpy()
     return _finish(path, frame, found["step"], where)
 

@@ -1,6 +1,8 @@
 """`otb-diag dynamics` end to end: read each training log, detect collapse and the variance
-warning (`dynamics/collapse.py`), write the tidy table, collapse.json and figures 1–2 and score
-against tokens (`plots/dynamics.py`)."""
+warning (`dynamics/collapse.py`), pool the split it logged over its steps
+(`pipelines/pooled_budget.py`), write the tidy table, collapse.json, budget.csv (the pooled split
+at every split step) and figures 1–2, score against tokens and the pooled noise scale
+(`plots/dynamics.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
-from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
+from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun, PooledBudget
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -62,7 +66,7 @@ def run_dynamics(
         )
     if len(set(names)) != len(names):
         raise InputError("two runs share a --label; labels must differ", field="--label")
-    tables, runs = [], []
+    tables, runs, budgets = [], [], []
     for path, name in zip(logs, names, strict=True):
         log = read_training_log(path)
         frame = with_label(log.frame, name)
@@ -77,7 +81,9 @@ def run_dynamics(
                 variance_z=found.variance_z,
             )
         )
-        runs.append(_row(name, path, log.source, frame, found))
+        pooled, pools = pooled_over_steps(frame, OTB_PREFIX)
+        budgets.append(budget_long(pooled, OTB_PREFIX, name))
+        runs.append(_row(name, path, log.source, frame, found, pools))
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
@@ -93,14 +99,19 @@ def run_dynamics(
     data: dict[str, Any] = {"table": table, "runs": runs, "target": target}
     if result.live_runs:  # a trainer logged the live diagnostics: their figure
         data["live_runs"] = runs
+    budget = pd.concat(budgets, ignore_index=True)
+    if len(budget):  # a log held the split: the pooled noise scale over training
+        write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
+        data["budget"] = budget
     save_figures("dynamics", data, out)
     return result
 
 
 def _row(
-    name: str, path: Path, source: str, frame: pd.DataFrame, found: RunDynamics
+    name: str, path: Path, source: str, frame: pd.DataFrame, found: RunDynamics, pools: BudgetPools
 ) -> DynamicsRun:
-    """collapse.json's row of the log at `path`, read as `source` into `frame` (labelled)."""
+    """collapse.json's row of the log at `path`, read as `source` into `frame` (labelled), with
+    the split it logged as `pools` pooled it."""
     baseline = frame["baseline"].dropna()
     group_size = frame["group_size"].dropna()
     final = pd.Series(found.score_smoothed).dropna()
@@ -117,7 +128,24 @@ def _row(
         **found.summary(),
         **proxy_units(frame),
         otb=_live_metrics(frame),
+        budget=_budget(pools),
     )
+
+
+def _budget(pools: BudgetPools) -> list[PooledBudget] | None:
+    """Each estimator's pooled split after the log's last split step; None without a split."""
+    if pools.last_step is None:
+        return None
+    return [
+        PooledBudget(
+            estimator=name,
+            step=pools.last_step,
+            sentence=found["window"].sentence(name, pools.last_step),
+            window=found["window"].metrics(),
+            ema=found["ema"].metrics(),
+        )
+        for name, found in pools.latest.items()
+    ]
 
 
 def _live_metrics(frame: pd.DataFrame) -> dict[str, float] | None:

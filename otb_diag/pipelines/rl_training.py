@@ -16,7 +16,12 @@ updates, `checkpoint-<s>` holds the weights after update s):
 3. per-token statistics (w, entropy) of the batch under the sampling policy (`checkpoint_stats`),
    `W_t = Σ_{j≤t} mask_j w_j`, `G_t`, and the advantages `A` of `baseline`;
 4. the surrogate loss (`surrogate_loss`), whose gradient is −ĝ; backward; the gradient norm before
-   clipping; clip to `max_grad_norm`; one AdamW step.
+   clipping; clip to `max_grad_norm`; one AdamW step;
+5. beside it, the step's noise split within and between its prompts under `baseline` and
+   `aggregation`, as TRL's `attach` logs it (`otb/split/<baseline>/...` and the step's shape
+   `otb/split/prompts`, ...: head-mode scores of the sampling policy,
+   `maths/variance/step_split.py`), so that `otb-diag dynamics` pools it over the run
+   (`pipelines/pooled_budget.py`).
 
 The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
 sampled. Everything random draws from the seed: prompts from a numpy generator, sampling (the one
@@ -57,6 +62,7 @@ from otb_diag.io.loading import load_rollouts
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import check_scenario
+from otb_diag.io.training_logs import OTB_PREFIX
 from otb_diag.lab.build import SCENARIOS
 from otb_diag.lab.rollouts import sample_groups
 from otb_diag.lab.task import Problem, make_problem
@@ -66,13 +72,22 @@ from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.variance.budget_stream import SPLIT
+from otb_diag.maths.variance.step_split import (
+    response_contributions,
+    step_shape,
+    step_split,
+    without_rounding,
+)
 from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.train import TrainResult, TrainTotals
 from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.scores.token_scores import token_scores
 from otb_diag.policy.surrogate_loss import surrogate_loss
 
-# Keys of every metrics.jsonl line, in order (the proxies come from `variance_proxies`).
+# Keys of every metrics.jsonl line, in order (the proxies come from `variance_proxies`); the
+# split's `otb/split/...` follow them (`_split`).
 METRIC_KEYS = (
     "step",
     "mean_reward",
@@ -91,6 +106,9 @@ METRIC_KEYS = (
     "tokens_sampled",
     "wall_time",
 )
+
+# The split's head-mode score vectors: their dimension and seed (the same projection every step).
+SPLIT_K, SPLIT_SEED = 64, 0
 
 # What the printed summary compares between the first and the last steps.
 _SUMMARY_KEYS = ("mean_reward", "grad_norm", "entropy", "mean_response_length")
@@ -298,16 +316,29 @@ def _update(
     """One policy-gradient step on the sampled `batch`: w under the sampling policy, the
     `--baseline` advantages, the surrogate's gradient −ĝ, clipped; returns the step's metrics."""
     stats = checkpoint_stats(model, batch)  # no grad: w, entropy of the sampling policy
-    advantages = batch_advantages(batch, stats.w, [settings.baseline]).by_baseline[
-        settings.baseline
-    ]
+    found = batch_advantages(batch, stats.w, [settings.baseline])
+    advantages = found.by_baseline[settings.baseline]
+    split = _split(model, batch, without_rounding(advantages, found.returns), settings)
     optimizer.zero_grad(set_to_none=True)
     loss = surrogate_loss(model, batch, advantages, settings.aggregation)
     loss.backward()  # .grad = −ĝ
     # ‖ĝ‖ before clipping (clip_grad_norm_ returns the norm it measured).
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
     optimizer.step()
-    return step_metrics(step, batch, stats, advantages, loss.item(), grad_norm)
+    return step_metrics(step, batch, stats, advantages, loss.item(), grad_norm) | split
+
+
+def _split(
+    model: Any, batch: ResponseBatch, advantages: Tensor, settings: TrainSettings
+) -> dict[str, float]:
+    """`otb/split/<baseline>/<name>` (`step_split.SPLIT`) and `otb/split/<shape>` of the step,
+    from head-mode scores of the policy that sampled it (before its update). advantages:
+    `[B, T]` the baseline's, less their rounding (`step_split.without_rounding`)."""
+    scores = token_scores(model, batch, "head", SPLIT_K, SPLIT_SEED).proj  # [B, T, k]
+    x = response_contributions(scores, advantages, batch.mask, settings.aggregation)  # [B, k]
+    split = {f"{settings.baseline}/{k}": v for k, v in step_split(x, batch.group).items()}
+    split |= step_shape(batch.mask, batch.group)
+    return {OTB_PREFIX + SPLIT + k: v for k, v in split.items()}
 
 
 def _early_and_late(history: list[dict[str, Any]]) -> dict[str, Any]:

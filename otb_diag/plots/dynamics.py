@@ -287,3 +287,52 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
         axes[0].legend(**LEGEND_BESIDE)
         axes[-1].set_xlabel("training step")
     return fig
+
+
+def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
+    """The noise scale pooled over the split steps so far (`pipelines/pooled_budget.py`, the
+    window pool), against step: one panel per run, a line per estimator (coloured as its baseline),
+    its 95 % band, filled dots where `|G|²` is resolved and hollow ones where it is not (the
+    band then runs off the top: the knee is only bounded below); the run's P as a dashed line.
+    Where the line sits under the band the run trains below its knee. Log y axis."""
+    window = budget[budget["pool"] == "window"]
+    runs = list(window.groupby("run", sort=False))
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 2.2 * len(runs)))
+        axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+        for ax, (run, rows) in zip(axes, runs, strict=True):
+            _pooled_panel(ax, rows)
+            ax.set_title(f"{run}: pooled noise scale (prompts per step)", fontsize=6.5)
+            ax.legend(**LEGEND_BESIDE)
+        axes[-1].set_xlabel("training step")
+    return fig
+
+
+def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
+    """One run's estimators (see `fig_pooled_noise_scale`)."""
+    finite = rows[["noise_scale", "noise_scale_low", "noise_scale_high", "prompts_per_step"]]
+    values = finite.to_numpy(dtype=float)
+    positive = values[np.isfinite(values) & (values > 0)]
+    top = 3 * positive.max() if positive.size else 10.0  # an open band runs past the top
+    for estimator, lines in rows.groupby("estimator", sort=False):
+        color = baseline_color(str(estimator))
+        step = lines["step"].to_numpy(dtype=float)
+        # One step has no interval (its band would be the whole axis): bands from two on.
+        spread = lines["effective_steps"].to_numpy(dtype=float) > 1
+        low = np.where(spread, lines["noise_scale_low"], np.nan)
+        high = np.where(np.isfinite(lines["noise_scale_high"]), lines["noise_scale_high"], top)
+        point = lines["noise_scale"].to_numpy(dtype=float)
+        ax.fill_between(step, low, np.where(spread, high, np.nan), color=color, alpha=0.2, lw=0)
+        ax.plot(step, np.where(np.isfinite(point), point, np.nan), color=color, label=estimator)
+        resolved = lines["resolved"].to_numpy(dtype=float) > 0
+        ax.plot(step[resolved], point[resolved], "o", ms=3, color=color)
+        ax.plot(step[~resolved], np.minimum(point[~resolved], top), "o", ms=3, mfc="white",
+                color=color)  # fmt: skip
+    p = rows["prompts_per_step"].dropna()
+    if len(p):
+        ax.axhline(float(p.iloc[-1]), color="0.3", linestyle="--", linewidth=0.8,
+                   label=f"the run's P = {p.iloc[-1]:.0f}")  # fmt: skip
+    ax.set_yscale("log")
+    floor = positive.min() / 2 if positive.size else 0.1
+    ax.set_ylim(floor, top / 1.5)
+    ax.set_ylabel("noise scale B\n(prompts per step)")

@@ -185,6 +185,18 @@ FIGURES = (
         in_set=False,
     ),
     FigureEntry(
+        "pooled_noise_scale",
+        "dynamics",
+        "dynamics.fig_pooled_noise_scale",
+        {"budget": "budget"},
+        "The gradient noise scale B (prompts per step at the knee) pooled over the split steps "
+        "a trainer logged so far (a window of the latest; docs/noise-scale.md), one line per "
+        "estimator with its 95 % band: filled dots where |G|² is resolved from 0, hollow where "
+        "the knee is only bounded below (the band runs off the top). The dashed line is the "
+        "run's P: where it sits under the band, the run trains below its knee.",
+        in_set=False,
+    ),
+    FigureEntry(
         "score_vs_tokens",
         "dynamics",
         "dynamics.fig_score_vs_tokens",

@@ -192,7 +192,7 @@ def test_the_split_of_the_dumped_step_equals_the_logged_one(live_run) -> None:
         model = AutoModelForCausalLM.from_pretrained(step_checkpoint(out, step))
         scores = token_scores(model, batch, SPLIT_MODE, SPLIT_K, SPLIT_SEED).proj
         offline = split_metrics(batch, scores, baselines, LOSS_AGGREGATION["dapo"])
-        assert {k.split("/")[-1] for k in offline} == set(SPLIT)
+        assert {k.split("/")[-1] for k in offline if k.count("/") == 3} == set(SPLIT)
         for name, value in offline.items():
             if math.isfinite(value):
                 assert entry[name] == pytest.approx(value, rel=1e-6, abs=1e-12), name
@@ -282,6 +282,19 @@ def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
         e["otb/energy/sequence_mean"] for e in logged(out)
     ]
     assert (tmp_path / "fig_live_otb.png").stat().st_size > 0
+    # The split pooled from the log is the live log's `otb/budget/...` at its last split step.
+    assert [b["estimator"] for b in run["budget"]] == ["grpo", "otb"]
+    for pooled in run["budget"]:
+        assert pooled["step"] == last["step"] == 3
+        for pool in ("window", "ema"):
+            for field, value in pooled[pool].items():
+                key = f"otb/budget/{pooled['estimator']}/{pool}/{field}"
+                if key in last:
+                    assert value == pytest.approx(last[key], rel=1e-6), key
+                else:  # not finite: left out of the log, null in collapse.json
+                    assert value is None, key
+        assert pooled[pool]["steps"] == 2  # the split steps 1 and 3
+    assert (tmp_path / "pooled_noise_scale.png").stat().st_size > 0
 
 
 def test_every_k_steps(tmp_path: Path) -> None:

@@ -22,12 +22,18 @@ from typer.testing import CliRunner
 from otb_diag import api
 from otb_diag.errors import InputError
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
-from otb_diag.integrations.verl import compute_otb_metrics, dump_batch, verl_batch
+from otb_diag.integrations.verl import (
+    BudgetTracker,
+    compute_otb_metrics,
+    dump_batch,
+    verl_batch,
+)
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index, returns_to_go
+from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
     draw_estimates,
@@ -266,3 +272,58 @@ def test_the_split_from_the_model_scores_it_in_head_mode() -> None:
     assert {k for k in from_model if k.startswith("otb/split/")} >= {
         f"otb/split/{b}/{name}" for b in ("grpo", "otb") for name in ("within", "between")
     }
+
+
+def test_the_budget_tracker_pools_the_split_across_calls() -> None:
+    """`BudgetTracker` called as `compute_otb_metrics` is, over 4 batches with scores: each call
+    returns `compute_otb_metrics`' metrics and the pools fed every split so far (`BudgetPools`,
+    fed by hand here); the step's shape is logged beside the split; a call without a split adds
+    no budget."""
+    tracker, by_hand = BudgetTracker(window=3), BudgetPools("otb/", window=3)
+    for seed in range(4):
+        fields = verl_shaped(seed=seed)
+        scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(seed))
+        metrics = compute_otb_metrics(fields, scores=scores)
+        assert (metrics["otb/split/prompts"], metrics["otb/split/group_size"]) == (GROUPS, N)
+        mean_tokens = float(fields["response_mask"].sum()) / (GROUPS * N)
+        assert metrics["otb/split/mean_response_tokens"] == pytest.approx(mean_tokens)
+        out = tracker(fields, seed, scores=scores)
+        expected = metrics | by_hand.update(metrics, seed)
+        assert out.keys() == expected.keys() and _nan_equal(out, expected)
+    assert out["otb/budget/grpo/window/steps"] == 3 and out["otb/budget/otb/ema/steps"] == 4
+    assert not any(k.startswith("otb/budget/") for k in tracker(verl_shaped(seed=9)))
+
+
+def _nan_equal(a: dict, b: dict) -> bool:
+    """Every value of `b` equal in `a`, NaN to NaN (an undefined ratio)."""
+    return all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in b)
+
+
+def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_path: Path) -> None:
+    """A verl file log of 5 steps written from `BudgetTracker` (non-finite values left out, as
+    JSON cannot hold them): `dynamics` pools the logged split again and gives the tracker's
+    last `otb/budget/...` back to 1e-6."""
+    tracker, lines = BudgetTracker(), []
+    for step in range(1, 6):
+        fields = verl_shaped(seed=20 + step)
+        scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(step))
+        metrics = tracker(fields, step, adv_estimator="grpo", scores=scores)
+        data = {"actor/grad_norm": 1.0, "critic/score/mean": 0.1 * step}
+        data |= {k: v for k, v in metrics.items() if np.isfinite(v)}
+        lines.append(json.dumps({"step": step, "data": data}))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "dynamics"
+    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    assert [b["estimator"] for b in run["budget"]] == ["grpo", "otb"]
+    compared = 0
+    for pooled in run["budget"]:
+        for pool in ("window", "ema"):
+            for field, value in pooled[pool].items():
+                key = f"otb/budget/{pooled['estimator']}/{pool}/{field}"
+                if np.isfinite(metrics[key]):
+                    assert value == pytest.approx(metrics[key], rel=1e-6), key
+                    compared += 1
+    assert compared > 50 and (out / "pooled_noise_scale.png").stat().st_size > 0

@@ -1,6 +1,8 @@
 """`otb-diag train`: the gradient it steps on, determinism, and what it writes."""
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from numerics import assert_close_to_norm
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
+from otb_diag.integrations.step_metrics import split_metrics
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
@@ -17,8 +20,11 @@ from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.pipelines.rl_training import METRIC_KEYS
+from otb_diag.maths.variance.budget_stream import STEP_SHAPE
+from otb_diag.maths.variance.step_split import SPLIT
+from otb_diag.pipelines.rl_training import METRIC_KEYS, SPLIT_K, SPLIT_SEED
 from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.scores.token_scores import token_scores
 from otb_diag.policy.surrogate_loss import surrogate_loss
 
 runner = CliRunner()
@@ -112,8 +118,9 @@ def test_metrics_have_every_documented_key(seed0: tuple[Path, list[dict]]) -> No
         "token_total_power", "entropy", "mean_response_length", "tokens_sampled", "wall_time",
     }  # fmt: skip
     assert [m["step"] for m in metrics] == [1, 2]
+    split = {f"otb/split/otb/{k}" for k in SPLIT} | {f"otb/split/{k}" for k in STEP_SHAPE}
     for m in metrics:
-        assert documented <= set(m) == set(METRIC_KEYS)
+        assert documented <= set(m) == set(METRIC_KEYS) | split
         assert m["proxy1_signal_strength"] == pytest.approx(m["grad_norm"] ** 2)
     lengths = [
         len(r.response_ids)
@@ -121,6 +128,31 @@ def test_metrics_have_every_documented_key(seed0: tuple[Path, list[dict]]) -> No
         for r in load_rollouts(out / "rollouts" / f"step-{s}.jsonl").responses
     ]
     assert metrics[-1]["tokens_sampled"] == sum(lengths)  # cumulative over both steps
+
+
+def test_the_logged_split_is_the_sampling_policys(seed0: tuple[Path, list[dict]]) -> None:
+    """Step 1's logged split equals the split TRL's `attach` computes (`split_metrics`) on its
+    rollouts read back, scored by the shipped checkpoint, the policy that sampled them: the same
+    head scores, advantages and aggregation, with w from that policy's log p and Σπ² as a trainer
+    logs them, where `train` forms w in its own forward (float32 apart: to 1e-4 of the
+    magnitude compared; `|G|²` = ‖m̄‖² − S_m/P cancels terms of the size of tr Σ)."""
+    out, metrics = seed0
+    batch = make_batch(load_rollouts(out / "rollouts" / "step-1.jsonl"))
+    model = load_checkpoint(default_checkpoint()).model
+    stats = checkpoint_stats(model, batch)  # the toy rollouts carry no log p: the policy's
+    batch = dataclasses.replace(batch, logprobs=stats.logprob, sum_pi2=stats.sum_pi2)
+    scores = token_scores(model, batch, "head", SPLIT_K, SPLIT_SEED).proj
+    offline = split_metrics(batch, scores, {"otb": {}}, "token-sum")
+    assert {k for k in offline} == {k for k in metrics[0] if k.startswith("otb/split/")}
+    assert offline["otb/split/otb/within"] > 0  # mixed groups: a signal, not ε-terms
+    scale = {"otb/split/otb/grad_sq": offline["otb/split/otb/total"], "otb/split/otb/snr": 1.0}
+    for key, value in offline.items():  # a ratio with a denominator 0 is logged as null
+        logged = metrics[0][key]
+        if not math.isfinite(value):
+            assert logged is None, key
+        else:
+            assert abs(logged - value) <= 1e-4 * max(abs(value), scale.get(key, 0.0)), key
+    assert metrics[0]["otb/split/prompts"] == 4 and metrics[0]["otb/split/group_size"] == 4
 
 
 def test_checkpoints_and_rollouts_are_written(seed0: tuple[Path, list[dict]]) -> None:

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.maths.aggregation import aggregation_weights
+from otb_diag.maths.variance.budget_stream import STEP_SHAPE
 from otb_diag.maths.variance.noise_scale import (
     ROUNDOFF_ULPS,
     PromptMoments,
@@ -107,3 +108,13 @@ def step_split(contributions: Tensor, group: Tensor) -> dict[str, float]:
         terms = decompose(one_response)  # within of one response; between, |G|² as above
         estimates = signal_and_noise(terms["within"] / n, terms["between"], terms["grad_sq"], p)
     return {name: float(estimates[name][0]) for name in SPLIT}
+
+
+def step_shape(mask: Tensor, group: Tensor) -> dict[str, float]:
+    """The step's prompts P, responses a prompt N and mean generated tokens a response L̄, under
+    `budget_stream.STEP_SHAPE`'s names: what pooling the split over steps needs beside it.
+
+    mask: `[B, T]` generated tokens; group: `[B]` prompt ids (whole groups)."""
+    rows, prompts = len(group), len(torch.unique(group))
+    shape = (prompts, rows / prompts, float(mask.sum()) / rows)
+    return {k: float(v) for k, v in zip(STEP_SHAPE, shape, strict=True)}

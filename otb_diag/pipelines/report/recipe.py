@@ -156,8 +156,12 @@ def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) ->
 
 
 def _verdicts(runs: list[Run], regressions: list[Regression]) -> tuple[list[Verdict], list[str]]:
-    # The budget recommendations lead: they answer what a user came to decide.
+    # The budget answers lead: they answer what a user came to decide. A training run's pooled
+    # split first: it rests on the run's every split step, more prompts than any offline pool.
     found: list[Verdict] = [
+        v for run in runs if run.command == "dynamics"
+        for v in verdicts.pooled_budget_verdicts(run.result, run.label)
+    ] + [
         v for run in runs if run.command == "variance-compare"
         for v in verdicts.budget_verdict(run.result, run.label)
     ]  # fmt: skip

@@ -10,6 +10,8 @@ re-measured here.
   mean-baseline curve), and the paper-claim verdict of summary.json (its two readings: the
   saving at equal gradient variance, and the paper's at equal score over training);
 - proxy fidelity (fidelity.csv, per block when it has a `block` column);
+- a training log's split pooled over its steps: the knee at its last split step, or the honest
+  bound (collapse.json's `budget`, `pipelines/pooled_budget.py`); these lead the report;
 - collapse step, warning and lead time per run (collapse.json);
 - energy heterogeneity (summary.json) and a training run's early/late reward (train.json).
 """
@@ -49,6 +51,17 @@ def budget_verdict(result: VarianceResult, label: str) -> list[Verdict]:
     """The recommendation sentence of summary.json's `noise_scale`."""
     sentence = f"{result.recommendation} ({result.recommendation_where})."
     return [Verdict(f"prompts and responses per step ({label})", sentence)]
+
+
+def pooled_budget_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
+    """One sentence per run and estimator whose log held the split: the pooled knee at the
+    last split step under that estimator, or its bound (`pooling.Pooled.sentence`)."""
+    return [
+        Verdict(f"prompts per step over training ({label}: {r.run})", b.sentence[0].upper() +
+                b.sentence[1:] + ".")
+        for r in result.runs
+        for b in r.budget or []
+    ]  # fmt: skip
 
 
 def variance_verdicts(run_dir: Path, result: VarianceResult, label: str) -> list[Verdict]:

@@ -10,6 +10,18 @@ from otb_diag.pipelines.results import schema
 
 
 @dataclass(frozen=True)
+class PooledBudget:
+    """One estimator's split pooled over the run's split steps (`pipelines/pooled_budget.py`), as
+    the live `attach` logs it under `otb/budget/<estimator>/...`."""
+
+    estimator: str  # a baseline under the trainer's aggregation, or `params`
+    step: int  # the last split step pooled
+    sentence: str  # `pooling.Pooled.sentence` of the window: the knee or its honest bound
+    window: dict[str, float | None]  # `pooling.Pooled.metrics()`, the last `WINDOW` split steps
+    ema: dict[str, float | None]  # the same, EMA-weighted (None: not finite)
+
+
+@dataclass(frozen=True)
 class DynamicsRun:
     """One training log's row of collapse.json, the row `plots/dynamics.py` draws from: what it
     is, what `dynamics/collapse.py:analyse_run` found in it, whether its variance signals mix
@@ -35,6 +47,8 @@ class DynamicsRun:
     # `otb/` metric -> its last logged value (docs/live.md); None, and absent from collapse.json,
     # when the log has none. The one field that may be absent: files written before it existed.
     otb: dict[str, float] | None = None
+    # The logged split pooled over the run, one per estimator; None where the log has no split.
+    budget: list[PooledBudget] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,11 +91,13 @@ class DynamicsResult(schema.Versioned):
                 f"{_cell(r.warning_step):>8} {_cell(r.lead_steps):>5} "
                 f"{_cell(r.tokens_to_target, '{:.3g}'):>15}  {r.variance_proxy_kind}"
             )
+        lines += [f"{r.run}: {b.sentence}." for r in self.runs for b in r.budget or []]
         mixed = [r.run for r in self.runs if r.proxy3_mixes_units]
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
         lines.append(f"rule: {self.rule['description']}")
-        figures = 4 if self.live_runs else 3  # + the live diagnostics'
+        # + the live diagnostics', + the pooled noise scale's
+        figures = 3 + bool(self.live_runs) + any(r.budget for r in self.runs)
         lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {self.outputs}")
         return "\n".join(lines)
 

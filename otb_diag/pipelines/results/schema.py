@@ -15,7 +15,8 @@ from otb_diag.errors import InputError
 # Bumped whenever a field of a result class is added, renamed or changes meaning. 1: the first
 # versioned summary.json (the content of the unversioned files plus this field). 2:
 # variance-compare's `paper_claim` gives both readings of the paper's headline, with N′, its
-# range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`).
+# range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`);
+# dynamics' `budget`, the logged split pooled over the run.
 SCHEMA_VERSION = 2
 
 T = TypeVar("T")

@@ -1,0 +1,75 @@
+"""The logged split of every step, pooled as it streams in (`pooling.py`): the one object that
+TRL's `attach`, verl's `BudgetTracker` and `otb-diag dynamics` feed, so the live log and the
+log read back give the same pooled numbers.
+
+In (a step's logged metrics, keys under a prefix such as `otb/`):
+
+    split/<name>/total, split/<name>/grad_sq    tr Σ and |G|² of one estimator (a baseline under
+    split/<name>/within                          the trainer's aggregation, or `params`), within
+                                                 optional: a name without it has no within share
+    split/prompts, split/group_size,             the step's P, N and mean response tokens L̄
+    split/mean_response_tokens                   (`STEP_SHAPE`), shared by every name
+
+Out, for every name pooled so far: `budget/<name>/<pool>/<field>` with `<pool>` `window` (the
+last `window` split steps) or `ema` (decay `decay` a split step), `<field>` a `pooling.Pooled`
+field or `resolved` (1 or 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from otb_diag.maths.variance.pooling import EmaPool, Pooled, WindowPool
+
+SPLIT = "split/"
+BUDGET = "budget/"
+STEP_SHAPE = ("prompts", "group_size", "mean_response_tokens")  # P, N, L̄ of the step
+POOLS = ("window", "ema")
+WINDOW = 100  # split steps in the window
+DECAY = 0.95  # the EMA's weight per split step: n_eff → (1 + β)/(1 − β) = 39 steps
+
+
+class BudgetPools:
+    """Every name's window and EMA pools (`pooling.py`); state: `window` tuples and one set of
+    moments per name, whatever the run's length."""
+
+    def __init__(self, prefix: str, window: int = WINDOW, decay: float = DECAY) -> None:
+        self.prefix = prefix
+        self.window, self.decay = window, decay
+        self.pools: dict[str, tuple[WindowPool, EmaPool]] = {}
+        self.latest: dict[str, dict[str, Pooled]] = {}  # name -> pool -> its last estimates
+        self.last_step: int | None = None
+
+    def update(self, metrics: Mapping[str, float], step: int | None = None) -> dict[str, float]:
+        """Pool the split in `metrics` (one step's) and return `<prefix>budget/...` for every
+        name it holds with finite `total` and `grad_sq` and a finite step shape; {} when none."""
+        split = self.prefix + SPLIT
+        shape = [metrics.get(split + k, math.nan) for k in STEP_SHAPE]
+        if not all(math.isfinite(v) for v in shape):
+            return {}
+        out: dict[str, float] = {}
+        for name in _names(metrics, split):
+            total, grad_sq = (
+                metrics.get(f"{split}{name}/{k}", math.nan) for k in ("total", "grad_sq")
+            )
+            if not (math.isfinite(total) and math.isfinite(grad_sq)):
+                continue
+            row = (total, grad_sq, metrics.get(f"{split}{name}/within", math.nan), *shape)
+            pools = self.pools.setdefault(name, (WindowPool(self.window), EmaPool(self.decay)))
+            self.latest[name] = dict(zip(POOLS, (p.add(row) for p in pools), strict=True))
+            for pool, found in self.latest[name].items():
+                head = f"{self.prefix}{BUDGET}{name}/{pool}/"
+                out |= {head + k: v for k, v in found.metrics().items()}
+        if out:
+            self.last_step = step
+        return out
+
+
+def _names(metrics: Mapping[str, float], split: str) -> list[str]:
+    """The estimator names of `split/<name>/total` keys, in the metrics' order."""
+    return [
+        k[len(split) : -len("/total")]
+        for k in metrics
+        if k.startswith(split) and k.endswith("/total")
+    ]

@@ -1,0 +1,168 @@
+"""`otb-diag dynamics` pools the split a trainer logged (`pipelines/pooled_budget.py`) as the live
+`attach` pools it: a log written by the live pools (non-finite values left out, as TRL's
+`attach` leaves them out) gives the same `otb/budget/...` back from `dynamics` to 1e-6, the
+figure of the pooled noise scale and budget.csv are written, and the result leads with the
+knee or its honest bound."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from otb_diag.dynamics.detection_rule import DetectionRule
+from otb_diag.io.training_logs import read_training_log
+from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.pipelines.dynamics import run_dynamics
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.report.recipe import write_report
+from otb_diag.pipelines.results.dynamics import DynamicsResult
+
+
+def logged_steps(steps: int, split_every: int, grad_sq: float, seed: int = 0) -> list[dict]:
+    """A trainer's log entries: every step its reward and gradient norm, every `split_every`-th
+    the split of grpo (within, between, total, |G|²) and of `params` (total, |G|² only), and the
+    live pools' `otb/budget/...` as `attach` logs them (finite values only)."""
+    rng = np.random.default_rng(seed)
+    live = BudgetPools("otb/")
+    entries = []
+    for step in range(1, steps + 1):
+        entry = {"step": step, "grad_norm": float(np.exp(rng.normal())), "reward": 0.5}
+        if (step - 1) % split_every == 0:
+            within, between = 3 + rng.normal(0, 0.3), 1 + rng.normal(0, 0.5)
+            g = grad_sq + rng.normal(0, 0.4)
+            split = {
+                "otb/split/grpo/within": within,
+                "otb/split/grpo/between": between,
+                "otb/split/grpo/total": within + between,
+                "otb/split/grpo/grad_sq": g,
+                "otb/split/params/total": 7 * (within + between),
+                "otb/split/params/grad_sq": 7 * g + rng.normal(0, 0.5),
+                "otb/split/prompts": 8.0,
+                "otb/split/group_size": 4.0,
+                "otb/split/mean_response_tokens": 20 + rng.normal(),
+            }
+            split |= live.update(split, step)
+            entry |= {k: v for k, v in split.items() if math.isfinite(v)}
+        entries.append(entry)
+    return entries
+
+
+def trainer_state(path: Path, entries: list[dict]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "trainer_state.json").write_text(json.dumps({"log_history": entries}))
+    return path / "trainer_state.json"
+
+
+def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
+    entries = logged_steps(60, 2, 0.5)
+    state = trainer_state(tmp_path / "run", entries)
+    result = run_dynamics([state], None, tmp_path / "out", DetectionRule(), None)
+    (run,) = result.runs
+    last = [e for e in entries if "otb/split/grpo/total" in e][-1]
+    assert run.budget is not None and [b.estimator for b in run.budget] == ["grpo", "params"]
+    for pooled in run.budget:
+        assert pooled.step == last["step"] == 59
+        for pool in ("window", "ema"):
+            for field, value in getattr(pooled, pool).items():
+                key = f"otb/budget/{pooled.estimator}/{pool}/{field}"
+                if key in last:
+                    assert value == pytest.approx(last[key], rel=1e-6), key
+                else:  # left out of the log as not finite
+                    assert value is None or not math.isfinite(value), key
+    assert (tmp_path / "out" / "pooled_noise_scale.png").stat().st_size > 0
+    table = pd.read_csv(tmp_path / "out" / "budget.csv")
+    assert len(table) == 30 * 2 * 2  # split steps × estimators × pools
+    back = DynamicsResult.from_json(
+        json.loads((tmp_path / "out" / "collapse.json").read_text()), tmp_path / "collapse.json"
+    )
+    assert back.runs[0].budget[0].sentence == run.budget[0].sentence
+    assert run.budget[0].sentence in result.format()
+
+
+def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
+    """A strong signal over 60 split steps is resolved: the sentence names the knee and its
+    interval; a zero-mean signal is not: the sentence says so with its steps and prompts."""
+    strong = run_dynamics(
+        [trainer_state(tmp_path / "strong", logged_steps(60, 1, 0.5))],
+        ["strong"], tmp_path / "o1", DetectionRule(), None,
+    ).runs[0].budget[0]  # fmt: skip
+    assert strong.window["resolved"] == 1.0
+    assert strong.sentence.startswith("at step 60, the knee is ~")
+    assert "under grpo at N = 4" in strong.sentence and "you train with 8" in strong.sentence
+    assert strong.window["noise_scale_low"] < strong.window["noise_scale"]
+    none = run_dynamics(
+        [trainer_state(tmp_path / "none", logged_steps(60, 1, 0.0, seed=1))],
+        ["none"], tmp_path / "o2", DetectionRule(), None,
+    ).runs[0].budget[0]  # fmt: skip
+    assert none.window["resolved"] == 0.0
+    assert "|G|² is not resolved after 60 steps (480 prompts)" in none.sentence
+
+
+def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
+    tmp_path: Path,
+) -> None:
+    entries = logged_steps(9, 3, 0.5)
+    frame = read_training_log(trainer_state(tmp_path / "a", entries)).frame
+    table, pools = pooled_over_steps(frame, "otb/")
+    assert table["step"].tolist() == [1, 4, 7] and pools.last_step == 7
+    long = budget_long(table, "otb/", "a")
+    assert set(long["estimator"]) == {"grpo", "params"} and set(long["pool"]) == {"window", "ema"}
+    plain = [{k: v for k, v in e.items() if not k.startswith("otb/")} for e in entries]
+    result = run_dynamics(
+        [trainer_state(tmp_path / "b", plain)], None, tmp_path / "out", DetectionRule(), None
+    )
+    assert result.runs[0].budget is None
+    assert not (tmp_path / "out" / "budget.csv").exists()
+
+
+# The docs/live.md run: a real TRL GRPOTrainer on SmolLM2-135M-Instruct (CPU), 40 steps of 8
+# prompts × 4, `attach(split_every=1)`; its trainer_state.json trimmed to the reward, the split
+# and the live window pools (117 kB).
+SMOLLM2_RUN = Path(__file__).parent / "smollm2_trl_state.json"
+
+
+def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> None:
+    """Every split step's window pool, pooled again from the log, equals what `attach` logged
+    live (exactly: the same floats, the same order); the answer is docs/live.md's: OTB's |G|²
+    resolved from step 24 on, the knee ~53.5 prompts [31.3, 184] at step 40 against P = 8, and
+    grpo's not resolved (at least 45.6 prompts)."""
+    state = json.loads(SMOLLM2_RUN.read_text())
+    result = run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path, DetectionRule(), None)
+    table = pd.read_csv(tmp_path / "budget.csv")
+    logged = {e["step"]: e for e in state["log_history"]}
+    window = table[table["pool"] == "window"]
+    compared = 0
+    for row in window.to_dict("records"):
+        entry = logged[row["step"]]
+        for field, value in row.items():
+            key = f"otb/budget/{row['estimator']}/window/{field}"
+            if key in entry:
+                assert value == pytest.approx(entry[key], rel=1e-6), (row["step"], key)
+                compared += 1
+    assert compared > 1500
+    otb = window[window["estimator"] == "otb"].set_index("step")
+    assert otb.index[otb["resolved"] == 1].tolist() == list(range(24, 41))
+    grpo, pooled = result.runs[0].budget
+    assert pooled.sentence == (
+        "at step 40, the knee is ~53.5 prompts [31.3, 184] under otb at N = 4 (3.17 k tokens "
+        "a step); you train with 8"
+    )
+    assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
+
+
+def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
+    """`report` on the real run's dynamics directory: its first verdicts are the pooled
+    sentences, one per estimator, before the collapse verdict."""
+    run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path / "dyn", DetectionRule(), None)
+    result = write_report([tmp_path / "dyn"], tmp_path / "report.html")
+    first, second, third = result.verdicts[:3]
+    assert first.topic == second.topic == "prompts per step over training (dyn: smollm2)"
+    assert first.sentence.startswith("At step 40, under grpo at N = 4, |G|² is not resolved")
+    assert second.sentence.startswith("At step 40, the knee is ~53.5 prompts [31.3, 184]")
+    assert third.topic.startswith("collapse")
+    assert "the knee is ~53.5 prompts" in (tmp_path / "report.html").read_text(encoding="utf-8")
