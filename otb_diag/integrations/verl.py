@@ -41,6 +41,7 @@ from otb_diag.integrations.step_metrics import (
     split_scores,
     step_metrics,
 )
+from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
 
@@ -160,7 +161,15 @@ def _parts(batch: Any) -> tuple[Mapping[str, Tensor], Any, Mapping[str, Any]]:
 
 
 def _groups(uid: Any) -> tuple[list[str], Tensor]:
-    """Group names in order of first appearance and each row's index into them."""
+    """Group names (the prompts' uids, `io/trainers/verl.py:prompt_uid`: V0's uid, or the
+    prompt's part of V1's `{uid}_{session}_{index}` keys) in order of first appearance and each
+    row's index into them."""
+    prompts = PromptUids()
     names: dict[str, int] = {}
-    index = [names.setdefault(str(u), len(names)) for u in list(uid)]
+    index = [
+        names.setdefault(
+            prompts(str(u), lambda m, h, i=i: InputError(m, row=i, field="uid", hint=h)), len(names)
+        )
+        for i, u in enumerate(list(uid))
+    ]
     return list(names), torch.tensor(index, dtype=torch.long)

@@ -103,7 +103,7 @@ def iter_responses(
     trainer = dump_trainer(keys)
     rollouts = Rollouts(path, f"{trainer.name}-{kind}" if trainer else kind, [])
     row_keys = trainer.dump_keys if trainer else KEYS
-    prepare = trainer.prepare if trainer else None
+    prepare = trainer.record_mapper() if trainer else None
 
     def rows() -> Iterator[tuple[int, Response]]:
         step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)

@@ -31,3 +31,10 @@ class Trainer:
     dump_dir: str | None  # where its output directory keeps the dumps, when in a sub-directory
     log_signature: tuple[str, ...]
     log_keys: Keys  # the fields of `otb_diag/io/training_logs.py:COLUMNS`, under its names
+    # A fresh `Prepare` for each file, for a mapping that depends on the file's earlier rows
+    # (verl's two uid forms, which one file must not mix); used instead of `prepare`.
+    prepare_file: Callable[[], Prepare] | None = None
+
+    def record_mapper(self) -> Prepare | None:
+        """What maps each record of one dump file (call once per file)."""
+        return self.prepare_file() if self.prepare_file is not None else self.prepare
