@@ -41,6 +41,7 @@ from otb_diag.integrations.step_metrics import (
     split_scores,
     step_metrics,
 )
+from otb_diag.integrations.verl_scores import OTB_SCORES, SPLIT_K
 from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
@@ -57,21 +58,25 @@ def compute_otb_metrics(
     model: Any = None,
     scores: Tensor | None = None,
     loss_agg_mode: str = "token-mean",
-    split_k: int = 64,
+    split_k: int = SPLIT_K,
 ) -> dict[str, float]:
     """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
     with `uid`): energy, every baseline's proxies, OTB/mean, and the audit of `advantages`
     against `adv_estimator` (verl's `algorithm.adv_estimator`; None skips the audit).
     `temperature` defaults to the batch's `meta_info["temperature"]`, else 1.
 
-    With `scores` (`[B, T, k]` projected per-token scores of `responses`) or `model` (the policy
-    that sampled the batch, on one process: head-mode scores of dimension `split_k` from one
-    extra no-grad forward; the batch needs `prompts`), also `otb/split/<baseline>/...` under
-    `adv_estimator` and OTB, aggregated as `loss_agg_mode` (the actor's
-    `actor_rollout_ref.actor.loss_agg_mode`)."""
+    With per-token score vectors, also `otb/split/<baseline>/...` under `adv_estimator` and
+    OTB, aggregated as `loss_agg_mode` (the actor's `actor_rollout_ref.actor.loss_agg_mode`).
+    The scores, `[B, T, k]` projected per-token scores of `responses`, come from `scores`, else
+    from the batch's `otb_scores` (`verl_scores.py:OTB_SCORES`: formed on verl's actor workers
+    by `verl_scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
+    on one process: head-mode scores of dimension `split_k` from one extra no-grad forward; the
+    batch needs `prompts`); the last two give the same numbers."""
     audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
     step = verl_batch(batch, temperature)
     metrics = step_metrics(step, audited, baselines)
+    if scores is None and model is None:
+        scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
     if scores is None and model is not None:
         scores = split_scores(model, step, split_k)
     if scores is not None:
@@ -91,7 +96,16 @@ def dump_batch(
 ) -> Path:
     """Write the batch as step `step`'s exact-id rollouts in `dump_dir` (`dump.py`), atomically;
     return the file's path."""
-    return dump_step(check_dump_dir(dump_dir), verl_batch(batch, temperature, step), step)
+    rows = verl_batch(batch, temperature, step)
+    if not all(rows.prompt_ids):
+        raise InputError(
+            "the verl batch has no prompt ids (`prompts` with the `attention_mask` that covers "
+            "them): a dumped row needs its prompt's tokens.",
+            field="prompts",
+            hint="V0's batch has them; at V1's _compute_advantage select 'prompts' too and add "
+            "the left-padded prompts and their attention_mask (docs/live.md).",
+        )
+    return dump_step(check_dump_dir(dump_dir), rows, step)
 
 
 def verl_batch(batch: Any, temperature: float | None = None, step: int = 0) -> ResponseBatch:
