@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.integrations.step_metrics import SPLIT_SEED
-from otb_diag.policy.forward_pass import output_layer
+from otb_diag.policy.forward_pass import STATS_CHUNK, output_layer
 from otb_diag.policy.scores.token_scores import head_sketch, head_sketch_matrices
 
 OTB_SCORES = "otb_scores"  # the batch key of the worker-formed scores, `[B, T, k]`
@@ -49,11 +49,21 @@ def forward_scores(
     _, bias, scale, softcap = output_layer(model)
     biased = bias is not None
     p1, p2 = head_sketch_matrices(logits.shape[-1], hidden.shape[-1] + biased, k, SPLIT_SEED)
+    sketch = (p1.to(logits.device), p2.to(logits.device))
+    lead = targets.shape
+    h = hidden.detach().reshape(-1, hidden.shape[-1])  # [N, d]
+    z = logits.detach().reshape(-1, logits.shape[-1])  # [N, V]
+    y = targets.reshape(-1)
+    tau = torch.as_tensor(temperature, dtype=torch.float32, device=z.device).expand(lead)
+    tau = tau.reshape(-1)
+    proj = torch.zeros(len(y), k, device=z.device)
     with torch.no_grad():
-        sketch = (p1.to(logits.device), p2.to(logits.device))
-        h = hidden.detach().float() * scale  # the head reads s · h
-        proj, _ = head_sketch(h, logits.detach(), targets, temperature, sketch, biased, softcap)
-    return proj
+        for lo in range(0, len(y), STATS_CHUNK):  # [chunk, V] of u at a time, beside the logits
+            c = slice(lo, lo + STATS_CHUNK)
+            # the head reads s · h
+            proj[c] = head_sketch(h[c].float() * scale, z[c], y[c], tau[c], sketch, biased,
+                                  softcap)[0]  # fmt: skip
+    return proj.reshape(*lead, k)
 
 
 class OTBScores:
