@@ -34,7 +34,3 @@ class Trainer:
     # A fresh `Prepare` for each file, for a mapping that depends on the file's earlier rows
     # (verl's two uid forms, which one file must not mix); used instead of `prepare`.
     prepare_file: Callable[[], Prepare] | None = None
-
-    def record_mapper(self) -> Prepare | None:
-        """What maps each record of one dump file (call once per file)."""
-        return self.prepare_file() if self.prepare_file is not None else self.prepare
