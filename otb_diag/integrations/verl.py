@@ -1,24 +1,29 @@
 """OTB diagnostics inside verl's trainer step, and the exact-id dumps verl's own
 `rollout_data_dir` lacks (it keeps decoded text only).
 
-verl's `RayPPOTrainer.fit` holds the step's batch (a `DataProto`) once the advantages are
+verl's V0 `RayPPOTrainer.fit` holds the step's batch (a `DataProto`) once the advantages are
 computed; two lines there (docs/live.md, "verl") log the metrics and dump the batch:
 
     metrics.update(compute_otb_metrics(batch, adv_estimator=self.config.algorithm.adv_estimator))
     dump_batch(batch, "otb-dumps", self.global_steps)
+
+verl 0.9's default V1 trainer builds the `DataProto` from its transfer queue in
+`_compute_advantage`, without `responses` and `sum_pi_squared` unless asked (docs/live.md says
+how); its `uid` is the prompt's, or the queue's key `{uid}_{session}_{index}`, grouped by the
+prompt's uid either way (`io/trainers/verl.py:prompt_uid`).
 
 Fields read, as verl names them (`batch.batch[...]`, `batch.non_tensor_batch["uid"]`):
 `responses` `[B, T]`, `response_mask` `[B, T]` (else the last T columns of `attention_mask`),
 `old_log_probs` and `sum_pi_squared` `[B, T]` (actor `calculate_sum_pi_squared=true`),
 `token_level_rewards` `[B, T]`, `advantages` `[B, T]` (audited when present), `uid` `[B]`, and
 when present `prompts` `[B, P]` with the first P columns of `attention_mask` (the prompt ids of
-the dump) and `rollout_is_weights` `[B, T]`. A plain dict of those tensors (with `uid`) works
-the same, so nothing here imports verl.
+the dump), `rollout_is_weights` `[B, T]` and `otb_scores` `[B, T, k]` (`verl_scores.py`). A
+plain dict of those tensors (with `uid`) works the same, so nothing here imports verl.
 
 The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
 sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two. Given
-the policy (`model`, a Hugging Face causal LM) or the step's per-token score vectors (`scores`),
-`compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
+the step's per-token score vectors (`scores`, the batch's `otb_scores` formed on the actor
+workers, or from the policy `model`, a Hugging Face causal LM), `compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
 verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`.
 """
 
