@@ -23,8 +23,9 @@ plain dict of those tensors (with `uid`) works the same, so nothing here imports
 The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
 sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two. Given
 the step's per-token score vectors (`scores`, the batch's `otb_scores` formed on the actor
-workers, or from the policy `model`, a Hugging Face causal LM), `compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
-verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`.
+workers, or from the policy `model`, a Hugging Face causal LM), `compute_otb_metrics` adds the
+within/between split (`step_metrics.py:split_metrics`) under verl's `adv_estimator` and OTB,
+aggregated as the actor's `loss_agg_mode`.
 """
 
 from __future__ import annotations
