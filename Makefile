@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench bench-gpu clean
+.PHONY: setup setup-verl demo test test-fast lint bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
+
+# Optional, not part of `setup`: verl 0.9.1's own objects for the tests marked `verl` (skipped
+# without it). --no-deps: verl's full requirements pull vLLM-era pins (transformers < 5.11,
+# wandb, hydra ...) that the tests do not need; these are what `import verl.protocol`,
+# `core_algos`, `metric_utils` and the FSDP engine module need on a CPU machine. pyvers without
+# its deps keeps packaging 26 (pyvers 0.1 pins packaging < 26; tensordict 0.10 needs pyvers < 0.2).
+setup-verl: setup
+	$(BIN)/python -m pip install --quiet --no-deps verl==0.9.1 tensordict==0.10.0 "pyvers<0.2" peft
+	$(BIN)/python -m pip install --quiet ray omegaconf codetiming cloudpickle orjson importlib_metadata
 
 demo: setup
 	$(BIN)/otb-diag rollouts inspect

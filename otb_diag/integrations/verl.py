@@ -1,26 +1,32 @@
 """OTB diagnostics inside verl's trainer step, and the exact-id dumps verl's own
 `rollout_data_dir` lacks (it keeps decoded text only).
 
-verl's `RayPPOTrainer.fit` holds the step's batch (a `DataProto`) once the advantages are
+verl's V0 `RayPPOTrainer.fit` holds the step's batch (a `DataProto`) once the advantages are
 computed; two lines there (docs/live.md, "verl") log the metrics and dump the batch:
 
     metrics.update(compute_otb_metrics(batch, adv_estimator=self.config.algorithm.adv_estimator))
     dump_batch(batch, "otb-dumps", self.global_steps)
+
+verl 0.9's default V1 trainer builds the `DataProto` from its transfer queue in
+`_compute_advantage`, without `responses` and `sum_pi_squared` unless asked (docs/live.md says
+how); its `uid` is the prompt's, or the queue's key `{uid}_{session}_{index}`, grouped by the
+prompt's uid either way (`io/trainers/verl.py:prompt_uid`).
 
 Fields read, as verl names them (`batch.batch[...]`, `batch.non_tensor_batch["uid"]`):
 `responses` `[B, T]`, `response_mask` `[B, T]` (else the last T columns of `attention_mask`),
 `old_log_probs` and `sum_pi_squared` `[B, T]` (actor `calculate_sum_pi_squared=true`),
 `token_level_rewards` `[B, T]`, `advantages` `[B, T]` (audited when present), `uid` `[B]`, and
 when present `prompts` `[B, P]` with the first P columns of `attention_mask` (the prompt ids of
-the dump) and `rollout_is_weights` `[B, T]`. A plain dict of those tensors (with `uid`) works
-the same, so nothing here imports verl.
+the dump), `rollout_is_weights` `[B, T]` and `otb_scores` `[B, T, k]` (`verl_scores.py`). A
+plain dict of those tensors (with `uid`) works the same, so nothing here imports verl.
 
 The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
 sit beside verl's own `variance_proxy/*` on its dashboards; docs/live.md compares the two. Given
-the policy (`model`, a Hugging Face causal LM) or the step's per-token score vectors (`scores`),
-`compute_otb_metrics` adds the within/between split (`step_metrics.py:split_metrics`) under
-verl's `adv_estimator` and OTB, aggregated as the actor's `loss_agg_mode`; `BudgetTracker`, a
-small object called in its place, pools that split over the steps (`otb/budget/...`).
+the step's per-token score vectors (`scores`, the batch's `otb_scores` formed on the actor
+workers, or from the policy `model`, a Hugging Face causal LM), `compute_otb_metrics` adds the
+within/between split (`step_metrics.py:split_metrics`) under verl's `adv_estimator` and OTB,
+aggregated as the actor's `loss_agg_mode`; `BudgetTracker`, a small object called in its
+place, pools that split over the steps (`otb/budget/...`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from otb_diag.integrations.step_metrics import (
     split_scores,
     step_metrics,
 )
+from otb_diag.integrations.verl_scores import OTB_SCORES, SPLIT_K
+from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.budget_stream import DECAY, WINDOW, BudgetPools
@@ -59,21 +67,25 @@ def compute_otb_metrics(
     model: Any = None,
     scores: Tensor | None = None,
     loss_agg_mode: str = "token-mean",
-    split_k: int = 64,
+    split_k: int = SPLIT_K,
 ) -> dict[str, float]:
     """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
     with `uid`): energy, every baseline's proxies, OTB/mean, and the audit of `advantages`
     against `adv_estimator` (verl's `algorithm.adv_estimator`; None skips the audit).
     `temperature` defaults to the batch's `meta_info["temperature"]`, else 1.
 
-    With `scores` (`[B, T, k]` projected per-token scores of `responses`) or `model` (the policy
-    that sampled the batch, on one process: head-mode scores of dimension `split_k` from one
-    extra no-grad forward; the batch needs `prompts`), also `otb/split/<baseline>/...` under
-    `adv_estimator` and OTB, aggregated as `loss_agg_mode` (the actor's
-    `actor_rollout_ref.actor.loss_agg_mode`)."""
+    With per-token score vectors, also `otb/split/<baseline>/...` under `adv_estimator` and
+    OTB, aggregated as `loss_agg_mode` (the actor's `actor_rollout_ref.actor.loss_agg_mode`).
+    The scores, `[B, T, k]` projected per-token scores of `responses`, come from `scores`, else
+    from the batch's `otb_scores` (`verl_scores.py:OTB_SCORES`: formed on verl's actor workers
+    by `verl_scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
+    on one process: head-mode scores of dimension `split_k` from one extra no-grad forward; the
+    batch needs `prompts`); the last two give the same numbers."""
     audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
     step = verl_batch(batch, temperature)
     metrics = step_metrics(step, audited, baselines)
+    if scores is None and model is None:
+        scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
     if scores is None and model is not None:
         scores = split_scores(model, step, split_k)
     if scores is not None:
@@ -113,7 +125,16 @@ def dump_batch(
 ) -> Path:
     """Write the batch as step `step`'s exact-id rollouts in `dump_dir` (`dump.py`), atomically;
     return the file's path."""
-    return dump_step(check_dump_dir(dump_dir), verl_batch(batch, temperature, step), step)
+    rows = verl_batch(batch, temperature, step)
+    if not all(rows.prompt_ids):
+        raise InputError(
+            "the verl batch has no prompt ids (`prompts` with the `attention_mask` that covers "
+            "them): a dumped row needs its prompt's tokens.",
+            field="prompts",
+            hint="V0's batch has them; at V1's _compute_advantage select 'prompts' too and add "
+            "the left-padded prompts and their attention_mask (docs/live.md).",
+        )
+    return dump_step(check_dump_dir(dump_dir), rows, step)
 
 
 def verl_batch(batch: Any, temperature: float | None = None, step: int = 0) -> ResponseBatch:
@@ -183,7 +204,15 @@ def _parts(batch: Any) -> tuple[Mapping[str, Tensor], Any, Mapping[str, Any]]:
 
 
 def _groups(uid: Any) -> tuple[list[str], Tensor]:
-    """Group names in order of first appearance and each row's index into them."""
+    """Group names (the prompts' uids, `io/trainers/verl.py:prompt_uid`: V0's uid, or the
+    prompt's part of V1's `{uid}_{session}_{index}` keys) in order of first appearance and each
+    row's index into them."""
+    prompts = PromptUids()
     names: dict[str, int] = {}
-    index = [names.setdefault(str(u), len(names)) for u in list(uid)]
+    index = [
+        names.setdefault(
+            prompts(str(u), lambda m, h, i=i: InputError(m, row=i, field="uid", hint=h)), len(names)
+        )
+        for i, u in enumerate(list(uid))
+    ]
     return list(names), torch.tensor(index, dtype=torch.long)

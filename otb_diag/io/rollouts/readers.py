@@ -104,6 +104,8 @@ def iter_responses(
     rollouts = Rollouts(path, f"{trainer.name}-{kind}" if trainer else kind, [])
     row_keys = trainer.dump_keys if trainer else KEYS
     prepare = trainer.prepare if trainer else None
+    if trainer is not None and trainer.prepare_file is not None:
+        prepare = trainer.prepare_file()  # this file's own (it remembers the rows before)
 
     def rows() -> Iterator[tuple[int, Response]]:
         step_groups: dict[tuple[int, str], str] = {}  # trainer dumps group by (step, prompt)

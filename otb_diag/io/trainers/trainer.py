@@ -31,3 +31,6 @@ class Trainer:
     dump_dir: str | None  # where its output directory keeps the dumps, when in a sub-directory
     log_signature: tuple[str, ...]
     log_keys: Keys  # the fields of `otb_diag/io/training_logs.py:COLUMNS`, under its names
+    # A fresh `Prepare` for each file, for a mapping that depends on the file's earlier rows
+    # (verl's two uid forms, which one file must not mix); used instead of `prepare`.
+    prepare_file: Callable[[], Prepare] | None = None

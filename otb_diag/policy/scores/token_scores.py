@@ -237,6 +237,38 @@ def _logit_score(z: Tensor, targets: Tensor, tau: Tensor, softcap: float | None)
     return u
 
 
+def head_sketch(
+    hidden: Tensor,
+    logits: Tensor,
+    targets: Tensor,
+    tau: Tensor,
+    sketch: tuple[Tensor, Tensor],
+    biased: bool,
+    softcap: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The head-mode score of each token from the output layer's input and output (module
+    docstring): `(P₁ u) ⊗ (P₂ h̃)` `[..., k]` and `‖u h̃ᵀ‖²_F = ‖u‖² ‖h̃‖²` `[...]`, fp32.
+
+    hidden: `[..., d]` what the head reads (`s · h`, the final hidden state times the logit
+    scale of `forward_pass.output_layer`); logits: `[..., V]` its output `z` (after the
+    soft-cap, before the temperature); targets: `[...]` the sampled tokens; tau: `[...]` or a
+    scalar temperature; sketch: `head_sketch_matrices(V, d + biased, k, seed)` on their device;
+    biased: the head has a bias (folded in as `h̃ = [h; 1]`). `_head_scores` calls it on the
+    chunks of its own forward, a verl actor on its log-prob forward (`integrations/verl_scores.py`).
+    """
+    p1, p2 = sketch
+    lead = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1]).float()
+    z = logits.reshape(-1, logits.shape[-1]).float()
+    tau = torch.as_tensor(tau, dtype=torch.float32, device=z.device).expand(lead).reshape(-1)
+    u = _logit_score(z, targets.reshape(-1), tau, softcap)  # [N, V]
+    if biased:
+        h = torch.cat([h, torch.ones_like(h[:, :1])], dim=1)  # h̃ = [h; 1]
+    proj = ((u @ p1)[:, :, None] * (h @ p2)[:, None, :]).flatten(1)  # (P₁u) ⊗ (P₂h̃)
+    sq_norm = u.square().sum(-1) * h.square().sum(-1)  # ‖u h̃ᵀ‖²_F = ‖u‖² ‖h̃‖²
+    return proj.reshape(*lead, -1), sq_norm.reshape(lead)
+
+
 def _head_scores(
     model: nn.Module,
     batch: ResponseBatch,
@@ -278,13 +310,11 @@ def _head_scores(
                 c = slice(lo, lo + chunk_size)
                 h = h_all[c].float() * scale  # the head reads s · h
                 z = head_logits(h, weight32, bias, softcap)  # [chunk, V]
-                u = _logit_score(z, y_all[c], tau_all[c], softcap)
-                if bias is not None:
-                    h = torch.cat([h, torch.ones_like(h[:, :1])], dim=1)  # h̃ = [h; 1]
-                sketch = (u @ p1)[:, :, None] * (h @ p2)[:, None, :]  # (P₁u) ⊗ (P₂h̃)
-                proj[out_rows[c], cols[c]] = sketch.flatten(1).cpu()
-                # ‖u h̃ᵀ‖²_F = ‖u‖² ‖h̃‖²
-                sq_norm[out_rows[c], cols[c]] = (u.square().sum(-1) * h.square().sum(-1)).cpu()
+                sketch, norm = head_sketch(
+                    h, z, y_all[c], tau_all[c], (p1, p2), bias is not None, softcap
+                )
+                proj[out_rows[c], cols[c]] = sketch.cpu()
+                sq_norm[out_rows[c], cols[c]] = norm.cpu()
             if progress is not None:
                 progress(int(n_tok.sum()))
     return proj, sq_norm
