@@ -23,10 +23,13 @@ Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`):
   W&B, TensorBoard.
 - the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
 - the within/between split and SNR (`split_every`): per-token score vectors of the output layer
-  (`policy/scores/token_scores.py:token_scores`, head mode) from one extra no-grad forward of the
-  body, run before the step's backward pass (the weights are those that sampled the batch); the
-  fused head's capture holds no hidden states, so no score comes from the loss's own forward.
-  TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
+  (head mode, `policy/scores/token_scores.py:head_sketch`) from the hidden states of the loss's
+  own forward, caught by a hook on the backbone (`split_capture.py`), the logits recomputed from
+  them chunk-wise under no_grad (the fused head keeps none); where no hidden state is caught
+  (`extra_forward=True`), one extra no-grad forward of the policy gives them
+  (`step_metrics.py:split_scores`). Both run before the step's optimizer step, with the weights
+  that sampled the batch. TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
+- under DDP, the all-parameter noise scale from the gradient all-reduce (`ddp_noise.py`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -36,6 +39,7 @@ while the training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import types
@@ -51,7 +55,9 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.collapse_watch import CollapseWatch
+from otb_diag.integrations.ddp_noise import install_ddp_noise
 from otb_diag.integrations.dump import check_dump_dir, dump_step
+from otb_diag.integrations.split_capture import HiddenCatch, loss_forward_scores
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
@@ -99,6 +105,8 @@ class _Pending:
     sum_pi2: Tensor  # [B, C]
     seen: Tensor  # [B] bool
     from_loss: bool = True
+    split: bool = False  # the within/between split at this step
+    scores: Tensor | None = None  # [B, C, k] the split's scores from the loss's forward
 
 
 class LiveDiagnostics:
@@ -129,6 +137,7 @@ class LiveDiagnostics:
         self._pending: _Pending | None = None
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
+        self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
@@ -155,12 +164,14 @@ class LiveDiagnostics:
         live = self.enabled and self._pending is not None and rows is not None
         if live:
             self._captured = []
+        catch = live and self._pending.scores is not None and self.hidden is not None
         try:
-            loss = original(model, inputs)
+            with self.hidden.catching(catch) if catch else contextlib.nullcontext([]) as hidden:
+                loss = original(model, inputs)
         finally:
             captured, self._captured = self._captured, None
         if live:
-            self._guard(self._pending.step, self._take, inputs, rows, captured)
+            self._guard(self._pending.step, self._take, inputs, rows, captured, hidden)
         return loss
 
     def capture(self, output: Any) -> None:
@@ -195,6 +206,8 @@ class LiveDiagnostics:
             return
         n, c = output["completion_ids"].shape
         rows = self._local_rewards(n)
+        logged = (step - 1) // self.every  # this step's rank among the logged steps
+        split = self.split_every > 0 and logged % self.split_every == 0
         self._pending = _Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
@@ -203,6 +216,8 @@ class LiveDiagnostics:
             sum_pi2=torch.zeros(n, c),
             seen=torch.zeros(n, dtype=torch.bool),
             from_loss=not self.extra_forward,
+            split=split,
+            scores=torch.zeros(n, c, self.split_k) if split else None,
         )
         output[ROW_KEY] = torch.arange(n, device=output["completion_ids"].device)
 
@@ -218,10 +233,20 @@ class LiveDiagnostics:
         rewards[torch.isnan(per_func).all(1)] = torch.nan
         return rewards.detach().cpu()
 
-    def _take(self, inputs: dict[str, Any], rows: Tensor, captured: list) -> None:
+    def _take(
+        self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
+    ) -> None:
         p = self._pending
         assert p is not None
         rows = rows.cpu()
+        if p.scores is not None:
+            if hidden:  # the split's scores from the loss's own forward (split_capture.py)
+                p.scores[rows] = loss_forward_scores(
+                    self._policy(), hidden, inputs["completion_ids"], self.trainer.temperature,
+                    self.split_k,
+                )  # fmt: skip
+            else:
+                p.scores = None  # no hidden states caught: one extra forward in `_finish`
         if captured and p.from_loss:
             c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
             p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float().cpu()
@@ -239,9 +264,11 @@ class LiveDiagnostics:
             batch = self._batch(p, *self._forward_stats(batch))
         check_whole_groups(batch, f"TRL step {p.step}")
         # The scores need the weights that sampled the batch: before the optimizer step, here.
-        logged = (p.step - 1) // self.every  # this step's rank among the logged steps
-        split = self.split_every > 0 and logged % self.split_every == 0
-        scores = split_scores(self._policy(), batch, self.split_k) if split else None
+        scores = p.scores
+        if scores is not None:  # caught from the loss's forward: zero past each response
+            scores = scores[:, : batch.valid.shape[1]] * batch.valid[..., None]
+        elif p.split:
+            scores = split_scores(self._policy(), batch, self.split_k)
         # The tables are computed beside the backward pass and the optimizer step (torch's
         # kernels release the GIL); `collect`, at the step's end, logs them before TRL does.
         self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
@@ -341,12 +368,16 @@ def attach(
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer`) and, with `dump_dir`, write each such step's batch there as exact-id
     rollouts (`dump.py`). `baselines` default to the registry's defaults (as `otb-diag energy`);
-    `extra_forward=True` takes Σπ² from one extra no-grad forward instead of the loss's logits
-    (what a TRL without the fused head's field does; for the overhead benchmark).
+    `extra_forward=True` takes Σπ² and the split's hidden states from one extra no-grad forward
+    each instead of the loss's forward (what a TRL without the fused head's field does; for
+    the overhead benchmark).
     `split_every=K` adds, at every K-th logged step (the 1st, the K+1-th, …), the step's noise
     split within and between prompts, `|G|²`, the noise scale and the SNR under TRL's own
     estimator and OTB (`otb/split/<baseline>/...`), from head-mode score vectors of dimension
-    `split_k`: one extra no-grad forward of the policy on those steps; None or 0 switches it off.
+    `split_k`, formed from the loss forward's hidden states (one head matmul per token, no extra
+    pass through the body; with `extra_forward=True`, one extra no-grad forward); None or 0
+    switches it off. Under DDP, every step also logs the all-parameter two-batch estimate
+    (`otb/split/params/...`, `ddp_noise.py`).
 
     Raises `InputError`, before anything is changed, for a trainer that is not a GRPOTrainer, a
     TRL whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a
@@ -414,9 +445,11 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
     trainer._generate_and_score_completions = lambda inputs: live.generate(generate, inputs)
     trainer._calculate_rewards = lambda *a: live.rewards(rewards, *a)
     trainer._compute_loss = lambda model, inputs: live.compute_loss(loss, model, inputs)
+    peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
+    model = trainer.model.get_base_model() if peft else trainer.model
+    if live.split_every and not live.extra_forward:
+        live.hidden = HiddenCatch(model)
     if fused is not None and not live.extra_forward:
-        peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
-        model = trainer.model.get_base_model() if peft else trainer.model
         fused(
             model,
             temperature=trainer.temperature,
@@ -434,6 +467,8 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
             return output
 
         model.forward = types.MethodType(capturing, model)
+
+    install_ddp_noise(trainer)  # first: its metrics are in the lists when `_Live` logs
 
     class _Live(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from distributed import BIN, torchrun
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
@@ -30,7 +30,6 @@ from otb_diag.runtime.torchrun import shard_by_tokens
 pytestmark = pytest.mark.slow
 
 runner = CliRunner()
-BIN = Path(sys.executable).parent / "otb-diag"
 # Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.
 GROUPS, PER_GROUP = 3, 8  # 3 groups over 2 ranks: shares of unequal size
 VARIANCE = ["--mode", "proxy,head,full", "--group-sizes", "2,4", "--draws", "20"]
@@ -52,27 +51,6 @@ def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
         edit(rows)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def torchrun(
-    n: int, *args: str | Path, timeout: float = 240, script: Path | None = None
-) -> subprocess.CompletedProcess:
-    """`otb-diag ARGS` (or `python SCRIPT ARGS`) on `n` gloo ranks."""
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    # "--" ends torchrun's options: its parser would take `rollouts sample --n` as an
-    # ambiguous abbreviation of its own --nnodes/--nproc-per-node.
-    cmd += ["--", str(script)] if script else ["--no-python", "--", str(BIN)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
-    # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
-    # so a failure in CI says where that rank was.
-    env["PYTHONFAULTHANDLER"] = "1"
-    return subprocess.run(
-        cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def one_process(*args: str | Path) -> None:

@@ -1,0 +1,32 @@
+"""`torchrun` for the tests: `otb-diag` or a script on n gloo ranks of this machine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "otb-diag"
+
+
+def torchrun(
+    n: int, *args: str | Path, timeout: float = 240, script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`otb-diag ARGS` (or `python SCRIPT ARGS`) on `n` gloo ranks."""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    # "--" ends torchrun's options: its parser would take `rollouts sample --n` as an
+    # ambiguous abbreviation of its own --nnodes/--nproc-per-node.
+    cmd += ["--", str(script)] if script else ["--no-python", "--", str(BIN)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
+    # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
+    # so a failure in CI says where that rank was.
+    env["PYTHONFAULTHANDLER"] = "1"
+    return subprocess.run(
+        cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
+    )
