@@ -23,7 +23,6 @@ parameter shards (no process holds `g_i` or `g_big` whole, and FSDP offers no DD
 the same kind), DeepSpeed ZeRO runs its own reduction inside its engine (no torch hook), and a
 single process has one batch size only; `attach` warns once where DDP is not found."""
 
-
 import warnings
 from typing import Any
 

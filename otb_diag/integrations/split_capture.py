@@ -33,11 +33,13 @@ from otb_diag.policy.scores.token_scores import head_sketch, head_sketch_of
 
 class HiddenCatch:
     """A forward hook on `model.base_model` that keeps its last hidden state `[b, L, d]`
-    (detached) for every grad-enabled call inside `catching()`; outside, it does nothing."""
+    (detached) for every grad-enabled call inside `catching()`; outside, it does nothing. And
+    the head-mode scores of what it caught (`scores`)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._caught: list[Tensor] | None = None
+        self._checked = False  # the output layer checked against the model's logits, once
         model.base_model.register_forward_hook(self._hook)
 
     def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -55,22 +57,24 @@ class HiddenCatch:
         finally:
             self._caught = None
 
+    def scores(
+        self, caught: list[Tensor], completion_ids: Tensor, temperature: float, k: int
+    ) -> Tensor:
+        """`[m, C, k]` the split's head-mode scores (`step_metrics.split_scores`' seed and mode)
+        of the `m` rows whose loss forward was caught, at every completion position.
 
-def loss_forward_scores(
-    model: nn.Module, caught: list[Tensor], completion_ids: Tensor, temperature: float, k: int
-) -> Tensor:
-    """`[m, C, k]` the split's head-mode scores (`step_metrics.split_scores`' seed and mode) of
-    the `m` rows whose loss forward was caught, at every completion position.
-
-    caught: the backbone's hidden states `[b_i, L, d]` of `prompt ⧺ completion` rows, in row
-    order (TRL scores the micro-batch in chunks, `_get_per_token_logps_and_entropies`);
-    completion_ids `[m, C]`: position `L − C + j` holds completion token j, predicted by the
-    hidden state at `L − C + j − 1`. Padding positions get scores too; the caller zeroes them.
-    """
-    hidden = torch.cat(caught)  # [m, L, d]
-    m, c = completion_ids.shape
-    h = hidden[:, -c - 1 : -1].reshape(m * c, -1)  # [m·C, d]
-    targets = completion_ids.reshape(-1).to(h.device)
-    tau = torch.full((m * c,), float(temperature), device=h.device)
-    proj, _ = head_sketch(head_sketch_of(model, k, SPLIT_SEED), h, targets, tau)
-    return proj.view(m, c, k)
+        caught: the backbone's hidden states `[b_i, L, d]` of `prompt ⧺ completion` rows, in
+        row order (TRL scores a micro-batch in chunks, `_get_per_token_logps_and_entropies`);
+        completion_ids `[m, C]`: position `L − C + j` holds completion token j, predicted by the
+        hidden state at `L − C + j − 1`. Padding positions get scores too; the caller zeroes
+        them. The output layer is checked against the model's logits on the first call only
+        (its two probe forwards cost more than the sketch itself)."""
+        sketch = head_sketch_of(self.model, k, SPLIT_SEED, check=not self._checked)
+        self._checked = True
+        hidden = torch.cat(caught)  # [m, L, d]
+        m, c = completion_ids.shape
+        h = hidden[:, -c - 1 : -1].reshape(m * c, -1)  # [m·C, d]
+        targets = completion_ids.reshape(-1).to(h.device)
+        tau = torch.full((m * c,), float(temperature), device=h.device)
+        proj, _ = head_sketch(sketch, h, targets, tau)
+        return proj.view(m, c, k)

@@ -57,7 +57,7 @@ from otb_diag.errors import InputError
 from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.ddp_noise import install_ddp_noise
 from otb_diag.integrations.dump import check_dump_dir, dump_step
-from otb_diag.integrations.split_capture import HiddenCatch, loss_forward_scores
+from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
@@ -241,10 +241,9 @@ class LiveDiagnostics:
         rows = rows.cpu()
         if p.scores is not None:
             if hidden:  # the split's scores from the loss's own forward (split_capture.py)
-                p.scores[rows] = loss_forward_scores(
-                    self._policy(), hidden, inputs["completion_ids"], self.trainer.temperature,
-                    self.split_k,
-                )  # fmt: skip
+                p.scores[rows] = self.hidden.scores(
+                    hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
+                )
             else:
                 p.scores = None  # no hidden states caught: one extra forward in `_finish`
         if captured and p.from_loss:

@@ -253,10 +253,12 @@ class HeadSketch:
     p2: Tensor
 
 
-def head_sketch_of(model: nn.Module, k: int, seed: int) -> HeadSketch:
-    """`model`'s output layer (checked against its logits, `check_output_layer`) and the sketch
-    matrices of dimension `k` and `seed`: what `head_sketch` needs."""
-    check_output_layer(model)
+def head_sketch_of(model: nn.Module, k: int, seed: int, *, check: bool = True) -> HeadSketch:
+    """`model`'s output layer (with `check`, checked against its logits: `check_output_layer`,
+    two forward passes of a short probe) and the sketch matrices of dimension `k` and `seed`:
+    what `head_sketch` needs."""
+    if check:
+        check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)
     p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
     with torch.no_grad():
