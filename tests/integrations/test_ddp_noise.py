@@ -4,10 +4,9 @@ equal those of the local gradients and their mean computed by hand (plain autogr
 the model, all-gathered), over gradient accumulation (the hook fires on the sync step only, with
 the whole step's local gradient) and several buckets; DDP's gradients are bit for bit those of
 DDP without the hook; and inside a real TRL GRPOTrainer under torchrun, `attach` logs
-`otb/split/params/...` at every step, its `|G|²` and `tr Σ` the estimator's on the logged
-squares,
-`|g_big|²` TRL's own `grad_norm²`, and the training's weights are those of the run without
-`attach`."""
+`otb/split/params/...` at every step, its squares those of the local gradients read by
+parameter hooks, `|g_big|²` TRL's own `grad_norm²`, its `|G|²` and `tr Σ` the estimator's, and
+the training's weights are those of the run without `attach`."""
 
 from __future__ import annotations
 
