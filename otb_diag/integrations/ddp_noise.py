@@ -95,13 +95,29 @@ def install_ddp_noise(trainer: Any) -> Any:
         noise: DdpNoise | None = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            self.noise = _register(trainer)
+            self.noise = self._guarded(_register, trainer)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if self.noise is not None:
+                metrics = self._guarded(self.noise.metrics) or {}
                 logged = trainer._metrics["train"]
-                for name, value in self.noise.metrics().items():
+                for name, value in metrics.items():
                     logged[f"otb/{name}"].append(value)
+
+        def _guarded(self, fn: Any, *args: Any) -> Any:
+            """`fn(*args)`; on an error (a comm hook already registered, say), one warning and
+            the estimate switched off: the training must not die of a diagnostic."""
+            try:
+                return fn(*args)
+            except Exception as e:  # noqa: BLE001
+                self.noise = None
+                warnings.warn(
+                    f"otb-diag: the all-parameter noise scale is switched off: "
+                    f"{type(e).__name__}: {e}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return None
 
     callback = _Noise()
     trainer.add_callback(callback)

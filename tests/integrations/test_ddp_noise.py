@@ -11,14 +11,17 @@ the training's weights are those of the run without `attach`."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
+from accelerate.utils import DistributedType
 from distributed import torchrun
 
+from otb_diag.integrations.ddp_noise import _register
 from otb_diag.maths.variance.two_batch import two_batch_noise
-
-pytestmark = pytest.mark.slow  # launches torchrun
 
 PLAIN_DDP = """
 import contextlib, copy, json, sys
@@ -73,6 +76,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # launches torchrun
 def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(tmp_path: Path) -> None:
     script = tmp_path / "plain_ddp.py"
     script.write_text(PLAIN_DDP, encoding="utf-8")
@@ -154,9 +158,8 @@ for mode in ("plain", "attach"):
 """
 
 
+@pytest.mark.slow  # launches torchrun, runs TRL
 def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
-    import torch
-
     script = tmp_path / "trl_ddp.py"
     script.write_text(TRL_DDP, encoding="utf-8")
     result = torchrun(2, tmp_path, Path(__file__).parent, script=script, timeout=600)
@@ -185,3 +188,22 @@ def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
             assert entry["otb/split/params/total"] == pytest.approx(
                 expected.total, abs=4e-5 * scale
             )
+
+
+def trainer_without_ddp(processes: int, kind: DistributedType) -> SimpleNamespace:
+    """What `_register` reads of a trainer whose model `train()` did not wrap in DDP."""
+    accelerator = SimpleNamespace(num_processes=processes, distributed_type=kind)
+    return SimpleNamespace(model_wrapped=torch.nn.Linear(2, 2), accelerator=accelerator)
+
+
+@pytest.mark.parametrize("kind", [DistributedType.FSDP, DistributedType.DEEPSPEED])
+def test_several_processes_without_ddp_get_one_warning_and_no_hook(kind) -> None:
+    with pytest.warns(RuntimeWarning, match=f"needs DDP; this run is {kind.value}") as caught:
+        assert _register(trainer_without_ddp(2, kind)) is None
+    assert len(caught) == 1
+
+
+def test_one_process_gets_no_hook_and_no_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _register(trainer_without_ddp(1, DistributedType.NO)) is None
