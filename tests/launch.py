@@ -1,6 +1,7 @@
 """Launching otb-diag or a script on several gloo processes with torchrun (CPU), for the
-tests that check what several processes do: tests/runtime/test_torchrun.py (the commands) and
-tests/integrations/test_trl_processes.py (TRL's trainers with `attach`)."""
+tests that check what several processes do: tests/runtime/test_torchrun.py (the commands),
+tests/integrations/test_trl_processes.py (TRL's trainers with `attach`) and
+tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP)."""
 
 from __future__ import annotations
 

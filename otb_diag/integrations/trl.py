@@ -30,11 +30,15 @@ the same hooks):
   W&B, TensorBoard.
 - the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
 - the within/between split and SNR (`split_every`): per-token score vectors of the output layer
-  (`policy/scores/token_scores.py:token_scores`, head mode) from one extra no-grad forward of the
-  body, run before the step's backward pass (the weights are those that sampled the batch); the
-  fused head's capture holds no hidden states, so no score comes from the loss's own forward.
-  TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`; RLOO's loss is per sequence).
-  Each process scores its own rows (a forward on one process only would stall sharded models).
+  (head mode, `policy/scores/token_scores.py:head_sketch`) from the hidden states of the loss's
+  own forward, caught by a hook on the backbone (`split_capture.py`), the logits recomputed from
+  them chunk-wise under no_grad (the fused head keeps none); where no hidden state is caught
+  (`extra_forward=True`), one extra no-grad forward of the policy gives them
+  (`step_metrics.py:split_scores`). Both run before the step's optimizer step, with the weights
+  that sampled the batch, each process on its own rows (a forward on one process only would
+  stall sharded models). TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`; RLOO's
+  loss is per sequence).
+- under DDP, the all-parameter noise scale from the gradient all-reduce (`ddp_noise.py`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -44,6 +48,7 @@ while the training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import types
@@ -59,7 +64,9 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.collapse_watch import CollapseWatch
+from otb_diag.integrations.ddp_noise import install_ddp_noise
 from otb_diag.integrations.dump import check_dump_dir, dump_step
+from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
@@ -131,6 +138,8 @@ class _Pending:
     sum_pi2: Tensor  # [B, C]
     seen: Tensor  # [B] bool
     from_loss: bool = True
+    split: bool = False  # the within/between split at this step
+    scores: Tensor | None = None  # [B, C, k] the split's scores from the loss's forward
 
 
 @dataclass
@@ -234,6 +243,7 @@ class LiveDiagnostics:
         self._pending: _Pending | None = None
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
+        self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
@@ -262,12 +272,14 @@ class LiveDiagnostics:
         live = self.enabled and self._pending is not None and rows is not None
         if live:
             self._captured = []
+        catch = live and self._pending.scores is not None and self.hidden is not None
         try:
-            loss = original(model, inputs)
+            with self.hidden.catching(catch) if catch else contextlib.nullcontext([]) as hidden:
+                loss = original(model, inputs)
         finally:
             captured, self._captured = self._captured, None
         if live:
-            self._guard(self._pending.step, self._take, inputs, rows, captured)
+            self._guard(self._pending.step, self._take, inputs, rows, captured, hidden)
         return loss
 
     def capture(self, output: Any) -> None:
@@ -320,6 +332,8 @@ class LiveDiagnostics:
             )
         n, c = output["completion_ids"].shape
         rows = self._local_rewards(n)
+        logged = (step - 1) // self.every  # this step's rank among the logged steps
+        split = self.split_every > 0 and logged % self.split_every == 0
         self._pending = _Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
@@ -328,6 +342,8 @@ class LiveDiagnostics:
             sum_pi2=torch.zeros(n, c),
             seen=torch.zeros(n, dtype=torch.bool),
             from_loss=not self.extra_forward,
+            split=split,
+            scores=torch.zeros(n, c, self.split_k) if split else None,
         )
         output[ROW_KEY] = torch.arange(n, device=output["completion_ids"].device)
 
@@ -347,18 +363,30 @@ class LiveDiagnostics:
             rewards = rewards.clamp(min=clip[0], max=clip[1])
         return rewards.detach().cpu()
 
-    def _take(self, inputs: dict[str, Any], rows: Tensor, captured: list) -> None:
+    def _take(
+        self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
+    ) -> None:
         p = self._pending
         assert p is not None
         rows = rows.cpu()
-        self._guard(p.step, self._keep, p, rows, captured)
+        self._guard(p.step, self._keep, p, inputs, rows, captured, hidden)
         p.seen[rows] = True  # even after an error: this process still comes to the gather
         if self.enabled and bool(p.seen.all()):
             self._pending = None
             self._finish(p)
 
-    def _keep(self, p: _Pending, rows: Tensor, captured: list) -> None:
-        """The loss forward's log p and Σπ² of the micro-step's `rows`."""
+    def _keep(
+        self, p: _Pending, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list
+    ) -> None:
+        """The loss forward's log p and Σπ² of the micro-step's `rows`, and on split steps their
+        scores from its hidden states."""
+        if p.scores is not None:
+            if hidden:  # the split's scores from the loss's own forward (split_capture.py)
+                p.scores[rows] = self.hidden.scores(
+                    hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
+                )
+            else:
+                p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
         if captured and p.from_loss:
             c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
             p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float().cpu()
@@ -407,14 +435,14 @@ class LiveDiagnostics:
             logprobs=p.logprobs,
             sum_pi2=p.sum_pi2,
         )
-        logged = (p.step - 1) // self.every  # this step's rank among the logged steps
-        split = self.split_every > 0 and logged % self.split_every == 0
-        if not p.from_loss or split:
+        rows.scores = p.scores  # caught from the loss's forward, or None
+        extra_split = p.split and p.scores is None
+        if not p.from_loss or extra_split:
             own = self._batch(p.step, rows, grouped=False)  # the forward's input
             if not p.from_loss:
                 rows.logprobs, rows.sum_pi2 = self._forward_stats(own)
                 own = self._batch(p.step, rows, grouped=False)
-            if split:
+            if extra_split:
                 rows.scores = split_scores(self._policy(), own, self.split_k)
         return rows
 
@@ -426,7 +454,10 @@ class LiveDiagnostics:
         rows = concat_rows([s.rows for s in shares if s.rows is not None])
         batch = self._batch(p.step, rows)
         check_whole_groups(batch, f"TRL step {p.step}")
-        self._job = (p, self._worker.submit(self._measure, batch, p.step, rows.scores))
+        scores = rows.scores
+        if scores is not None:  # zero past each response (the caught ones span the completion)
+            scores = scores[:, : batch.valid.shape[1]] * batch.valid[..., None]
+        self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
 
     def _check_dump_dirs(self, shares: list[_Share]) -> None:
         """Warn once where another process was given a dump directory that is not the main
@@ -546,16 +577,19 @@ def attach(
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer` or `trl.RLOOTrainer`) and, with `dump_dir`, write each such step's batch
     there as exact-id rollouts (`dump.py`). `baselines` default to the registry's defaults (as
-    `otb-diag energy`); `extra_forward=True` takes Σπ² from one extra no-grad forward instead of
-    the loss's logits (what a TRL without the fused head's field does; for the overhead
-    benchmark). `split_every=K` adds, at every K-th logged step (the 1st, the K+1-th, …), the
-    step's noise split within and between prompts, `|G|²`, the noise scale and the SNR under
-    the trainer's own estimator and OTB (`otb/split/<baseline>/...`), from head-mode score
-    vectors of dimension `split_k`: one extra no-grad forward of the policy on those steps;
-    None or 0 switches it off. Every split step also logs the split pooled over the split steps
-    so far (`otb/budget/<baseline>/<window|ema>/...`, `maths/variance/budget_stream.py`): the
-    pooled noise scale and its interval, the SNR at the run's P, the within share, the tokens a
-    step at the knee.
+    `otb-diag energy`); `extra_forward=True` takes Σπ² and the split's hidden states from one
+    extra no-grad forward each instead of the loss's forward (what a TRL without the fused
+    head's field does; for the overhead benchmark). `split_every=K` adds, at every K-th logged
+    step (the 1st, the K+1-th, …), the step's noise split within and between prompts, `|G|²`,
+    the noise scale and the SNR under the trainer's own estimator and OTB
+    (`otb/split/<baseline>/...`), from head-mode score vectors of dimension `split_k`, formed
+    from the loss forward's hidden states (one head matmul per token, no extra pass through the
+    body; with `extra_forward=True`, one extra no-grad forward); None or 0 switches it off.
+    Every split step also logs the split pooled over the split steps so far
+    (`otb/budget/<baseline>/<window|ema>/...`, `maths/variance/budget_stream.py`): the pooled
+    noise scale and its interval, the SNR at the run's P, the within share, the tokens a step
+    at the knee. Under DDP, every step also logs the all-parameter two-batch estimate
+    (`otb/split/params/...`, `ddp_noise.py`).
 
     With several processes (torchrun, accelerate launch), call it in every process, as the
     trainer is built in every process: the step's rows are gathered to the main process, which
@@ -646,9 +680,11 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
     trainer._generate_and_score_completions = lambda inputs: live.generate(generate, inputs)
     trainer._calculate_rewards = lambda *a: live.rewards(rewards, *a)
     trainer._compute_loss = lambda model, inputs: live.compute_loss(loss, model, inputs)
+    peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
+    model = trainer.model.get_base_model() if peft else trainer.model
+    if live.split_every and not live.extra_forward:
+        live.hidden = HiddenCatch(model)
     if fused is not None and not live.extra_forward:
-        peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
-        model = trainer.model.get_base_model() if peft else trainer.model
         fused(
             model,
             temperature=trainer.temperature,
@@ -667,6 +703,8 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
             return output
 
         model.forward = types.MethodType(capturing, model)
+
+    install_ddp_noise(trainer)  # first: its metrics are in the lists when `_Live` logs
 
     class _Live(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:

@@ -1,7 +1,8 @@
 """`attach` on a real TRL `GRPOTrainer` (CPU, embedded checkpoint): the `otb/` metrics reach
 `trainer_state.json` at every step, `otb-diag energy` on a dumped step gives them back
 (model-free to 1e-6, with the checkpoint of that step to 1e-4), TRL's advantages pass the
-audit, the within/between split logged at every second step equals the split of the dumped step
+audit, the within/between split logged at every second step (its scores from the loss's own
+forward: the extra forward is made to fail) equals the split of the dumped step
 scored offline by that step's checkpoint, the training's numbers are those of a run without
 `attach`, and bad input gets one clear message before anything changes. A real `RLOOTrainer`
 is audited against the registry's `rloo`; the extra forward reproduces energy's; failures with
@@ -25,6 +26,7 @@ from trl_toy import GENERATIONS, toy_trainer
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
+from otb_diag.integrations import trl as trl_integration
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.trl import LOSS_AGGREGATION, _Share, attach
 from otb_diag.io.loading import load_rollouts
@@ -47,8 +49,16 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     out = tmp_path_factory.mktemp("trl-live") / "grpo-toy"
     trainer = toy_trainer(out, STEPS, save_strategy="steps", save_steps=1, save_only_model=True)
     attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K)
-    trainer.train()
+    with pytest.MonkeyPatch.context() as patch:  # the split's scores come from the loss forward
+        patch.setattr(trl_integration, "split_scores", no_extra_forward)
+        trainer.train()
     return out, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def no_extra_forward(*_: object) -> None:
+    """In place of the extra forward of the split: fails, so a split step that took that route
+    would switch the diagnostics off and log no split."""
+    raise AssertionError("the split ran an extra forward")
 
 
 def logged(out: Path) -> list[dict[str, float]]:

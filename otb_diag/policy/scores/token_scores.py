@@ -237,6 +237,36 @@ def _logit_score(z: Tensor, targets: Tensor, tau: Tensor, softcap: float | None)
     return u
 
 
+@dataclass(frozen=True)
+class HeadSketch:
+    """The output layer and the Kronecker factors of head mode, on the layer's device.
+
+    weight: `[V, d]` fp32 (a copy for half-precision models), bias `[V]` or None, scale s and
+    softcap c as `forward_pass.py:output_layer` reads them; p1 `[V, k₁]`, p2 `[d (+1), k₂]` from
+    `head_sketch_matrices`. Built once, it scores any number of tokens (`head_sketch`)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    scale: float
+    softcap: float | None
+    p1: Tensor
+    p2: Tensor
+
+
+def head_sketch_of(model: nn.Module, k: int, seed: int, *, check: bool = True) -> HeadSketch:
+    """`model`'s output layer (with `check`, checked against its logits: `check_output_layer`,
+    two forward passes of a short probe) and the sketch matrices of dimension `k` and `seed`:
+    what `head_sketch_from_hidden` needs."""
+    if check:
+        check_output_layer(model)
+    weight, bias, scale, softcap = output_layer(model)
+    p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
+    with torch.no_grad():
+        weight32 = weight.detach().float()  # fp32 logit maths (no copy for an fp32 head)
+    bias = None if bias is None else bias.detach()
+    return HeadSketch(weight32, bias, scale, softcap, p1.to(weight.device), p2.to(weight.device))
+
+
 def head_sketch(
     hidden: Tensor,
     logits: Tensor,
@@ -269,6 +299,28 @@ def head_sketch(
     return proj.reshape(*lead, -1), sq_norm.reshape(lead)
 
 
+def head_sketch_from_hidden(
+    sketch: HeadSketch, hidden: Tensor, targets: Tensor, tau: Tensor, chunk_size: int = STATS_CHUNK
+) -> tuple[Tensor, Tensor]:
+    """`proj [N, k]`, `sq_norm [N]` (CPU, fp32) of N tokens' output-layer scores (module
+    docstring) from the final hidden states that predict them, `hidden [N, d]` (any dtype, on
+    the layer's device), their `targets [N]` and temperatures `tau [N]`: the head's logits
+    recomputed `[chunk_size, V]` at a time, no gradient, then `head_sketch`."""
+    proj = torch.empty(len(targets), sketch.p1.shape[1] * sketch.p2.shape[1])
+    sq_norm = torch.empty(len(targets))
+    biased = sketch.bias is not None
+    with torch.no_grad():
+        for lo in range(0, len(targets), chunk_size):
+            c = slice(lo, lo + chunk_size)
+            h = hidden[c].float() * sketch.scale  # the head reads s · h
+            z = head_logits(h, sketch.weight, sketch.bias, sketch.softcap)  # [chunk, V]
+            out, norm = head_sketch(
+                h, z, targets[c], tau[c], (sketch.p1, sketch.p2), biased, sketch.softcap
+            )
+            proj[c], sq_norm[c] = out.cpu(), norm.cpu()
+    return proj, sq_norm
+
+
 def _head_scores(
     model: nn.Module,
     batch: ResponseBatch,
@@ -283,15 +335,11 @@ def _head_scores(
     Memory beyond the forward pass: `[chunk, V]` logits and scores, `P₁ᵀ` (`V · k₁ · 4` bytes) and
     an fp32 copy of the output layer for half-precision models.
     """
-    check_output_layer(model)
-    weight, bias, scale, softcap = output_layer(model)
-    device = weight.device
-    p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
-    p1, p2 = p1.to(device), p2.to(device)
+    sketch = head_sketch_of(model, k, seed)
+    device = sketch.weight.device
     proj, sq_norm = _grid(batch, k)
     lengths = batch.length.tolist()
     with torch.no_grad(), eval_mode(model):
-        weight32 = weight.float()  # fp32 logit maths for half-precision models (no-op if fp32)
         packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
         for group in pack_by_tokens(packed, batch_tokens):
             responses = [batch.response_ids[i, : lengths[i]].tolist() for i in group]
@@ -302,19 +350,14 @@ def _head_scores(
                 as_tuple=True
             )  # the N valid (row, t) pairs, 0-based t
             pos = start[rows] + cols  # position of y_{t+1}; the logits at pos − 1 predict it
-            h_all = hidden[rows.to(device), (pos - 1).to(device)]  # [N, d]
-            y_all = ids[rows, pos].to(device)
-            tau_all = batch.temperature[group][rows].to(device)
             out_rows = torch.tensor(group)[rows]
-            for lo in range(0, len(rows), chunk_size):
-                c = slice(lo, lo + chunk_size)
-                h = h_all[c].float() * scale  # the head reads s · h
-                z = head_logits(h, weight32, bias, softcap)  # [chunk, V]
-                sketch, norm = head_sketch(
-                    h, z, y_all[c], tau_all[c], (p1, p2), bias is not None, softcap
-                )
-                proj[out_rows[c], cols[c]] = sketch.cpu()
-                sq_norm[out_rows[c], cols[c]] = norm.cpu()
+            proj[out_rows, cols], sq_norm[out_rows, cols] = head_sketch_from_hidden(
+                sketch,
+                hidden[rows.to(device), (pos - 1).to(device)],  # [N, d]
+                ids[rows, pos].to(device),
+                batch.temperature[group][rows].to(device),
+                chunk_size,
+            )
             if progress is not None:
                 progress(int(n_tok.sum()))
     return proj, sq_norm
