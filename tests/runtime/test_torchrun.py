@@ -17,11 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-<<<<<<< HEAD
 from launch import BIN, torchrun
-=======
-from distributed import BIN, torchrun
->>>>>>> i31-live
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
