@@ -88,11 +88,12 @@ def install_ddp_noise(trainer: Any) -> Any:
     `train()` has wrapped the model, so this waits for `on_train_begin`; without DDP (FSDP,
     DeepSpeed) it warns once and does nothing, and on one process it does nothing. Returns the
     trainer callback it adds; its `noise` is the registered `DdpNoise` (None before `train()`
-    and without DDP)."""
+    and without DDP), its `last` the step's metrics (`attach` pools them with the split's)."""
     from transformers import TrainerCallback
 
     class _Noise(TrainerCallback):
         noise: DdpNoise | None = None
+        last: dict[str, float] = {}  # this step's `otb/split/params/...`, for the budget's pools
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             self.noise = self._guarded(_register, trainer)
@@ -100,9 +101,10 @@ def install_ddp_noise(trainer: Any) -> Any:
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if self.noise is not None:
                 metrics = self._guarded(self.noise.metrics) or {}
+                self.last = {f"otb/{name}": value for name, value in metrics.items()}
                 logged = trainer._metrics["train"]
-                for name, value in metrics.items():
-                    logged[f"otb/{name}"].append(value)
+                for name, value in self.last.items():
+                    logged[name].append(value)
 
         def _guarded(self, fn: Any, *args: Any) -> Any:
             """`fn(*args)`; on an error (a comm hook already registered, say), one warning and

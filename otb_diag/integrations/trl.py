@@ -244,6 +244,7 @@ class LiveDiagnostics:
         self._rewards: Tensor | None = None
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
+        self.params: Any = None  # the all-parameter estimate's callback (`_install`)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
@@ -501,7 +502,10 @@ class LiveDiagnostics:
         if proxy is not None:
             self.watch.add_variance(p.step, proxy)
         metrics.update({PREFIX + k: v for k, v in self.watch.metrics().items()})
-        metrics |= self.budget.update(metrics, p.step)
+        # The all-parameter estimate joins the pools on the split's steps, which log the step's
+        # P, N and L̄ (`dynamics` reading the log back pools the same rows).
+        params = self.params.last if self.params is not None else {}
+        metrics |= self.budget.update(metrics | params, p.step)
         metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
         self.last = metrics
         logged = self.trainer._metrics["train"]
@@ -704,7 +708,7 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
 
         model.forward = types.MethodType(capturing, model)
 
-    install_ddp_noise(trainer)  # first: its metrics are in the lists when `_Live` logs
+    live.params = install_ddp_noise(trainer)  # first: its metrics are in when `_Live` logs
 
     class _Live(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:

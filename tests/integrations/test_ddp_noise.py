@@ -144,7 +144,7 @@ out = Path(sys.argv[1])
 for mode in ("plain", "attach"):
     trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
     if mode == "attach":
-        attach(trainer, split_every=None)
+        attach(trainer, split_every=1)  # the split's steps pool the estimate too
         hand = ByHand(trainer.model)
         trainer.add_callback(hand)
     trainer.train()
@@ -188,6 +188,13 @@ def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
             assert entry["otb/split/params/total"] == pytest.approx(
                 expected.total, abs=4e-5 * scale
             )
+    # The main process pools it over the steps, as the split's baselines: the window's |G|² is
+    # the mean of the steps' so far.
+    main = json.loads((tmp_path / "rank0.json").read_text())["logged"]
+    for s, entry in enumerate(main, 1):
+        assert entry["otb/budget/params/window/steps"] == s
+        so_far = [e["otb/split/params/grad_sq"] for e in main[:s]]
+        assert entry["otb/budget/params/window/grad_sq"] == pytest.approx(sum(so_far) / s, rel=1e-9)
 
 
 def trainer_without_ddp(processes: int, kind: DistributedType) -> SimpleNamespace:
