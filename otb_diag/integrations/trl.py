@@ -40,7 +40,7 @@ import functools
 import math
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +61,7 @@ from otb_diag.integrations.step_metrics import (
     split_scores,
     step_metrics,
 )
+from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -131,6 +132,7 @@ class LiveDiagnostics:
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
+        self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in TRL_DEFAULTS.items())
         self.audited = trainer_baseline("trl") if documented else None
         # The split under TRL's own estimator (when its settings are the documented ones) and OTB.
@@ -251,7 +253,7 @@ class LiveDiagnostics:
         if scores is not None:
             metrics |= split_metrics(batch, scores, self.split_baselines, self.aggregation)
         if self.dump_dir is not None:
-            dump_step(self.dump_dir, batch, step)
+            dump_step(self.dump_dir, batch, step, self.audited)
         return metrics
 
     def collect(self) -> None:
@@ -316,6 +318,12 @@ class LiveDiagnostics:
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
+        """log p and Σπ² `[B, T]` of the policy that sampled `batch`: those its advantages were
+        computed from (`attach(advantages=...)`), else one no-grad forward."""
+        sampled = self.swap.sampled_stats(batch) if self.swap is not None else None
+        return sampled if sampled is not None else self.no_grad_stats(batch)
+
+    def no_grad_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` from one no-grad forward of the policy."""
         model = self._policy()
         was_training = model.training
@@ -337,6 +345,8 @@ def attach(
     extra_forward: bool = False,
     split_every: int | None = 10,
     split_k: int = 64,
+    advantages: str | None = None,
+    advantage_options: Mapping[str, Any] | None = None,
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer`) and, with `dump_dir`, write each such step's batch there as exact-id
@@ -347,11 +357,14 @@ def attach(
     split within and between prompts, `|G|²`, the noise scale and the SNR under TRL's own
     estimator and OTB (`otb/split/<baseline>/...`), from head-mode score vectors of dimension
     `split_k`: one extra no-grad forward of the policy on those steps; None or 0 switches it off.
+    `advantages="otb"` (any registry baseline, `advantage_options` its options, e.g.
+    `{"handle_zero_tail": False}`) trains with that baseline's token-level advantages in place
+    of TRL's, audited and dumped as the estimator that ran (`trl_advantages.py`).
 
     Raises `InputError`, before anything is changed, for a trainer that is not a GRPOTrainer, a
     TRL whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a
     whole number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, or a dump directory
-    that cannot be written."""
+    that cannot be written, an unknown baseline or one of its options it does not take."""
     import trl
 
     if not isinstance(trainer, trl.GRPOTrainer):
@@ -387,11 +400,15 @@ def attach(
             f"{trl.__version__}; the hooks exist, the audit will say if the numbers agree.",
             stacklevel=2,
         )
+    record = check_advantages(advantages, advantage_options) if advantages is not None else None
     folder = check_dump_dir(dump_dir) if dump_dir is not None else None
     fused = _fused_head()
     live = LiveDiagnostics(
         trainer, every, folder, baselines, extra_forward or fused is None, split_every, split_k
     )
+    if record is not None:
+        install_swap(trainer, live, record)  # W from its own forward: the loss's is not needed
+        live.extra_forward = live.extra_forward or live.swap.needs_energy
     _install(trainer, live, fused)
     return live
 
