@@ -287,3 +287,110 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
         axes[0].legend(**LEGEND_BESIDE)
         axes[-1].set_xlabel("training step")
     return fig
+
+
+class ArmMarks(Protocol):
+    """What the comparison figure reads of an arm
+    (`otb_diag/pipelines/results/dynamics.py:DynamicsArm` has these fields)."""
+
+    @property
+    def arm(self) -> str: ...
+    @property
+    def baseline(self) -> str | None: ...
+    @property
+    def group_size(self) -> int | None: ...
+    @property
+    def collapse_steps(self) -> list[int | None]: ...
+    @property
+    def runs(self) -> list[str]: ...
+    @property
+    def reached(self) -> int: ...
+    @property
+    def tokens_to_target_mean(self) -> float | None: ...
+    @property
+    def tokens_to_target_low(self) -> float | None: ...
+    @property
+    def tokens_to_target_high(self) -> float | None: ...
+
+
+def _arm_styles(arms: Sequence[ArmMarks]) -> dict[str, dict[str, str]]:
+    """Colour by baseline and line style by group size, per arm; arms that share both (a
+    sweep) each get a colour of the palette instead."""
+    keys = [(a.baseline, a.group_size) for a in arms]
+    sizes = sorted({a.group_size for a in arms if a.group_size is not None})
+    palette = list(OKABE_ITO.values())
+    distinct = len(set(keys)) == len(keys)
+    return {
+        a.arm: {
+            "color": baseline_color(a.baseline or UNKNOWN) if distinct else palette[i % len(palette)],
+            "linestyle": GROUP_SIZE_STYLES[sizes.index(a.group_size) % len(GROUP_SIZE_STYLES)]
+            if distinct and a.group_size in sizes
+            else "-",
+        }
+        for i, a in enumerate(arms)
+    }
+
+
+def fig_baseline_comparison(
+    table: pd.DataFrame, arms: Sequence[ArmMarks], arm_of: dict[str, str], target: float | None
+) -> Figure:
+    """The comparison at equal tokens: against the running total of sampled tokens, the
+    trailing-mean score (top) and the gradient norm (bottom, log scale) of every run, coloured
+    by its arm (`arm_of`: run -> arm); with a target, each arm's mean tokens to reach it as a
+    dot on the target line with its interval over the seeds as a bar (k/n: the runs that reached
+    it); a cross marks each run's detected collapse on both panels."""
+    styles = _arm_styles(arms)
+    collapse = {run: step for a in arms for run, step in zip(a.runs, a.collapse_steps, strict=True)}
+    fig, (top, bottom) = _stacked(4.4)
+    with mpl.rc_context(STYLE):
+        labelled: set[str] = set()
+        for run, rows in table.groupby("run", sort=False):
+            rows = rows[np.isfinite(rows["tokens_sampled"])]
+            arm = arm_of[run]
+            style = styles[arm]
+            label = None if arm in labelled else arm
+            labelled.add(arm)
+            score = (
+                rows["score_smoothed"] if rows["score_smoothed"].notna().any() else rows["score"]
+            )
+            top.plot(rows["tokens_sampled"], score, label=label, linewidth=0.8, **style)
+            g = rows["grad_norm"].to_numpy(dtype=float)
+            good = np.isfinite(g) & (g > 0)
+            bottom.plot(rows["tokens_sampled"].to_numpy()[good], g[good], linewidth=0.6, **style)
+            hit = rows[rows["step"] == collapse[run]] if collapse[run] is not None else rows[:0]
+            for ax, column in ((top, score.name), (bottom, "grad_norm")):
+                ax.plot(hit["tokens_sampled"], hit[column], linestyle="none", marker="x",
+                        markersize=4, color=style["color"])  # fmt: skip
+        if target is not None:
+            top.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
+            _target_bars(top, arms, styles, target)
+        bottom.set_yscale("log")
+        top.set_ylabel("score (trailing mean)")
+        top.set_title(
+            "Baselines at equal tokens"
+            + (f": tokens to {target:g}, mean and 95 % interval over seeds" if target else ""),
+            fontsize=6.5,
+        )
+        top.legend(**LEGEND_BESIDE)
+        bottom.set_ylabel("gradient norm ‖g‖")
+        bottom.set_xlabel("tokens sampled (running total)")
+        bottom.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+    return fig
+
+
+def _target_bars(
+    ax: Axes, arms: Sequence[ArmMarks], styles: dict[str, dict[str, str]], target: float
+) -> None:
+    """Each arm's mean tokens to `target` on the target line, its interval as a bar, offset
+    vertically by arm so bars do not overlap, annotated with the runs that reached it."""
+    span = np.diff(ax.get_ylim())[0]
+    for i, a in enumerate(arms):
+        if a.tokens_to_target_mean is None:
+            continue
+        y = target - (i + 1) * 0.04 * span
+        mean, low, high = a.tokens_to_target_mean, a.tokens_to_target_low, a.tokens_to_target_high
+        xerr = None if low is None or high is None else [[mean - low], [high - mean]]
+        ax.errorbar([mean], [y], xerr=xerr, marker="o", markersize=3, capsize=2,
+                    linewidth=1.0, color=styles[a.arm]["color"])  # fmt: skip
+        ax.annotate(f"{a.reached}/{len(a.runs)}", (mean, y), textcoords="offset points",
+                    xytext=(3, -7), fontsize=5, color=styles[a.arm]["color"])  # fmt: skip

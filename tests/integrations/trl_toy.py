@@ -34,12 +34,18 @@ def short(prompts: list[str], completions: list[str], **_: object) -> list[float
 
 
 def toy_trainer(
-    out: Path, steps: int, *, per_step: int = 8, ckpt: Path | None = None, **config: Any
+    out: Path,
+    steps: int,
+    *,
+    per_step: int = 8,
+    ckpt: Path | None = None,
+    prompts: list[str] | None = None,
+    **config: Any,
 ) -> Any:
     """A constructed GRPOTrainer writing to `out` (`per_step` completions a step, groups of
     `GENERATIONS`, seed 0) on `ckpt` (default: the embedded checkpoint; another must use its
-    tokenizer, as bench/bench_live.py's larger random-weight bodies do); `config` overrides
-    GRPOConfig fields."""
+    tokenizer, as bench/bench_live.py's larger random-weight bodies do) and `prompts` (default
+    `PROMPTS`, six tokens each); `config` overrides GRPOConfig fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -66,6 +72,6 @@ def toy_trainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt),
         reward_funcs=[correct, short],
         args=GRPOConfig(**settings),
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        train_dataset=Dataset.from_dict({"prompt": prompts or PROMPTS}),
         processing_class=tokenizer,
     )
