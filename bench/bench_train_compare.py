@@ -11,6 +11,12 @@ gives each arm's tokens to the target score with an interval over the seeds).
 
     python bench/bench_train_compare.py                      # 3 arms x 3 seeds, 400 steps each
     python bench/bench_train_compare.py --steps 2 --seeds 1  # the smallest path
+    python bench/bench_train_compare.py --cost               # seconds per step, N = 4
+
+`--cost` times instead, seed 0 and groups of 4, --steps steps each: TRL alone, with
+`attach(trainer)` (the diagnostics, no split) and with `attach(trainer, advantages="otb")` (the
+same and OTB's advantages: one no-grad forward more per step); the median step of each after 5
+steps of warm-up.
 
 Writes under --out (default out/train-compare, outside git): runs/<arm>-s<seed>/trainer_state.json
 for each run, and dynamics/ (dynamics.csv, collapse.json, comparison.csv, the figures). Prints
@@ -72,6 +78,35 @@ def train_one(
     return {"run": folder.name, "wall_s": wall, "s_per_step": wall / args.steps}
 
 
+def step_cost(args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds per step (after 5 of warm-up) of TRL alone, with the diagnostics, and
+    with the diagnostics and OTB's advantages (`--cost`)."""
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, *_, **__) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__) -> None:
+            self.times.append(time.perf_counter() - self.start)
+
+    cost = {}
+    for name, options in (("plain", None), ("attach", {}), ("attach-otb", {"advantages": "otb"})):
+        folder, per_step = args.out / "cost" / name, args.prompts_per_step * 4
+        trainer = toy_trainer(folder, args.steps, per_step=per_step, prompts=prompts(), seed=0,
+                              learning_rate=args.lr)  # fmt: skip
+        if options is not None:
+            attach(trainer, split_every=None, **options)
+        timer = Timer()
+        trainer.add_callback(timer)
+        trainer.train()
+        cost[name] = float(np.median(timer.times[5:]))
+    return cost
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -80,7 +115,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--target", type=float, default=0.8, help="score for tokens-to-target")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "train-compare")
+    parser.add_argument("--cost", action="store_true", help="time a step instead (see above)")
     args = parser.parse_args()
+    if args.cost:
+        cost = step_cost(args)
+        for name, seconds in cost.items():
+            print(f"{name:<11} {1e3 * seconds:7.1f} ms/step  ({seconds / cost['plain'] - 1:+.0%})")
+        print(json.dumps({"steps": args.steps, "seconds_per_step": cost}))
+        return
 
     logs, labels, runs = [], [], []
     for label, advantages, group in ARMS:
