@@ -347,6 +347,7 @@ def fig_baseline_comparison(
         fig = Figure(figsize=(COLUMN_WIDTH_IN, 5.0))
         top, middle, bottom = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2.4, 1.4))
         labelled: set[str] = set()
+        positive = 0  # gradient norms a log axis can draw
         for run, rows in table.groupby("run", sort=False):
             rows = rows[np.isfinite(rows["tokens_sampled"])]
             style, arm = styles[arm_of[run]], arm_of[run]
@@ -358,6 +359,7 @@ def fig_baseline_comparison(
             good = np.isfinite(g) & (g > 0)  # a log axis: 0 (all rewards equal) left out
             tokens = rows["tokens_sampled"].to_numpy()
             middle.plot(tokens[good], g[good], linewidth=0.5, alpha=0.8, **style)
+            positive += int(good.sum())
             hit = rows[rows["step"] == collapse[run]]
             for ax, name in ((top, column), (middle, "grad_norm")):
                 ax.plot(hit["tokens_sampled"], hit[name], linestyle="none", marker="x",
@@ -365,7 +367,11 @@ def fig_baseline_comparison(
         if target is not None:
             top.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
         _target_panel(bottom, arms, styles, target)
-        middle.set_yscale("log")
+        if positive:
+            middle.set_yscale("log")
+        else:
+            middle.text(0.5, 0.5, "no positive grad_norm logged", transform=middle.transAxes,
+                        ha="center")  # fmt: skip
         top.set_ylabel("score (trailing mean)")
         top.set_title("Baselines at equal tokens (×: detected collapse)", fontsize=6.5)
         top.legend(**LEGEND_BESIDE)
