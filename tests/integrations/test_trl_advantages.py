@@ -231,3 +231,31 @@ def test_bad_advantages_are_refused_before_anything_changes(tmp_path: Path) -> N
     with pytest.raises(InputError, match="advantages must be a registry baseline's name; got 3"):
         attach(trainer, advantages=3)
     assert vars(trainer).keys() == before.keys()  # no hook installed
+
+
+def test_a_users_own_baseline_trains_and_its_dump_is_audited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A baseline registered by the user (OTB weighted by W²) trains like a built-in one, and
+    `energy --model-free` on its dump, in the same process, audits it unasked and agrees."""
+    from otb_diag.maths.estimators import registry
+    from otb_diag.maths.estimators.otb import otb_baseline
+
+    name = "otb-squared-user"
+    monkeypatch.setitem(registry.BASELINES, name, None)  # teardown removes the name again
+    del registry.BASELINES[name]
+
+    @registry.register_baseline(name, needs_energy=True, default=False)
+    def otb_squared(returns, mask, group, energy, *, tir=False):
+        """OTB weighted by W_t² instead of W_t: a baseline the package does not ship."""
+        return otb_baseline(returns, mask, group, energy.square(), tir=tir)
+
+    trainer = toy_trainer(tmp_path / "run", 2)
+    attach(trainer, dump_dir=tmp_path / "otb", split_every=None, advantages=name)
+    trainer.train()
+    for step in (1, 2):
+        rows = step_rows(tmp_path, step)
+        expected = batch_advantages(rows, logged_stats(rows).w, [name]).by_baseline[name]
+        assert torch.equal(rows.trainer_advantage, expected), step
+    audit = energy(tmp_path / "otb", tmp_path / "audit", "--model-free")["advantage_audit"]
+    assert (audit["baseline"], audit["agrees"], audit["max_abs_diff"]) == (name, True, 0.0)
