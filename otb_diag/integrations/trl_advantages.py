@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.integrations.step_metrics import split_baselines
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
 from otb_diag.maths.estimators.registry import baseline_names, get_baseline, trainer_baseline
@@ -166,9 +167,10 @@ def check_advantages(name: Any, options: Any) -> tuple[str, dict[str, Any]]:
 def install_swap(trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[str, Any]]) -> None:
     """Wrap the trainer's generation on the instance with an `AdvantageSwap` (before the live
     diagnostics wrap it, so that they see the advantages that train) and make `record` the
-    estimator the diagnostics audit and dump."""
+    estimator the diagnostics audit, dump and split the step's noise under."""
     swap = AdvantageSwap(trainer, live, record)
     generate = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: swap.generate(generate, inputs)
     live.audited = record
+    live.split_baselines = {**split_baselines(None), record[0]: record[1]}  # its options win
     live.swap = swap

@@ -202,7 +202,7 @@ def test_a_registry_baseline_trains_with_its_options(
     """Each step's advantages (dumped as they trained) are the registry's under the options
     given, on the dumped rows; the rows record both, and the logged audit agrees."""
     trainer = toy_trainer(tmp_path / name, 2)
-    attach(
+    live = attach(
         trainer, dump_dir=tmp_path / "otb", split_every=None, advantages=name,
         advantage_options=options,
     )  # fmt: skip
@@ -215,6 +215,8 @@ def test_a_registry_baseline_trains_with_its_options(
     record = json.loads((tmp_path / "otb" / "step_000001.jsonl").read_text().splitlines()[0])
     wanted = {"handle_zero_tail": True} if name == "otb" else {}
     assert record["advantage_estimator"] == {"baseline": name, "options": wanted | (options or {})}
+    # A split, when logged, is under the estimator that trains (its options) and OTB.
+    assert live.split_baselines == {"otb": {}} | {name: wanted | (options or {})}
     audits = [e["otb/audit/agrees"] for e in trainer.state.log_history if "otb/audit/agrees" in e]
     assert audits == [1.0, 1.0]
 
