@@ -23,7 +23,8 @@ class DynamicsRun:
         None,
         metavar="NAME",
         help="Run name, one per --log in order. A registry baseline family (e.g. mean, otb) and "
-        "'N=4' in it fill what the log does not record. Default: the file name.",
+        "'N=4' in it fill what the log does not record. Runs sharing a label are one arm's "
+        "seeds in the comparison at equal tokens. Default: the file name.",
     )
     out: Path = knob(Path("otb-dynamics"), OUT_DIR)
     target: float | None = knob(None, help="Score whose first crossing gives tokens-to-target.")
@@ -44,7 +45,10 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
     Writes into --out: dynamics.csv (every run and step, tidy), collapse.json (per run: collapse
     step, warning step, lead, tokens to target, and the rule's parameters) and the figures
-    fig1_grad_norm_and_score, fig2_variance_and_grad_norm, score_vs_tokens (PNG and PDF).
+    fig1_grad_norm_and_score, fig2_variance_and_grad_norm, score_vs_tokens (PNG and PDF). With
+    several logs, the comparison at equal tokens: comparison.csv (per arm, the runs sharing a
+    --label: tokens to --target with a 95 % t interval over its seeds, final score, collapse per
+    run) and the figure baseline_comparison.
 
     Example:
 

@@ -3,7 +3,8 @@
 `dump_dir/step_{step:06d}.jsonl` holds one row per response in the project's rollout format
 (README "Rollout format"): `group`, `step`, `prompt_ids`, `response_ids`, `reward` (or
 `token_rewards`), `trainer_advantage`, the policy's `logprobs` and `sum_pi2`, `is_weights`
-(verl, off-policy), `temperature`, and `mask` where some token was not generated. Each file is
+(verl, off-policy), `temperature`, `mask` where some token was not generated, and
+`advantage_estimator` (the registry baseline and options behind `trainer_advantage`). Each file is
 written to a temporary name and renamed (`io/atomic.py`), so a reader of the directory, while
 the run goes or after it crashed, sees whole steps only, and every otb-diag command reads the
 directory as it is (`energy --model-free --rollouts dump_dir`, `variance-compare`,
@@ -81,8 +82,19 @@ def batch_rows(batch: ResponseBatch) -> list[dict[str, Any]]:
     return rows
 
 
-def dump_step(dump_dir: Path, batch: ResponseBatch, step: int) -> Path:
-    """Write `batch` as step `step`'s file of `dump_dir`, atomically; return its path."""
+def dump_step(
+    dump_dir: Path,
+    batch: ResponseBatch,
+    step: int,
+    estimator: tuple[str, dict[str, Any]] | None = None,
+) -> Path:
+    """Write `batch` as step `step`'s file of `dump_dir`, atomically; return its path. With
+    `estimator` (registry name, options: what produced `trainer_advantage`), every row records
+    it as `advantage_estimator`, which `energy`'s audit then checks without being told."""
+    rows = batch_rows(batch)
+    if estimator is not None and batch.trainer_advantage is not None:
+        record = {"baseline": estimator[0], "options": dict(estimator[1])}
+        rows = [{**row, "advantage_estimator": record} for row in rows]
     dest = step_file(dump_dir, step)
-    write_jsonl(dest, batch_rows(batch))
+    write_jsonl(dest, rows)
     return dest

@@ -76,6 +76,7 @@ from otb_diag.integrations.step_metrics import (
     split_scores,
     step_metrics,
 )
+from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.budget_stream import BudgetPools
@@ -151,7 +152,7 @@ class _Rows:
     completion_ids: Tensor  # [n, C]
     completion_mask: Tensor  # [n, C]
     tool_mask: Tensor  # [n, C] 1 on generated tokens (completion_mask times TRL's tool_mask)
-    advantages: Tensor  # [n] the trainer's
+    advantages: Tensor  # [n] the trainer's, or [n, C] token-level (`attach(advantages=...)`)
     rewards: Tensor  # [n]
     logprobs: Tensor  # [n, C'] (C' ≥ the longest response)
     sum_pi2: Tensor  # [n, C']
@@ -189,11 +190,33 @@ def concat_rows(parts: Sequence[_Rows]) -> _Rows:
         completion_ids=cat([p.completion_ids for p in parts]),
         completion_mask=cat([p.completion_mask for p in parts]),
         tool_mask=cat([p.tool_mask for p in parts]),
-        advantages=torch.cat([p.advantages for p in parts]),
+        advantages=(torch.cat if parts[0].advantages.ndim == 1 else cat)(
+            [p.advantages for p in parts]  # [n] TRL's, [n, C] token-level ones (`advantages=`)
+        ),
         rewards=torch.cat([p.rewards for p in parts]),
         logprobs=cat([p.logprobs for p in parts]),
         sum_pi2=cat([p.sum_pi2 for p in parts]),
         scores=None if any(x is None for x in scores) else cat(scores),  # type: ignore[misc]
+    )
+
+
+def rows_of(p: _Pending) -> _Rows:
+    """The rows of one process's generation batch `p` as they stand (no forward run)."""
+    x = p.inputs
+    prompt_mask = x["prompt_mask"].bool().cpu()
+    completion_mask = x["completion_mask"].cpu()
+    tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
+    return _Rows(
+        prompt_ids=[
+            ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
+        ],
+        completion_ids=x["completion_ids"].cpu(),
+        completion_mask=completion_mask,
+        tool_mask=tool,
+        advantages=x["advantages"].detach().cpu(),
+        rewards=p.rewards,
+        logprobs=p.logprobs,
+        sum_pi2=p.sum_pi2,
     )
 
 
@@ -247,6 +270,7 @@ class LiveDiagnostics:
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
         self._job: tuple[_Pending, Future] | None = None
+        self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
         self.audited = trainer_baseline(supported.registry) if documented else None
         # The split under the trainer's own estimator (when its settings are the documented
@@ -420,22 +444,7 @@ class LiveDiagnostics:
         """This process's rows of `p`, with log p and Σπ² from one extra forward where the
         loss's forward gave none, and the split's scores on split steps. The scores need the
         weights that sampled the batch: before the optimizer step, here."""
-        x = p.inputs
-        prompt_mask = x["prompt_mask"].bool().cpu()
-        completion_mask = x["completion_mask"].cpu()
-        tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
-        rows = _Rows(
-            prompt_ids=[
-                ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
-            ],
-            completion_ids=x["completion_ids"].cpu(),
-            completion_mask=completion_mask,
-            tool_mask=tool,
-            advantages=x["advantages"].detach().cpu(),
-            rewards=p.rewards,
-            logprobs=p.logprobs,
-            sum_pi2=p.sum_pi2,
-        )
+        rows = rows_of(p)
         rows.scores = p.scores  # caught from the loss's forward, or None
         extra_split = p.split and p.scores is None
         if not p.from_loss or extra_split:
@@ -486,7 +495,7 @@ class LiveDiagnostics:
         if scores is not None:
             metrics |= split_metrics(batch, scores, self.split_baselines, self.aggregation)
         if self.dump_dir is not None:
-            dump_step(self.dump_dir, batch, step)
+            dump_step(self.dump_dir, batch, step, self.audited)
         return metrics
 
     def collect(self) -> None:
@@ -556,6 +565,12 @@ class LiveDiagnostics:
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
+        """log p and Σπ² `[B, T]` of the policy that sampled `batch`: those its advantages were
+        computed from (`attach(advantages=...)`), else one no-grad forward."""
+        sampled = self.swap.sampled_stats(batch) if self.swap is not None else None
+        return sampled if sampled is not None else self.no_grad_stats(batch)
+
+    def no_grad_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` from one no-grad forward of the policy."""
         model = self._policy()
         was_training = model.training
@@ -577,6 +592,8 @@ def attach(
     extra_forward: bool = False,
     split_every: int | None = 10,
     split_k: int = 64,
+    advantages: str | None = None,
+    advantage_options: Mapping[str, Any] | None = None,
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer` or `trl.RLOOTrainer`) and, with `dump_dir`, write each such step's batch
@@ -593,7 +610,10 @@ def attach(
     (`otb/budget/<baseline>/<window|ema>/...`, `maths/variance/budget_stream.py`): the pooled
     noise scale and its interval, the SNR at the run's P, the within share, the tokens a step
     at the knee. Under DDP, every step also logs the all-parameter two-batch estimate
-    (`otb/split/params/...`, `ddp_noise.py`).
+    (`otb/split/params/...`, `ddp_noise.py`). `advantages="otb"` (any registry baseline,
+    `advantage_options` its options, e.g. `{"handle_zero_tail": False}`) trains with that
+    baseline's token-level advantages in place of the trainer's, audited and dumped as the
+    estimator that ran (`trl_advantages.py`; each process's groups must be whole).
 
     With several processes (torchrun, accelerate launch), call it in every process, as the
     trainer is built in every process: the step's rows are gathered to the main process, which
@@ -601,8 +621,9 @@ def attach(
 
     Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
     whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a whole
-    number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, or a dump directory that
-    the main process cannot write."""
+    number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, a dump directory that
+    the main process cannot write, or an unknown baseline or one of its options it does not
+    take."""
     import trl
 
     supported = _supported(trainer)
@@ -626,6 +647,14 @@ def attach(
             f"{trl.__version__}; the hooks exist, the audit will say if the numbers agree.",
             stacklevel=2,
         )
+    record = check_advantages(advantages, advantage_options) if advantages is not None else None
+    if record is not None and supported is not SUPPORTED["GRPOTrainer"]:
+        raise InputError(
+            f"attach(advantages=...) trains a trl.GRPOTrainer with a registry baseline; got a "
+            f"{type(trainer).__name__}.",
+            hint="Use a GRPOTrainer (with loss_type and num_generations as you need), or attach "
+            "without advantages= for the diagnostics alone.",
+        )
     folder = None if dump_dir is None else Path(dump_dir)
     if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
         folder = check_dump_dir(folder)
@@ -640,6 +669,9 @@ def attach(
         split_every,
         split_k,
     )
+    if record is not None:
+        install_swap(trainer, live, record)  # W from its own forward: the loss's is not needed
+        live.extra_forward = live.extra_forward or live.swap.needs_energy
     _install(trainer, live, fused)
     return live
 

@@ -2,7 +2,9 @@
 warning (`dynamics/collapse.py`), pool the split it logged over its steps
 (`pipelines/pooled_budget.py`), write the tidy table, collapse.json, budget.csv (the pooled split
 at every split step) and figures 1–2, score against tokens and the pooled noise scale
-(`plots/dynamics.py`)."""
+(`plots/dynamics.py`); with several runs, the comparison of their arms at equal tokens
+(`dynamics/comparison.py`: runs sharing a --label are one arm's seeds), comparison.csv and its
+figure."""
 
 from __future__ import annotations
 
@@ -14,13 +16,19 @@ from typing import Any
 import pandas as pd
 
 from otb_diag.dynamics.collapse import DetectionRule, RunDynamics, analyse_run
+from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_json, write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
-from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun, PooledBudget
+from otb_diag.pipelines.results.dynamics import (
+    DynamicsArm,
+    DynamicsResult,
+    DynamicsRun,
+    PooledBudget,
+)
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -53,23 +61,35 @@ def default_names(paths: list[Path]) -> list[str]:
     return names
 
 
+def seed_names(labels: list[str]) -> list[str]:
+    """Run names for `labels`: a label one run has names it; the runs sharing a label (one arm's
+    seeds) are `label#1`, `label#2`, … in order."""
+    counts = {label: labels.count(label) for label in labels}
+    seen: dict[str, int] = {}
+    names = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        names.append(label if counts[label] == 1 else f"{label}#{seen[label]}")
+    return names
+
+
 def run_dynamics(
     logs: list[Path], names: list[str] | None, out: Path, rule: DetectionRule, target: float | None
 ) -> DynamicsResult:
     """Read every log, analyse it, write the table, collapse.json and the figures; returns the
-    result (collapse.json is its `to_json()`). `names`: one per log; none: `default_names`."""
-    names = names or default_names(logs)
-    if len(names) != len(logs):
+    result (collapse.json is its `to_json()`). `names`: one label per log, the runs sharing one
+    being one arm's seeds (`seed_names`); none: `default_names`, one arm per run."""
+    labels = names or default_names(logs)
+    if len(labels) != len(logs):
         raise InputError(
-            f"{len(names)} --label for {len(logs)} --log: give one label per log, or none",
+            f"{len(labels)} --label for {len(logs)} --log: give one label per log, or none",
             field="--label",
         )
-    if len(set(names)) != len(names):
-        raise InputError("two runs share a --label; labels must differ", field="--label")
+    names = seed_names(labels)
     tables, runs, budgets = [], [], []
-    for path, name in zip(logs, names, strict=True):
+    for path, name, label in zip(logs, names, labels, strict=True):
         log = read_training_log(path)
-        frame = with_label(log.frame, name)
+        frame = with_label(log.frame, label)
         found = analyse_run(frame, rule, target)
         tables.append(
             frame.assign(
@@ -87,11 +107,13 @@ def run_dynamics(
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
+    arms = [DynamicsArm(**row) for row in compare_arms(runs, labels)] if len(runs) > 1 else []
     result = DynamicsResult(
         rule={**dataclasses.asdict(rule), "description": rule.describe()},
         target=target,
         runs=runs,
         outputs=str(out.resolve()),
+        arms=arms,
     )
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
@@ -103,8 +125,23 @@ def run_dynamics(
     if len(budget):  # a log held the split: the pooled noise scale over training
         write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
         data["budget"] = budget
+    if arms:  # several runs: the comparison at equal tokens, its table and figure
+        write_with(out / "comparison.csv", lambda p: comparison_table(arms).to_csv(p, index=False))
+        data |= {"arms": arms, "arm_of": dict(zip(names, labels, strict=True))}
     save_figures("dynamics", data, out)
     return result
+
+
+def comparison_table(arms: list[DynamicsArm]) -> pd.DataFrame:
+    """comparison.csv: one row per arm, its per-run lists joined by "; " ("" for a run without
+    a collapse or that never reached the target)."""
+    rows = []
+    for arm in arms:
+        row = dataclasses.asdict(arm)
+        for column in ("runs", "collapse_steps", "tokens_to_target"):
+            row[column] = "; ".join("" if v is None else str(v) for v in row[column])
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _row(

@@ -336,3 +336,121 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
     floor = positive.min() / 2 if positive.size else 0.1
     ax.set_ylim(floor, top / 1.5)
     ax.set_ylabel("noise scale B\n(prompts per step)")
+
+
+class ArmMarks(Protocol):
+    """What the comparison figure reads of an arm
+    (`otb_diag/pipelines/results/dynamics.py:DynamicsArm` has these fields)."""
+
+    @property
+    def arm(self) -> str: ...
+    @property
+    def baseline(self) -> str | None: ...
+    @property
+    def group_size(self) -> int | None: ...
+    @property
+    def collapse_steps(self) -> list[int | None]: ...
+    @property
+    def runs(self) -> list[str]: ...
+    @property
+    def reached(self) -> int: ...
+    @property
+    def tokens_to_target_mean(self) -> float | None: ...
+    @property
+    def tokens_to_target_low(self) -> float | None: ...
+    @property
+    def tokens_to_target_high(self) -> float | None: ...
+
+
+def _arm_styles(arms: Sequence[ArmMarks]) -> dict[str, dict[str, str]]:
+    """Colour by baseline and line style by group size, per arm; arms that share both (a
+    sweep) each get a colour of the palette instead."""
+    keys = [(a.baseline, a.group_size) for a in arms]
+    sizes = sorted({a.group_size for a in arms if a.group_size is not None})
+    palette = list(OKABE_ITO.values())
+    distinct = len(set(keys)) == len(keys)
+    return {
+        a.arm: {
+            "color": baseline_color(a.baseline or UNKNOWN)
+            if distinct
+            else palette[i % len(palette)],
+            "linestyle": GROUP_SIZE_STYLES[sizes.index(a.group_size) % len(GROUP_SIZE_STYLES)]
+            if distinct and a.group_size in sizes
+            else "-",
+        }
+        for i, a in enumerate(arms)
+    }
+
+
+def fig_baseline_comparison(
+    table: pd.DataFrame, arms: Sequence[ArmMarks], arm_of: dict[str, str], target: float | None
+) -> Figure:
+    """The comparison at equal tokens, three panels against the running total of sampled
+    tokens: every run's trailing-mean score (with the target as a dotted line) and gradient
+    norm (log scale), coloured by its arm (`arm_of`: run -> arm), a cross at a run's detected
+    collapse; below, per arm, the tokens each run needed to reach the target (open dots), their
+    mean (filled) and its 95 % interval over the seeds (bar), k/n the runs that reached it."""
+    styles = _arm_styles(arms)
+    collapse = {run: step for a in arms for run, step in zip(a.runs, a.collapse_steps, strict=True)}
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 5.0))
+        top, middle, bottom = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2.4, 1.4))
+        labelled: set[str] = set()
+        positive = 0  # gradient norms a log axis can draw
+        for run, rows in table.groupby("run", sort=False):
+            rows = rows[np.isfinite(rows["tokens_sampled"])]
+            style, arm = styles[arm_of[run]], arm_of[run]
+            column = "score_smoothed" if rows["score_smoothed"].notna().any() else "score"
+            top.plot(rows["tokens_sampled"], rows[column], label=None if arm in labelled else arm,
+                     linewidth=0.7, alpha=0.8, **style)  # fmt: skip
+            labelled.add(arm)
+            g = rows["grad_norm"].to_numpy(dtype=float)
+            good = np.isfinite(g) & (g > 0)  # a log axis: 0 (all rewards equal) left out
+            tokens = rows["tokens_sampled"].to_numpy()
+            middle.plot(tokens[good], g[good], linewidth=0.5, alpha=0.8, **style)
+            positive += int(good.sum())
+            hit = rows[rows["step"] == collapse[run]]
+            for ax, name in ((top, column), (middle, "grad_norm")):
+                ax.plot(hit["tokens_sampled"], hit[name], linestyle="none", marker="x",
+                        markersize=4, color=style["color"])  # fmt: skip
+        if target is not None:
+            top.axhline(target, color="0.4", linestyle=":", linewidth=0.9)
+        _target_panel(bottom, arms, styles, target)
+        if positive:
+            middle.set_yscale("log")
+        else:
+            middle.text(0.5, 0.5, "no positive grad_norm logged", transform=middle.transAxes,
+                        ha="center")  # fmt: skip
+        top.set_ylabel("score (trailing mean)")
+        top.set_title("Baselines at equal tokens (×: detected collapse)", fontsize=6.5)
+        top.legend(**LEGEND_BESIDE)
+        middle.set_ylabel("gradient norm ‖g‖")
+        bottom.set_xlabel("tokens sampled (running total)")
+        bottom.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+    return fig
+
+
+def _target_panel(
+    ax: Axes, arms: Sequence[ArmMarks], styles: dict[str, dict[str, str]], target: float | None
+) -> None:
+    """One row per arm: each run's tokens to `target` (open dots), their mean (filled dot) with
+    its interval over the seeds (bar), and k/n, the runs that reached it."""
+    ax.set_yticks(range(len(arms)), [a.arm for a in arms], fontsize=5.5)
+    ax.set_ylim(len(arms) - 0.5, -0.5)
+    if target is None:
+        ax.text(0.5, 0.5, "no --target: no tokens to target", transform=ax.transAxes, ha="center")
+        return
+    ax.set_title(f"tokens to score {target:g}: runs, mean, 95 % t interval", fontsize=6)
+    for i, a in enumerate(arms):
+        color = styles[a.arm]["color"]
+        reached = [t for t in a.tokens_to_target if t is not None]
+        ax.plot(reached, [i] * len(reached), linestyle="none", marker="o", markersize=3,
+                markerfacecolor="none", color=color)  # fmt: skip
+        mean, low, high = a.tokens_to_target_mean, a.tokens_to_target_low, a.tokens_to_target_high
+        if mean is None:
+            continue
+        xerr = None if low is None or high is None else [[mean - low], [high - mean]]
+        ax.errorbar([mean], [i], xerr=xerr, marker="o", markersize=3, capsize=2, linewidth=1.0,
+                    color=color)  # fmt: skip
+        ax.annotate(f"{a.reached}/{len(a.runs)}", (mean, i), textcoords="offset points",
+                    xytext=(0, 4), fontsize=5, color=color, ha="center")  # fmt: skip

@@ -205,6 +205,19 @@ FIGURES = (
         "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
         "line is the target and a dot marks where each run first reaches it.",
     ),
+    FigureEntry(
+        "baseline_comparison",
+        "dynamics",
+        "dynamics.fig_baseline_comparison",
+        {"table": "table", "arms": "arms", "arm_of": "arm_of", "target": "target"},
+        "Baselines compared at equal tokens: each run's trailing-mean score (top) and gradient "
+        "norm (bottom, log scale) against the tokens it sampled, coloured by arm (the runs "
+        "sharing a --label: one baseline at one group size, one run per seed). With --target, "
+        "a dot on the target line marks each arm's mean tokens to reach it and the bar its "
+        "95 % t interval over the seeds that did (k/n of them); a cross marks a run's "
+        "detected collapse.",
+        in_set=False,
+    ),
 )
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ SMALLEST = {
     "bench_scale.py": ["--tiny"],
     "gpu.py": ["--tiny", "--reps", "1"],
     "bench_live.py": ["--rounds", "1", "--steps", "2"],
+    "bench_train_compare.py": ["--steps", "2", "--seeds", "1", "--out",
+                               str(Path(tempfile.gettempdir()) / "otb-bench-train-compare")],
 }  # fmt: skip
 
 

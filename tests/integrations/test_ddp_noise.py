@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate.utils import DistributedType
-from distributed import torchrun
+from launch import torchrun
 
 from otb_diag.integrations.ddp_noise import _register
 from otb_diag.maths.variance.two_batch import two_batch_noise

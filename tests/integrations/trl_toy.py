@@ -40,12 +40,14 @@ def toy_trainer(
     per_step: int = 8,
     ckpt: Path | None = None,
     rloo: bool = False,
+    prompts: list[str] | None = None,
     **config: Any,
 ) -> Any:
     """A constructed GRPOTrainer (an RLOOTrainer with `rloo`) writing to `out` (`per_step`
     completions a process and micro-step, groups of `GENERATIONS`, seed 0) on `ckpt` (default:
     the embedded checkpoint; another must use its tokenizer, as bench/bench_live.py's larger
-    random-weight bodies do); `config` overrides GRPOConfig (RLOOConfig) fields."""
+    random-weight bodies do) and `prompts` (default `PROMPTS`, six tokens each); `config`
+    overrides GRPOConfig (RLOOConfig) fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
@@ -73,6 +75,6 @@ def toy_trainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt),
         reward_funcs=[correct, short],
         args=config_class(**settings),
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        train_dataset=Dataset.from_dict({"prompt": prompts or PROMPTS}),
         processing_class=tokenizer,
     )

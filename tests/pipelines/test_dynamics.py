@@ -421,3 +421,37 @@ def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None
     assert len(short) == 1
     np.testing.assert_array_equal(np.asarray(short[0].get_ydata(), float), frames[1]["score"])
     assert any(len(ln.get_xdata()) == 40 for ln in full)  # the long run's trailing mean
+
+
+def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
+    """Four logs, two labels: runs `label#k`, one arm per label with its tokens to the target
+    (hand-computed from the planted score) and collapse verdict per run, in collapse.json,
+    comparison.csv, the printed report and the comparison figure."""
+    from otb_diag.pipelines.dynamics import run_dynamics
+
+    logs = []
+    for k, (collapse, tokens_per_point) in enumerate([(150, 1000), (None, 2000), (None, 1000)]):
+        run = synthetic_run(collapse_at=collapse, seed=k)
+        run["tokens_sampled"] = tokens_per_point * (np.arange(len(run)) + 1.0)
+        ours = run.rename(columns={"score": "mean_reward", "variance_proxy": "proxy2_total_power",
+                                   "response_length": "mean_response_length"})  # fmt: skip
+        ours = ours.drop(columns=["variance_proxy_kind", "baseline", "group_size"])
+        logs.append(write_jsonl(tmp_path / f"run{k}.jsonl", ours.to_dict("records")))
+    labels = ["otb N=4", "otb N=4", "grpo N=16"]
+    result = run_dynamics(logs, labels, tmp_path / "out", DetectionRule(), 0.505)
+    assert [r.run for r in result.runs] == ["otb N=4#1", "otb N=4#2", "grpo N=16"]
+    otb, grpo = result.arms
+    # The 5-point trailing mean of 0.01·p first reaches 0.505 at point 53: 54 points' tokens.
+    assert otb.tokens_to_target == [54_000.0, 108_000.0] and otb.reached == 2
+    assert otb.tokens_to_target_mean == 81_000.0
+    assert otb.tokens_to_target_low < 54_000.0 < 108_000.0 < otb.tokens_to_target_high
+    assert otb.collapse_steps == [300, None] and otb.collapsed == 1
+    assert (grpo.baseline, grpo.group_size, grpo.runs) == ("grpo", 16, ["grpo N=16"])
+    table = pd.read_csv(tmp_path / "out" / "comparison.csv")
+    assert table["arm"].tolist() == ["otb N=4", "grpo N=16"]
+    assert table["collapse_steps"].tolist()[0] == "300; "
+    assert (tmp_path / "out" / "baseline_comparison.png").stat().st_size > 0
+    text = result.format()
+    assert "comparison at equal tokens" in text and "8.1e+04 [" in text
+    back = json.loads((tmp_path / "out" / "collapse.json").read_text())
+    assert back["arms"][0]["tokens_to_target"] == [54_000.0, 108_000.0]

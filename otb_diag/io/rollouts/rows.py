@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otb_diag.errors import InputError
+from otb_diag.maths.estimators.registry import BASELINES, baseline_names
 
 # Canonical field name -> keys accepted for it, in order of preference.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -31,6 +32,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "is_weights": ("is_weights",),
     "temperature": ("temperature",),
     "trainer_advantage": ("trainer_advantage",),
+    "advantage_estimator": ("advantage_estimator",),
 }
 
 # Each entry is one requirement, satisfied by any of its fields.
@@ -63,6 +65,8 @@ class Response:
     temperature: float = 1.0
     # The advantage the trainer used: one number per response (TRL) or one per token.
     trainer_advantage: float | list[float] | None = None
+    # The registry baseline and options that produced it (attach's dumps): what the audit checks.
+    advantage_estimator: tuple[str, dict[str, Any]] | None = None
     # A conversational prompt (TRL): the messages, to which --chat-template applies the template.
     prompt_messages: list[dict[str, str]] | None = None
     source_path: str | None = field(default=None, compare=False)  # the file it came from
@@ -135,6 +139,7 @@ class RawRow:
             if isinstance(advantage, list)
             else self.parse_scalar("trainer_advantage", _finite)
         )
+        fields["advantage_estimator"] = self.parse_estimator()
         group = self.parse_scalar("group", _group_id)
         if group is None:  # a trainer dump's row without one: group by (step, prompt)
             group = self.step_group(step_groups, fields["step"])
@@ -159,6 +164,30 @@ class RawRow:
         found = f" (found '{near[0]}': misspelled?)" if near else ""
         others = "".join(f" or '{k}'" for k in wanted[1:])
         raise self.fail(alternatives[0], f"missing required field '{wanted[0]}'{others}{found}.")
+
+    def parse_estimator(self) -> tuple[str, dict[str, Any]] | None:
+        """`advantage_estimator`, `{"baseline": name, "options": {option: value}}`, as (a
+        registered baseline's name, its options of JSON scalars)."""
+        value = self.value("advantage_estimator")
+        if value is None:
+            return None
+        options = value.get("options", {}) if isinstance(value, dict) else None
+        name = value.get("baseline") if isinstance(value, dict) else None
+        scalars = isinstance(options, dict) and all(
+            isinstance(v, (bool, int, float, str)) for v in options.values()
+        )
+        if not isinstance(name, str) or not scalars:
+            raise self.fail(
+                "advantage_estimator",
+                'expected {"baseline": NAME, "options": {OPTION: VALUE, ...}}, got '
+                f"{describe(value)}.",
+            )
+        if name not in BASELINES:
+            raise self.fail(
+                "advantage_estimator",
+                f"unknown baseline '{name}'; known: {', '.join(baseline_names())}.",
+            )
+        return name, dict(options)
 
     def parse_text(self, name: str) -> str | None:
         value = self.value(name)

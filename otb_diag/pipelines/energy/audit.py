@@ -31,15 +31,19 @@ def audit_share(
     batch: ResponseBatch, w: Tensor, rollouts: Rollouts, settings: Any, tir: bool
 ) -> dict[str, Any] | None:
     """One rank's audit part of one chunk's share (`trainer_audit.audit_part`) against the
-    trainer's registry baseline (TRL's default for TRL completion logs, else
-    `--trainer-baseline`), its worst response named by `(group, sample)`; `{"skipped": ...}`
-    when no baseline is known; None without trainer advantages."""
+    trainer's registry baseline: `--trainer-baseline` when given, else the estimator the rows
+    record (`advantage_estimator`, attach's dumps), else the trainer's documented one (TRL's
+    default for TRL completion logs); its worst response named by `(group, sample)`;
+    `{"skipped": ...}` when no baseline is known; None without trainer advantages."""
     if batch.trainer_advantage is None:
         return None
     trainer = trainer_of(rollouts.format)
     documented = trainer_baseline(trainer)
+    recorded = recorded_estimator(rollouts)
     if settings.trainer_baseline is not None:
         baseline, options = resolve_name(settings.trainer_baseline), {}
+    elif recorded is not None:
+        baseline, options = recorded
     elif documented is not None:
         baseline, options = documented
     else:
@@ -50,6 +54,26 @@ def audit_share(
         worst = rollouts.responses[part["worst_response"]]
         part["worst_response"] = (worst.group, worst.sample)
     return part
+
+
+def recorded_estimator(rollouts: Rollouts) -> tuple[str, dict[str, Any]] | None:
+    """The estimator the rows record (`advantage_estimator`), one for the whole share; None
+    when no row records one. An `InputError` naming the first row that differs from the first
+    recording row, or that records none beside rows that do."""
+    records = [(r, r.advantage_estimator) for r in rollouts.responses]
+    first = next((est for _, est in records if est is not None), None)
+    if first is None:
+        return None
+    for response, est in records:
+        if est != first:
+            raise rollouts.error_at(
+                response,
+                f"this row's advantage_estimator {est} differs from {first} on an earlier row "
+                "of the same audit: one audit checks one estimator.",
+                field="advantage_estimator",
+                hint="Audit each run's dumps separately, or name one with --trainer-baseline.",
+            )
+    return first
 
 
 class AuditParts:

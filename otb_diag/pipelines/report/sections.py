@@ -187,7 +187,34 @@ def dynamics_tables(run: Run) -> str:
             ("lead", "collapse − warning, in training steps"),
             ("rule", result.rule["description"]),
         ]
-    ) + _live_table(run)  # fmt: skip
+    ) + _comparison_table(run) + _live_table(run)  # fmt: skip
+
+
+def _comparison_table(run: Run) -> str:
+    """The comparison at equal tokens, one row per arm (collapse.json's `arms`), when there are
+    several runs."""
+    arms = run.result.arms if isinstance(run.result, DynamicsResult) else []
+    if not arms:
+        return ""
+    target = "target" if run.result.target is None else f"{run.result.target:g}"
+    header = ["arm", "runs", "reached", f"tokens to {target}", "95 % interval", "final score"]
+    header += ["collapses"]
+    g3 = "{:.3g}"
+    rows = [
+        [a.arm, len(a.runs), f"{a.reached}/{len(a.runs)}", _number(a.tokens_to_target_mean, g3)]
+        + [f"{_number(a.tokens_to_target_low, g3)} – {_number(a.tokens_to_target_high, g3)}"]
+        + [_number(a.final_score_mean, "{:.3f}"), ", ".join(_number(c) for c in a.collapse_steps)]
+        for a in arms
+    ]
+    caption = f"Baselines at equal tokens, runs sharing a label as one arm's seeds ({run.label})"
+    return html.table(header, rows, caption=caption) + html.definitions(
+        [
+            (f"tokens to {target}", "mean over the arm's runs that reached the target of the "
+             "tokens each sampled until its trailing-mean score first reached it"),
+            ("95 % interval", "Student's t interval of that mean over those runs (≥ 2)"),
+            ("collapses", "the collapse detector's step per run (— none)"),
+        ]
+    )  # fmt: skip
 
 
 def _live_table(run: Run) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from otb_diag.dynamics.units import MIXED_UNITS
@@ -52,6 +52,28 @@ class DynamicsRun:
 
 
 @dataclass(frozen=True)
+class DynamicsArm:
+    """One arm of the comparison at equal tokens (`dynamics/comparison.py:compare_arms`): the
+    runs sharing a --label (a baseline at a group size, one run per seed), comparison.csv's
+    row."""
+
+    arm: str  # the shared --label (the run's name when it has none)
+    baseline: str | None
+    group_size: int | None
+    runs: list[str]
+    collapse_steps: list[int | None]  # the collapse detector's verdict per run (None: none)
+    collapsed: int  # runs with a collapse
+    tokens_to_target: list[float | None]  # per run (None: never reached)
+    reached: int  # runs that reached the target
+    tokens_to_target_mean: float | None  # over the runs that reached it
+    tokens_to_target_low: float | None  # Student's t 95 % interval of that mean (≥ 2 runs)
+    tokens_to_target_high: float | None
+    final_score_mean: float | None  # the last trailing-mean score, over the runs
+    final_score_low: float | None
+    final_score_high: float | None
+
+
+@dataclass(frozen=True)
 class DynamicsResult(schema.Versioned):
     """What `otb-diag dynamics` found (`to_json()` is its collapse.json): one row per training
     log in `runs`."""
@@ -62,6 +84,8 @@ class DynamicsResult(schema.Versioned):
     target: float | None
     runs: list[DynamicsRun]
     outputs: str  # the output directory
+    # The comparison at equal tokens, one row per arm, when there are several runs (else []).
+    arms: list[DynamicsArm] = field(default_factory=list)
 
     @property
     def live_runs(self) -> list[DynamicsRun]:
@@ -95,11 +119,43 @@ class DynamicsResult(schema.Versioned):
         mixed = [r.run for r in self.runs if r.proxy3_mixes_units]
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
+        lines += self._comparison_lines()
         lines.append(f"rule: {self.rule['description']}")
-        # + the live diagnostics', + the pooled noise scale's
-        figures = 3 + bool(self.live_runs) + any(r.budget for r in self.runs)
+        # + the live diagnostics', + the pooled noise scale's, + the comparison's
+        figures = 3 + bool(self.live_runs) + any(r.budget for r in self.runs) + bool(self.arms)
         lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {self.outputs}")
         return "\n".join(lines)
+
+    def _comparison_lines(self) -> list[str]:
+        """The comparison at equal tokens, one line per arm (none without arms)."""
+        if not self.arms:
+            return []
+        target = "target" if self.target is None else f"{self.target:g}"
+        lines = [
+            f"comparison at equal tokens (tokens to {target}: mean over the runs that reached "
+            "it, 95 % t interval over them):",
+            f"  {'arm':<20} {'runs':>4} {'reached':>7} {'tokens to target':>28} "
+            f"{'final score':>22}  collapses",
+        ]
+        for a in self.arms:
+            tokens = _interval(a.tokens_to_target_mean, a.tokens_to_target_low,
+                               a.tokens_to_target_high, "{:.3g}")  # fmt: skip
+            score = _interval(a.final_score_mean, a.final_score_low, a.final_score_high, "{:.3f}")
+            collapses = ", ".join(_cell(s) for s in a.collapse_steps)
+            lines.append(
+                f"  {a.arm[:20]:<20} {len(a.runs):>4} {a.reached:>4}/{len(a.runs):<2} "
+                f"{tokens:>28} {score:>22}  {collapses}"
+            )
+        return lines
+
+
+def _interval(mean: float | None, low: float | None, high: float | None, fmt: str) -> str:
+    """`mean [low, high]`, `mean` alone without an interval, "—" without a mean."""
+    if mean is None:
+        return "—"
+    if low is None or high is None:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
 
 
 def _cell(value: Any, fmt: str = "{}") -> str:

@@ -16,7 +16,8 @@ from otb_diag.errors import InputError
 # versioned summary.json (the content of the unversioned files plus this field). 2:
 # variance-compare's `paper_claim` gives both readings of the paper's headline, with N′, its
 # range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`);
-# dynamics' `budget`, the logged split pooled over the run.
+# dynamics' `budget`, the logged split pooled over the run, and collapse.json's `arms` (the
+# comparison at equal tokens).
 SCHEMA_VERSION = 2
 
 T = TypeVar("T")

@@ -43,6 +43,18 @@ BAD_ROWS = [
     (good_row(response="", response_ids=None, **dict.fromkeys(TOKEN_FIELDS)), "response", "empty"),
     (good_row(response_ids=[], **dict.fromkeys(TOKEN_FIELDS)), "response_ids", "no tokens"),
     (good_row(prompt_ids=[]), "prompt_ids", "no tokens"),
+    (good_row(advantage_estimator="otb"), "advantage_estimator", 'expected {"baseline": NAME'),
+    (good_row(advantage_estimator={"options": {}}), "advantage_estimator", "got dict"),
+    (
+        good_row(advantage_estimator={"baseline": "otb", "options": {"eps": [1]}}),
+        "advantage_estimator",
+        'expected {"baseline"',
+    ),
+    (
+        good_row(advantage_estimator={"baseline": "otbb"}),
+        "advantage_estimator",
+        "unknown baseline 'otbb'; known: none, mean",
+    ),
 ] + [
     (good_row(**{name: [1, 1]}), name, "has 2 entries but the response has 3 tokens")
     for name in TOKEN_FIELDS

@@ -264,6 +264,39 @@ def test_verl_rows_with_advantages_need_the_trainer_baseline(tmp_path: Path) -> 
     assert summary["advantage_audit"]["max_abs_diff"] == pytest.approx(1 / 3, rel=1e-5)
 
 
+@pytest.mark.slow  # energy runs over the rows
+def test_rows_recording_their_estimator_are_audited_against_it(tmp_path: Path) -> None:
+    """Rows with `advantage_estimator` (attach's dumps) are audited against it unasked, its
+    options included; --trainer-baseline still wins; rows of one audit naming two estimators
+    are refused, naming the first that differs."""
+    rows = [
+        {
+            "group": "g",
+            "prompt_ids": [5, 6],
+            "response_ids": [7, 8],
+            "reward": r,
+            "step": 1,
+            "trainer_advantage": (r - 2 / 3) / (0.5773502691896258 + 1e-3),
+            "advantage_estimator": {"baseline": "grpo", "options": {"eps": 1e-3}},
+        }
+        for r in (0.0, 1.0, 1.0)
+    ]  # fmt: skip  (grpo: (R − mean)/(std + ε), the unbiased std of 0, 1, 1 is 1/√3)
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary, _ = energy_summary(["--rollouts", str(path)], tmp_path)
+    audit = summary["advantage_audit"]
+    assert (audit["baseline"], audit["options"]["eps"], audit["agrees"]) == ("grpo", 1e-3, True)
+    summary, _ = energy_summary(["--rollouts", str(path), "--trainer-baseline", "mean"], tmp_path)
+    assert summary["advantage_audit"]["baseline"] == "mean"
+    assert not summary["advantage_audit"]["agrees"]
+    rows[2]["advantage_estimator"] = {"baseline": "otb", "options": {}}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["energy", "--rollouts", str(path), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert f"{path}, line 3, field 'advantage_estimator'" in result.output
+    assert "one audit checks one estimator" in result.output
+
+
 # ------------------------------------------------------ physical consistency (failure 5)
 
 

@@ -1,0 +1,177 @@
+"""Train with a registry baseline in TRL's `GRPOTrainer`: `attach(trainer, advantages="otb")`.
+
+    trainer = GRPOTrainer(...)
+    attach(trainer, advantages="otb", dump_dir="otb-dumps")   # train with OTB, audit it
+    trainer.train()
+
+TRL 1.16 computes one advantage per response in `_generate_and_score_completions` and its
+`_compute_loss` takes `advantages` of shape `[B]` or `[B, T]` ("to support subclasses"). The
+swap wraps that generation (inside the live diagnostics' own wrapper, which then sees, logs,
+audits and dumps the advantages that train) and replaces the batch's `advantages` by the
+registry baseline's, token level, `[B, C]` on the completion's width, before TRL shuffles the
+rows and splits them over the micro-steps:
+
+    A_t = (G_t − B_t) · mask_t        (maths/estimators/advantages.py:batch_advantages)
+
+from the rewards TRL formed (`LiveDiagnostics._local_rewards`: Σ_f weight_f · r_f), TRL's
+groups (consecutive blocks of `num_generations` rows) and, for a baseline that needs the
+realized energy (`otb`, `optseq`, …), `W_t = Σ_{j≤t} mask_j w_j` with
+`w_t = (1 − 2 p_t + Σπ²_t)/τ²` of the sampling policy (the model as it generated the batch):
+its `log p` and `Σπ²` come from one no-grad forward of the policy
+(`LiveDiagnostics.no_grad_stats`, `policy/forward_pass.py:checkpoint_stats`), logged as
+`otb/advantages/extra_forward` = 1. TRL's own forward for old log-probabilities (run only when
+generation and optimisation steps are misaligned) gives no Σπ², so it is not reused. The
+diagnostics then take their `log p` and `Σπ²` from this forward too (not from the loss's), so
+a dumped step holds exactly the numbers its advantages were computed from, and
+`otb-diag energy --model-free` recomputes them to the last bit.
+
+The estimator TRL documents (`registry.trainer_baseline("trl")`: `grpo`, ε = 1e-4), named under
+TRL's documented settings, is TRL's own tensor: it is left as TRL computed it (the audit checks it
+every step). The registry's float32 sums differ from TRL's in the last bit for some reward
+patterns (mean of squares times n/(n − 1) against a sum over n − 1), which would move the weights
+by round-off; leaving it makes `advantages="grpo"` train bit for bit as TRL alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from otb_diag.errors import InputError
+from otb_diag.integrations.step_metrics import split_baselines
+from otb_diag.maths.energy.token_stats import logged_stats
+from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline, trainer_baseline
+from otb_diag.maths.response_batch import ResponseBatch
+
+if TYPE_CHECKING:
+    from otb_diag.integrations.trl import LiveDiagnostics
+
+EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1 at each step whose W took a no-grad forward
+# The estimator options `Estimator` offers every baseline; a baseline takes those in its
+# signature (`Baseline.options`). `is_weights` is the rollouts', never an option.
+ESTIMATOR_OPTIONS = ("handle_zero_tail", "tir", "eps")
+
+
+def estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """(registry name, options) of the estimator `advantages=name` runs in TRL: the options
+    the trainer documents for it (`grpo`: ε = 1e-4), then `options`; the zero-tail choice is
+    written out for a baseline that takes it, so an audit reads what ran whatever its own
+    default. An `InputError` for an unknown name or an option the baseline does not take."""
+    entry = get_baseline(name)  # raises, listing the known names
+    given = dict(options or {})
+    takes = sorted(entry.options - {"is_weights"})
+    unknown = [k for k in given if k not in takes]
+    if unknown:
+        raise InputError(
+            f"baseline '{name}' takes no option {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(takes) or 'none'}.",
+            field="advantage_options",
+        )
+    record = {"handle_zero_tail": True, **entry.trainers.get("trl", {}), **given}
+    return name, {k: v for k, v in record.items() if k in entry.options}
+
+
+class AdvantageSwap:
+    """What `attach(trainer, advantages=...)` installs: the registry estimator `record`
+    (`estimator_record`) in place of TRL's advantages, on every training generation."""
+
+    def __init__(
+        self, trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[str, Any]]
+    ) -> None:
+        self.trainer = trainer
+        self.live = live
+        self.name, self.options = record
+        documented = live.audited is not None  # TRL's settings are its documented ones
+        self.passthrough = documented and record == trainer_baseline("trl")
+        self.needs_energy = get_baseline(self.name).needs_energy
+        self._sampled: tuple[int, Tensor, Tensor] | None = None  # step, log p, Σπ² [B, T]
+
+    def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
+        """TRL's generation, its `advantages` replaced by the registry's (training only)."""
+        output = original(inputs)
+        if self.trainer.model.training and not self.passthrough:
+            output["advantages"] = self.advantages(output)
+        return output
+
+    def advantages(self, output: dict[str, Any]) -> Tensor:
+        """`[B, C]` float32 advantages of the generated batch `output` (TRL's dict)."""
+        from otb_diag.integrations.trl import _Pending, rows_of
+
+        step = self.trainer.state.global_step + 1
+        n, c = output["completion_ids"].shape
+        zeros = torch.zeros(n, c)
+        pending = _Pending(
+            step=step,
+            inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
+            rewards=self._rewards(n),
+            logprobs=zeros,
+            sum_pi2=zeros,
+            seen=torch.zeros(n, dtype=torch.bool),
+        )
+        rows = rows_of(pending)
+        batch = self.live._batch(step, rows)  # this process's groups, whole (else an InputError)
+        if self.needs_energy:
+            rows.logprobs, rows.sum_pi2 = self.live.no_grad_stats(batch)
+            batch = self.live._batch(step, rows)  # clamped as a dump reads back
+            self._sampled = (step, batch.logprobs, batch.sum_pi2)
+            self.trainer._metrics["train"][EXTRA_FORWARD].append(1.0)
+        estimator = Estimator(options=self.options)
+        found = batch_advantages(batch, self._w(batch), [self.name], estimator)
+        registry = found.by_baseline[self.name]  # [B, T]: A_t = (G_t − B_t)·mask_t
+        advantages = torch.zeros(n, c)
+        advantages[:, : registry.shape[1]] = registry  # 0 on the padding beyond the longest
+        return advantages.to(output["advantages"].device)
+
+    def _rewards(self, n: int) -> Tensor:
+        """This process's `[n]` rewards as TRL formed them; an unscorable completion (every
+        reward function returned None: TRL gives it advantage 0, outside its group's
+        statistics) has no place in a group baseline, so it stops the run with its reason."""
+        rewards = self.live._local_rewards(n)
+        if bool(torch.isnan(rewards).any()):
+            raise InputError(
+                f"step {self.trainer.state.global_step + 1}: a completion has no reward (every "
+                f"reward function returned None); baseline '{self.name}' needs every reward of "
+                "a group.",
+                hint="Make every reward function score every completion.",
+            )
+        return rewards
+
+    def _w(self, batch: ResponseBatch) -> Tensor:
+        """`[B, T]` per-token energy `w` (zeros for a baseline that needs none)."""
+        return logged_stats(batch).w if self.needs_energy else torch.zeros_like(batch.mask)
+
+    def sampled_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor] | None:
+        """The `log p`, `Σπ²` (`[B, T]`) this swap computed the advantages of `batch`'s step
+        from, for the diagnostics to log and dump; None when it computed none for that step."""
+        if self._sampled is None or self._sampled[0] != batch.step[0]:
+            return None
+        return self._sampled[1], self._sampled[2]
+
+
+def check_advantages(name: Any, options: Any) -> tuple[str, dict[str, Any]]:
+    """`attach`'s `advantages` and `advantage_options` as an estimator record, or an
+    `InputError` (before anything is installed)."""
+    if not isinstance(name, str):
+        raise InputError(
+            f"advantages must be a registry baseline's name; got {name!r}.",
+            hint=f"Known baselines: {', '.join(baseline_names())}.",
+        )
+    if options is not None and not isinstance(options, Mapping):
+        raise InputError(f"advantage_options must be a mapping; got {options!r}.")
+    return estimator_record(name, options)
+
+
+def install_swap(trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[str, Any]]) -> None:
+    """Wrap the trainer's generation on the instance with an `AdvantageSwap` (before the live
+    diagnostics wrap it, so that they see the advantages that train) and make `record` the
+    estimator the diagnostics audit, dump and split the step's noise under."""
+    swap = AdvantageSwap(trainer, live, record)
+    generate = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: swap.generate(generate, inputs)
+    live.audited = record
+    live.split_baselines = {**split_baselines(None), record[0]: record[1]}  # its options win
+    live.swap = swap
