@@ -22,7 +22,7 @@ import pandas as pd
 
 from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
 from otb_diag.pipelines.results.dynamics import DynamicsResult
-from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.energy import EnergyResult, zero_tail_note
 from otb_diag.pipelines.results.report import Verdict
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import CLAIM_EQUIVALENT_N, CLAIM_N, VarianceResult
@@ -201,6 +201,14 @@ def energy_verdicts(result: EnergyResult, label: str) -> list[Verdict]:
         f"{e.groups_with_mixed_rewards} of which have mixed rewards (the only ones a group "
         "baseline learns from)."
     )
+    if t.empty_responses:
+        sentence += (
+            f" {t.empty_responses} responses have no generated token (kept in their groups, "
+            f"W = 0): groups {', '.join(t.groups_with_empty_responses)}."
+        )
+    note = zero_tail_note(result.proxies.get("otb", {}), result.proxies.get("mean"))
+    if note:
+        sentence += f" {note}."
     return [Verdict(f"energy ({label})", sentence)]
 
 

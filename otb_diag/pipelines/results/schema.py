@@ -13,8 +13,9 @@ from typing import Any, ClassVar, TypeVar
 from otb_diag.errors import InputError
 
 # Bumped whenever a field of a result class is added, renamed or changes meaning. 1: the first
-# versioned summary.json (the content of the unversioned files plus this field).
-SCHEMA_VERSION = 1
+# versioned summary.json (the content of the unversioned files plus this field). 2: energy's
+# empty responses and zero-tail tokens; verl's proxies in verl's convention (issue 34).
+SCHEMA_VERSION = 2
 
 T = TypeVar("T")
 

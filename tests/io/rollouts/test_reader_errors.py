@@ -40,8 +40,6 @@ BAD_ROWS = [
     (good_row(group=[1]), "group", "expected a string or an integer"),
     (good_row(step=1.5), "step", "expected an integer"),
     (good_row(temperature=0), "temperature", "positive"),
-    (good_row(response="", response_ids=None, **dict.fromkeys(TOKEN_FIELDS)), "response", "empty"),
-    (good_row(response_ids=[], **dict.fromkeys(TOKEN_FIELDS)), "response_ids", "no tokens"),
     (good_row(prompt_ids=[]), "prompt_ids", "no tokens"),
 ] + [
     (good_row(**{name: [1, 1]}), name, "has 2 entries but the response has 3 tokens")

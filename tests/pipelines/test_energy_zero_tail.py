@@ -1,0 +1,107 @@
+"""`energy --model-free` on a dumped step with all-correct groups and an aborted generation:
+OTB's proxies split into verl's zero tail and the rest, the note when the tail lifts OTB above
+the mean baseline, and the empty response kept, counted and named (issue 34)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from otb_diag.pipelines.energy.recipe import run_energy
+from otb_diag.pipelines.inputs import Inputs
+
+# Per-token (p, Σπ²) at τ = 1: w = 1 − 2p + Σπ².
+BODY = (0.5, 0.4)  # w = 0.4
+TAIL = (0.1, 0.3)  # w = 1.1
+W_BODY, W_TAIL = 1 - 2 * BODY[0] + BODY[1], 1 - 2 * TAIL[0] + TAIL[1]
+SECOND, LONGEST = 3, 6  # an all-correct group's two longest members: the tail is t = 3, 4, 5
+
+
+def row(group: str, tokens: list[tuple[float, float]], reward: float) -> dict:
+    import math
+
+    return {
+        "group": group,
+        "step": 22,
+        "prompt_ids": [5, 6],
+        "response_ids": [7] * len(tokens),
+        "reward": reward,
+        "logprobs": [math.log(p) for p, _ in tokens],
+        "sum_pi2": [s for _, s in tokens],
+        "temperature": 1.0,
+    }
+
+
+def dumped_step(path: Path) -> Path:
+    """Two all-correct groups (lengths 2, 2, 3, 6: one strictly longest member) and a mixed one
+    (lengths 0, 2, 4, 4; the 0 an aborted generation, reward 0, still one of its 4)."""
+    rows = []
+    for g in ("all-correct-a", "all-correct-b"):
+        for n in (2, 2, SECOND):
+            rows.append(row(g, [BODY] * n, 1.0))
+        rows.append(row(g, [BODY] * SECOND + [TAIL] * (LONGEST - SECOND), 1.0))
+    for n, reward in ((0, 0.0), (2, 1.0), (4, 0.0), (4, 1.0)):
+        rows.append(row("mixed", [BODY] * n, reward))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response(
+    tmp_path: Path,
+) -> None:
+    rollouts = dumped_step(tmp_path / "step_000022.jsonl")
+    out = tmp_path / "energy"
+    result = run_energy(Inputs(rollouts=rollouts), out, model_free=True, progress=False)
+    assert result is not None
+    rows = 12  # every response counts in the proxies' means, the empty one included (verl)
+    otb, mean = result.proxies["otb"], result.proxies["mean"]
+    # In an all-correct group OTB's baseline is R wherever two members generate (A ≈ 0); the
+    # tail gives the longest A = R = 1 on its 3 tail tokens: Σ_t w_t A_t² = 3·1.1 per group.
+    tail_power = 2 * (LONGEST - SECOND) * W_TAIL / rows
+    assert otb["zero_tail/token_total_power"] == pytest.approx(tail_power, rel=1e-5)
+    # proxy2: that member's Ā = 3/6, its W = 3·0.4 + 3·1.1.
+    w_longest = SECOND * W_BODY + (LONGEST - SECOND) * W_TAIL
+    tail_proxy2 = 2 * 0.5**2 * w_longest / rows
+    assert otb["zero_tail/proxy2_total_power"] == pytest.approx(tail_proxy2, rel=1e-5)
+    # The mean baseline gives 0 in the all-correct groups; in the mixed one the empty member
+    # keeps its size 4 (baseline 2/4): A = ±1/2 on its three other members.
+    mixed_power = 0.25 * (2 * W_BODY + 2 * 4 * W_BODY) / rows
+    assert mean["proxy2_total_power"] == pytest.approx(mixed_power, rel=1e-5)
+    # OTB's rest (the mixed group) is below the mean baseline's, the tail lifts it above.
+    rest = otb["proxy2_total_power"] - otb["zero_tail/proxy2_total_power"]
+    assert rest < mean["proxy2_total_power"] < otb["proxy2_total_power"]
+
+    text = result.format()
+    with_tail = otb["proxy2_total_power"] / mean["proxy2_total_power"]
+    without = rest / mean["proxy2_total_power"]
+    assert f"OTB/mean {with_tail:.3g} with verl's zero tail, {without:.3g} without" in text
+    assert "zero tail    OTB proxy2_total_power" in text
+    assert "2 of 3 groups (67%) have all-equal rewards" in text
+    assert "6 tokens in the tail" in text and result.energy.zero_tail_tokens == 6
+    assert result.totals.empty_responses == 1
+    assert result.totals.groups_with_empty_responses == ["mixed"]
+    assert "1 responses with no generated token" in text and ": mixed" in text
+
+    groups = pd.read_csv(out / "groups.csv").set_index("group")
+    assert groups["size"].tolist() == [4, 4, 4]
+    assert groups["empty_responses"].tolist() == [0, 0, 1]
+    assert groups["zero_tail_tokens"].tolist() == [3, 3, 0]
+    written = json.loads((out / "proxies.json").read_text())
+    assert written["otb"]["zero_tail/proxy2_total_power"] == otb["zero_tail/proxy2_total_power"]
+
+
+def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
+    from otb_diag.pipelines.energy.settings import EnergySettings
+
+    rollouts = dumped_step(tmp_path / "step.jsonl")
+    settings = EnergySettings(handle_zero_tail=False)
+    result = run_energy(
+        Inputs(rollouts=rollouts), tmp_path / "e", settings, model_free=True, progress=False
+    )
+    assert result is not None
+    assert result.proxies["otb"]["zero_tail/proxy2_total_power"] == 0.0
+    assert result.energy.zero_tail_tokens == 0
+    assert "OTB/mean" not in result.format()
