@@ -62,7 +62,6 @@ PARQUET_BAD_ROWS = [
     (good_row(reward=float("nan")), "reward", "finite"),
     (good_row(mask=[1, 2, 1]), "mask", "0 or 1"),
     (good_row(logprobs=[0.0, 1.0]), "logprobs", "has 2 entries"),
-    (good_row(response="", response_ids=None, **dict.fromkeys(TOKEN_FIELDS)), "response", "empty"),
     (good_row(reward=None, token_rewards=None), "reward", "missing required field 'reward'"),
 ]
 
