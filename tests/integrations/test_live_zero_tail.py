@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from zero_tail_step import dumped_step
@@ -17,6 +19,7 @@ from zero_tail_step import dumped_step
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.inputs import Inputs
+from otb_diag.plots.dynamics import LIVE_DASHED, LIVE_PANELS, fig_live_otb
 
 
 def verl_fields(rows: list[dict]) -> dict:
@@ -65,3 +68,31 @@ def test_live_metrics_carry_the_zero_tail_split_as_energy_prints_it(tmp_path: Pa
     assert live["otb/otb_over_mean/proxy2_total_power"] > 1.0
     assert live["otb/otb_over_mean/without_zero_tail/proxy2_total_power"] < 1.0
     assert math.isclose(live["otb/groups/mixed_rewards_fraction"], 1 / 3)
+
+
+def test_the_live_figure_draws_otb_over_mean_with_and_without_the_zero_tail() -> None:
+    """The OTB/mean panel: the logged ratio, and dashed, the ratio without the tail's part."""
+    steps = np.arange(1, 6)
+    with_tail = np.array([0.4, 0.6, 1.9, 2.45, 2.2])
+    without = np.array([0.4, 0.5, 0.3, 0.58, 0.21])
+    table = pd.DataFrame(
+        {
+            "run": "trl",
+            "step": steps,
+            "grad_norm": 1.0 + steps,
+            "baseline": "grpo",
+            "group_size": 4,
+            "otb/otb_over_mean/token_total_power": with_tail,
+            "otb/otb_over_mean/without_zero_tail/token_total_power": without,
+        }
+    )
+    runs = [SimpleNamespace(run="trl", collapse_step=None)]
+    fig = fig_live_otb(table, runs)
+    (column,) = LIVE_DASHED
+    panel = fig.axes[1 + [c for c, _ in LIVE_PANELS].index(column)]
+    drawn = [line for line in panel.get_lines() if len(line.get_xdata()) == len(steps)]
+    solid = [line for line in drawn if line.get_linestyle() == "-"]
+    dashed = [line for line in drawn if line.get_linestyle() == "--"]
+    np.testing.assert_array_equal(solid[0].get_ydata(), with_tail)
+    np.testing.assert_array_equal(dashed[0].get_ydata(), without)
+    assert "no zero tail" in panel.get_ylabel()

@@ -1,6 +1,7 @@
 """`variance-compare --zero-tail-split` on a tiny real checkpoint with head-mode gradients: OTB
 with and without verl's zero tail side by side (the row `otb-no-zero-tail` of variance.csv),
-zero_tail.csv and the printed line; pools mostly all-correct, as late in training."""
+zero_tail.csv and the printed line; pools mostly all-correct, as late in training, one
+response empty (an aborted generation)."""
 
 import json
 from pathlib import Path
@@ -34,6 +35,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                     "response_ids": rng.integers(2, 28, size=int(rng.integers(2, 10))).tolist(),
                 }
             )
+    rows[0]["response_ids"] = []  # an aborted generation, drawn like any other member
     path = root / "pool.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root / "checkpoint-3", path
