@@ -76,7 +76,7 @@ def response_batch(
     `[B, C]` per token (verl), or None; is_weights: `[B, C]` truncated importance weights ρ or
     None. Tensors on any device; the batch is on the CPU."""
     length = length.detach().cpu().to(torch.long)
-    width = int(length.max()) if length.numel() else 0
+    width = max(1, int(length.max())) if length.numel() else 0  # as make_batch: ≥ 1 column
     valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
 
     def cut(x: Tensor) -> Tensor:  # [B, C] -> [B, T] float32, 0 beyond each response

@@ -150,7 +150,8 @@ def fig5_probability_vs_gradient(tokens: pd.DataFrame, vocab_size: int | None) -
             mincnt=1,
             extent=(0, 1, 0, 2),
         )
-        fig.colorbar(hb, ax=ax, label="tokens (log scale)")
+        if len(toks):  # no generated token (every generation aborted): no colour scale to draw
+            fig.colorbar(hb, ax=ax, label="tokens (log scale)")
         p = np.linspace(0, 1, 200)
         lower, upper = envelope(p, vocab_size)
         ax.plot(p, upper, color=OKABE_ITO["vermillion"], linestyle="--", label=r"$2(1-p)^2$")

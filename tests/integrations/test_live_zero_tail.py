@@ -25,7 +25,7 @@ from otb_diag.plots.dynamics import LIVE_DASHED, LIVE_PANELS, fig_live_otb
 def verl_fields(rows: list[dict]) -> dict:
     """The rows as verl's step batch: right-padded responses, rewards on the last token, an
     aborted generation as a row with an all-zero response mask."""
-    b, width = len(rows), max(len(r["response_ids"]) for r in rows)
+    b, width = len(rows), max(1, *(len(r["response_ids"]) for r in rows))
     mask = torch.zeros(b, width)
     fields = {k: torch.zeros(b, width) for k in ("old_log_probs", "sum_pi_squared")}
     rewards = torch.zeros(b, width)
@@ -68,6 +68,22 @@ def test_live_metrics_carry_the_zero_tail_split_as_energy_prints_it(tmp_path: Pa
     assert live["otb/otb_over_mean/proxy2_total_power"] > 1.0
     assert live["otb/otb_over_mean/without_zero_tail/proxy2_total_power"] < 1.0
     assert math.isclose(live["otb/groups/mixed_rewards_fraction"], 1 / 3)
+
+
+def test_a_step_whose_every_generation_was_aborted_is_logged_and_read_back(tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in dumped_step(tmp_path / "fixture.jsonl").open()]
+    for r in rows:
+        r.update(response_ids=[], logprobs=[], sum_pi2=[], reward=0.0)
+    fields = verl_fields(rows)
+    live = compute_otb_metrics(fields, adv_estimator=None, temperature=1.0)
+    assert live["otb/groups/empty_responses"] == 12.0
+    assert live["otb/proxy/otb/proxy2_total_power"] == 0.0
+    assert live["otb/energy/sequence_mean"] == 0.0
+    dumped = dump_batch(fields, tmp_path / "dumps", step=1)
+    energy = run_energy(Inputs(rollouts=dumped), tmp_path / "e", model_free=True, progress=False)
+    assert energy is not None and energy.totals.empty_responses == 12
+    assert energy.totals.generated_tokens == 0
+    assert "12 responses with no generated token" in energy.format()
 
 
 def test_the_live_figure_draws_otb_over_mean_with_and_without_the_zero_tail() -> None:

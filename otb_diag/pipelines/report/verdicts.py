@@ -204,7 +204,10 @@ def energy_verdicts(result: EnergyResult, label: str) -> list[Verdict]:
     if t.empty_responses:
         sentence += (
             f" {t.empty_responses} responses have no generated token (kept in their groups, "
-            f"W = 0): groups {', '.join(t.groups_with_empty_responses)}."
+            f"W = 0), in {len(t.groups_with_empty_responses)} groups: "
+            f"{', '.join(t.groups_with_empty_responses[:5])}"
+            + (" …" if len(t.groups_with_empty_responses) > 5 else "")
+            + "."
         )
     note = zero_tail_note(result.proxies.get("otb", {}), result.proxies.get("mean"))
     if note:
