@@ -13,6 +13,9 @@ from zero_tail_step import LONGEST, SECOND, W_BODY, W_TAIL, dumped_step
 
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.report.sections import Run, energy_tables
+from otb_diag.pipelines.report.verdicts import energy_verdicts
+from otb_diag.pipelines.results.read import read_summary
 
 
 def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response(
@@ -71,3 +74,19 @@ def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
     assert result.proxies["otb"]["zero_tail/proxy2_total_power"] == 0.0
     assert result.energy.zero_tail_tokens == 0
     assert "OTB/mean" not in result.format()
+
+
+def test_the_report_carries_the_split_the_note_and_the_empty_responses(tmp_path: Path) -> None:
+    out = tmp_path / "energy"
+    run_energy(Inputs(rollouts=dumped_step(tmp_path / "s.jsonl")), out, model_free=True,
+               progress=False)  # fmt: skip
+    result = read_summary(out)  # summary.json read back, as `report` reads it
+    (verdict,) = energy_verdicts(result, "step 22")
+    otb, mean = result.proxies["otb"], result.proxies["mean"]
+    ratio = otb["proxy2_total_power"] / mean["proxy2_total_power"]
+    assert f"OTB/mean {ratio:.3g} with verl's zero tail" in verdict.sentence
+    assert "1 responses have no generated token" in verdict.sentence
+    assert "in 1 groups: mixed." in verdict.sentence
+    run = Run(out, "energy", result, "step 22", tmp_path)
+    table = energy_tables(run)
+    assert "zero_tail/proxy2_total_power" in table and "logit_total_power" in table
