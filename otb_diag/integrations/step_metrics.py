@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.maths.energy.tables import energy_tables
+from otb_diag.maths.energy.tables import ZERO_TAIL, ZERO_TAIL_PROXIES, energy_tables
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
@@ -38,9 +38,15 @@ from otb_diag.maths.variance.step_split import (
 from otb_diag.policy.scores.token_scores import token_scores
 
 PREFIX = "otb/"
-# The proxies logged per baseline (`maths/energy/proxies.py`); `expected_w` does not depend on
-# the baseline and is logged once.
-PER_BASELINE = ("proxy2_total_power", "token_total_power", "expected_a_squared")
+# The proxies logged per baseline (`maths/energy/proxies.py`: verl's names carry verl's numbers,
+# ours our raw-logit convention); `expected_w` does not depend on the baseline and is logged once.
+PER_BASELINE = (
+    "proxy2_total_power",
+    "logit_total_power",
+    "token_total_power",
+    "expected_a_squared",
+)
+RATIOS = ("proxy2_total_power", "token_total_power")  # OTB's over the mean baseline's
 SPLIT_MODE = "head"  # the split's score vectors: the output layer's, one no-grad forward
 SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
@@ -71,7 +77,7 @@ def response_batch(
     `[B, C]` per token (verl), or None; is_weights: `[B, C]` truncated importance weights ρ or
     None. Tensors on any device; the batch is on the CPU."""
     length = length.detach().cpu().to(torch.long)
-    width = int(length.max()) if length.numel() else 0
+    width = max(1, int(length.max())) if length.numel() else 0  # as make_batch: ≥ 1 column
     valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
 
     def cut(x: Tensor) -> Tensor:  # [B, C] -> [B, T] float32, 0 beyond each response
@@ -155,7 +161,10 @@ def step_metrics(
     `W(τ) = Σ_t mask_t w_t` with `w = (1 − 2p + Σπ²)/τ²`, its within-group spread, every
     baseline's variance proxies and OTB's over the mean baseline's, and the audit of the
     trainer's advantages against `audited`, the registry baseline and options the trainer
-    runs (`registry.trainer_baseline("trl")`; verl's `adv_estimator`), when given."""
+    runs (`registry.trainer_baseline("trl")`; verl's `adv_estimator`), when given. OTB's
+    proxies come with their zero-tail parts (`otb/proxy/otb/zero_tail/<proxy>`) and OTB/mean
+    without them (`otb/otb_over_mean/without_zero_tail/<proxy>`); responses with no generated
+    token are kept, counted in `otb/groups/empty_responses`."""
     names = baseline_names(defaults_only=True) if baselines is None else tuple(baselines)
     stats = logged_stats(batch)
     estimator = Estimator(handle_zero_tail, has_tool_output(batch.mask, batch.valid))
@@ -167,13 +176,20 @@ def step_metrics(
         "energy/mean_w": float(seqs["energy"].sum() / max(1, seqs["generated"].sum())),
         "energy/group_cv_median": float(groups["energy_cv"].median()),
         "groups/mixed_rewards_fraction": float(groups["mixed_rewards"].mean()),
+        "groups/empty_responses": float(groups["empty_responses"].sum()),
     }
     for name, proxies in tables.proxies.items():
         out.update({f"proxy/{name}/{p}": proxies[p] for p in PER_BASELINE})
         out["proxy/expected_w"] = proxies["expected_w"]
-    if "otb" in tables.proxies and "mean" in tables.proxies:
-        for p in ("proxy2_total_power", "token_total_power"):
-            out[f"otb_over_mean/{p}"] = _ratio(tables.proxies["otb"][p], tables.proxies["mean"][p])
+    if "otb" in tables.proxies:
+        otb = tables.proxies["otb"]
+        out.update({f"proxy/otb/{ZERO_TAIL}{p}": otb[ZERO_TAIL + p] for p in ZERO_TAIL_PROXIES})
+        if "mean" in tables.proxies:
+            mean = tables.proxies["mean"]
+            for p in RATIOS:
+                out[f"otb_over_mean/{p}"] = _ratio(otb[p], mean[p])
+                rest = otb[p] - otb[ZERO_TAIL + p]
+                out[f"otb_over_mean/without_{ZERO_TAIL}{p}"] = _ratio(rest, mean[p])
     if batch.trainer_advantage is not None and audited is not None:
         baseline, options = audited
         audit = advantage_audit(

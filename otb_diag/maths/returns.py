@@ -24,9 +24,11 @@ def outcome_token_rewards(reward: Tensor, mask: Tensor) -> Tensor:
 
     Rows with no generated token get no reward. Returns `[B, T]`.
     """
+    rewards = torch.zeros(mask.shape, dtype=reward.dtype, device=reward.device)
+    if mask.shape[-1] == 0:  # no column at all (e.g. one empty response): nothing to place
+        return rewards
     positions = torch.arange(mask.shape[-1], device=mask.device)
     last = torch.where(mask.bool(), positions, -1).amax(-1)  # [B], -1 when nothing was generated
-    rewards = torch.zeros(mask.shape, dtype=reward.dtype, device=reward.device)
     has_token = last >= 0
     rewards[has_token, last[has_token]] = reward[has_token]
     return rewards

@@ -100,6 +100,7 @@ METRIC_KEYS = (
     "proxy3_pure_noise",
     "expected_a_squared",
     "expected_w",
+    "logit_total_power",
     "token_total_power",
     "entropy",
     "mean_response_length",
@@ -166,7 +167,9 @@ def step_metrics(
         "mixed_groups": mixed.float().mean().item(),
         "loss": loss,
         "grad_norm": grad_norm,
-        **variance_proxies(advantages, mask, stats.w, grad_norm=grad_norm),
+        **variance_proxies(
+            advantages, mask, stats.w, temperature=batch.temperature, grad_norm=grad_norm
+        ),
         "entropy": ((stats.entropy * mask).sum() / mask.sum()).item(),  # mean over tokens
         "mean_response_length": batch.length.float().mean().item(),
     }

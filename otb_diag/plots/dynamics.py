@@ -253,15 +253,20 @@ def fig_score_vs_tokens(
 LIVE_PANELS = (
     ("otb/energy/sequence_mean", "mean energy W(τ)"),
     ("otb/energy/group_cv_median", "energy CV in a group\n(median)"),
-    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy"),
+    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy\n(dashed: no zero tail)"),
 )
+# A panel's second curve, dashed: OTB/mean less the part verl's zero tail adds (docs/live.md).
+LIVE_DASHED = {
+    "otb/otb_over_mean/token_total_power": "otb/otb_over_mean/without_zero_tail/token_total_power"
+}
 
 
 def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """The `otb/` metrics a trainer logged (`otb_diag.integrations`) beside its gradient norm,
     against step: ‖g‖ and the mean energy on log axes, the within-group energy CV and OTB's
-    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance) on
-    linear ones; the collapse as a dotted line. Runs without a metric leave its panel empty."""
+    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance; dashed,
+    the same without the part verl's zero tail adds, where logged) on linear ones; the collapse
+    as a dotted line. Runs without a metric leave its panel empty."""
     styles, results = _styles(table), _results(runs)
     groups = list(table.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
@@ -277,6 +282,10 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
             else:
                 for run, rows in present:  # dots too: a step between two NaNs is a lone point
                     ax.plot(rows["step"], rows[column], marker="o", markersize=2, **styles[run])
+                    dashed = LIVE_DASHED.get(column)
+                    if dashed in rows:
+                        style = {**styles[run], "linestyle": "--", "linewidth": 0.8}
+                        ax.plot(rows["step"], rows[dashed], marker=".", markersize=1.5, **style)
             if column.startswith("otb/otb_over_mean"):
                 ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
             ax.set_ylabel(label)

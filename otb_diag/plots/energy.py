@@ -51,8 +51,10 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
 def spread_samples(sequences: pd.DataFrame, group: str, count: int) -> list[int]:
     """Up to `count` members of `group` with distinct sequence energies, spread evenly over its
     range, so the plotted profiles differ (a group often holds many identical responses, whose
-    curves would hide one another)."""
-    seqs = sequences[sequences["group"].astype(str) == str(group)].sort_values("energy")
+    curves would hide one another). A response with no token (an aborted generation) has no
+    profile and is not shown."""
+    members = sequences[(sequences["group"].astype(str) == str(group)) & (sequences["length"] > 0)]
+    seqs = members.sort_values("energy")
     seqs = seqs.drop_duplicates("energy")
     picks = np.unique(np.linspace(0, len(seqs) - 1, min(count, len(seqs))).round().astype(int))
     return sorted(seqs["sample"].iloc[picks].tolist())
@@ -95,7 +97,7 @@ def fig4_cumulative_energy(
                 markersize=2.5,
                 label="seq " + " = ".join(str(m) for m in members),
             )
-        longest = max(len(c) for c in curves.values())
+        longest = max((len(c) for c in curves.values()), default=0)
         rankings = []
         for f in fractions:
             pos = max(0, int(np.ceil(f * longest)) - 1)
@@ -148,7 +150,8 @@ def fig5_probability_vs_gradient(tokens: pd.DataFrame, vocab_size: int | None) -
             mincnt=1,
             extent=(0, 1, 0, 2),
         )
-        fig.colorbar(hb, ax=ax, label="tokens (log scale)")
+        if len(toks):  # no generated token (every generation aborted): no colour scale to draw
+            fig.colorbar(hb, ax=ax, label="tokens (log scale)")
         p = np.linspace(0, 1, 200)
         lower, upper = envelope(p, vocab_size)
         ax.plot(p, upper, color=OKABE_ITO["vermillion"], linestyle="--", label=r"$2(1-p)^2$")

@@ -16,7 +16,10 @@ def tokens_and_sequences() -> tuple[pd.DataFrame, pd.DataFrame]:
         for t in range(len(ws))
     ]
     energy = {s: float(sum(ws)) for s, ws in w.items()}
-    sequences = pd.DataFrame({"group": "g", "sample": list(w), "energy": list(energy.values())})
+    lengths = [len(ws) for ws in w.values()]
+    sequences = pd.DataFrame(
+        {"group": "g", "sample": list(w), "energy": list(energy.values()), "length": lengths}
+    )
     return pd.DataFrame(rows), sequences
 
 
@@ -24,6 +27,12 @@ def test_spread_samples_skips_duplicate_energies() -> None:
     _, sequences = tokens_and_sequences()
     picked = spread_samples(sequences, "g", count=8)
     assert picked == [0, 2, 3]  # sample 1 repeats sample 0's energy
+
+
+def test_spread_samples_leaves_out_an_empty_response() -> None:
+    _, sequences = tokens_and_sequences()
+    empty = pd.DataFrame({"group": ["g"], "sample": [4], "energy": [0.0], "length": [0]})
+    assert spread_samples(pd.concat([sequences, empty]), "g", count=8) == [0, 2, 3]
 
 
 def test_identical_profiles_share_a_legend_entry_outside_the_axes() -> None:

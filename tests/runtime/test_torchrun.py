@@ -350,11 +350,10 @@ def test_combined_proxies_equal_the_whole_batch() -> None:
     adv = torch.randn(10, 6, generator=g)
     w = torch.rand(10, 6, generator=g)
     mask = (torch.rand(10, 6, generator=g) > 0.3).float()
-    mask[3] = 0  # a sequence with nothing generated carries no weight
+    mask[3] = 0  # a sequence with nothing generated counts as a row, as in verl
     whole = variance_proxies(adv, mask, w)
     parts = [
-        (variance_proxies(adv[s], mask[s], w[s]), int((mask[s].sum(-1) > 0).sum()))
-        for s in (slice(0, 4), slice(4, 10))
+        (variance_proxies(adv[s], mask[s], w[s]), len(mask[s])) for s in (slice(0, 4), slice(4, 10))
     ]
     combined = combine_proxies(parts)
     for k, v in whole.items():

@@ -134,7 +134,7 @@ def check_token_fields(
     *,
     from_tokenizer: Collection[str] = (),
 ) -> None:
-    """Once token ids are known: no empty id list, one per-token entry per response token
+    """Once token ids are known: a non-empty prompt, one per-token entry per response token
     (every row as it is read; `tokenize.py` again on the ids the tokenizer made).
 
     `key` maps a canonical field name to the name to report; `from_tokenizer` names the id
@@ -146,14 +146,16 @@ def check_token_fields(
             " (as tokenized by the checkpoint's tokenizer)" if ids_field in from_tokenizer else ""
         )
 
-    for name, what in (("prompt_ids", "prompt"), ("response_ids", "response")):
-        if getattr(r, name) == []:
-            raise rollouts.error_at(
-                r,
-                f"the {what} has no tokens{origin(name)}: the first response token is predicted "
-                "from the last prompt token, so both must be non-empty.",
-                field=key(name),
-            )
+    # An empty response (an aborted generation; verl keeps its row with an all-zero mask) is
+    # kept: its group keeps its size for the baselines, and `energy` counts it. An empty prompt
+    # leaves nothing to predict the first response token from.
+    if r.prompt_ids == []:
+        raise rollouts.error_at(
+            r,
+            f"the prompt has no tokens{origin('prompt_ids')}: the first response token is "
+            "predicted from the last prompt token, so it must be non-empty.",
+            field=key("prompt_ids"),
+        )
     if r.response_ids is None:
         return
     for name in (*TOKEN_FIELDS, "trainer_advantage"):

@@ -130,8 +130,6 @@ class RawRow:
             "sum_pi2": self.parse_list("sum_pi2", _finite),
             "is_weights": self.parse_list("is_weights", _finite),
         }
-        if fields["response"] == "" and fields["response_ids"] is None:
-            raise self.fail("response", "the response is empty: there is no token to score.")
         temperature = self.parse_scalar("temperature", _positive)
         advantage = self.value("trainer_advantage")
         fields["trainer_advantage"] = (

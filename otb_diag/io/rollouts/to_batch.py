@@ -21,7 +21,9 @@ def make_batch(rollouts: Rollouts) -> ResponseBatch:
     names = list(dict.fromkeys(r.group for r in rs))  # in order of first appearance
     index = {name: k for k, name in enumerate(names)}
     length = torch.tensor([len(r.response_ids) for r in rs], dtype=torch.long)
-    width = int(length.max()) if len(rs) else 0
+    # At least one (padding) column when every response is empty (all generations aborted):
+    # every [B, T] formula, a baseline's G_0 or W_T, then has a column to read.
+    width = max(1, int(length.max())) if len(rs) else 0
     valid = torch.arange(width)[None, :] < length[:, None]
     tool_mask = pad(
         [r.mask if r.mask is not None else [1] * len(r.response_ids) for r in rs], width

@@ -2,7 +2,9 @@
 
 Inputs are per-response cumulative energy paths `W` (docs/theory.md §2: `W_t = Σ_{j≤t} mask_j·w_j`),
 one 1-D array per group member, each as long as its response. A finished response keeps its
-total: for t beyond its length its W is frozen at `W_T`, which is how it enters later rankings."""
+total: for t beyond its length its W is frozen at `W_T`, which is how it enters later rankings.
+A response with no token (an aborted generation) has no path and no energy to rank: it is left
+out of its group's heterogeneity."""
 
 from __future__ import annotations
 
@@ -12,6 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 
 QUANTILES = (0.25, 0.50, 0.75)
+# The statistics `group_heterogeneity` returns, in order.
+HETEROGENEITY = (
+    "energy_cv",
+    "energy_max_min_ratio",
+    *(f"kendall_tau_{round(q * 100)}" for q in QUANTILES),
+    "rank_changes",
+)
 # Energies closer than this (relative) are one tie: fp32 accumulation order alone moves W by
 # ~1e-7 relative, and a forward pass over a differently padded batch (another --batch-tokens,
 # another share of groups under torchrun) by up to ~1e-5 (measured 7.6e-6 on w); two responses
@@ -75,7 +84,10 @@ def group_heterogeneity(paths: Sequence[np.ndarray]) -> dict[str, float]:
     predicts the final one; low or negative: rankings reshuffle along t, which a sequence-level
     baseline cannot see); and the number of rank changes along t. Rankings treat energies
     within `TIE_RTOL` as ties (`tie_keys`). NaN where undefined
-    (a group of one, zero mean energy, constant rankings)."""
+    (a group of one, zero mean energy, constant rankings, no member with a token)."""
+    paths = [p for p in paths if len(p)]  # an empty response has no W_t to rank
+    if not paths:
+        return dict.fromkeys(HETEROGENEITY, math.nan)
     totals = np.array([float(p[-1]) for p in paths])
     total_keys = tie_keys(totals)
     mean = totals.mean()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -18,9 +18,20 @@ from torch import Tensor
 from otb_diag.maths.energy.heterogeneity import group_heterogeneity
 from otb_diag.maths.energy.proxies import proxies_by_baseline
 from otb_diag.maths.energy.token_stats import TokenStats
-from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
+from otb_diag.maths.estimators.advantages import (
+    Advantages,
+    Estimator,
+    batch_advantages,
+    token_advantages,
+)
 from otb_diag.maths.estimators.registry import baseline_names
+from otb_diag.maths.groups import zero_tail
 from otb_diag.maths.response_batch import ResponseBatch
+
+# OTB's proxies that verl's zero tail adds to: `proxies["otb"]["zero_tail/<name>"]` is the part
+# of `<name>` due to the tail (`zero_tail_parts`); the rest is `<name>` less it.
+ZERO_TAIL = "zero_tail/"
+ZERO_TAIL_PROXIES = ("proxy2_total_power", "logit_total_power", "token_total_power")
 
 
 @dataclass(frozen=True)
@@ -48,19 +59,25 @@ def energy_tables(
     `baselines` default to the registry's defaults; every one is computed by the one estimator
     (`batch_advantages`, with the rollouts' importance weights as w·ρ²) under `estimator`.
     `token_text(ids)` names the tokens (the tokenizer's `convert_ids_to_tokens`). Without
-    `with_tokens` the token table is left empty (the live diagnostics need only the others)."""
+    `with_tokens` the token table is left empty (the live diagnostics need only the others).
+    OTB's proxies carry their zero-tail parts (`ZERO_TAIL`, `zero_tail_parts`)."""
     names = baseline_names(defaults_only=True) if baselines is None else baselines
     computed = batch_advantages(batch, stats.w, names, estimator)
     mask, energy, returns = batch.mask, computed.energy, computed.returns
     advantages = computed.by_baseline
-    proxies = proxies_by_baseline(advantages, mask, stats.w, is_weights=batch.is_weights)
+    proxies = proxies_by_baseline(
+        advantages, mask, stats.w, is_weights=batch.is_weights, temperature=batch.temperature
+    )
+    if "otb" in proxies:
+        proxies["otb"] |= zero_tail_parts(batch, stats.w, computed, proxies["otb"])
 
     rows, cols = batch.valid.nonzero(as_tuple=True)
     sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
     # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
     ends = np.cumsum(batch.valid.sum(-1).numpy())
     paths = np.split(energy[rows, cols].numpy(), ends[:-1])  # [B] of [length_i]
-    groups = group_table(sequences, paths)
+    tail = zero_tail(mask, batch.group) & mask.bool() if estimator.handle_zero_tail else None
+    groups = group_table(sequences, paths, tail)
     if not with_tokens:
         return EnergyTables(pd.DataFrame(), sequences, groups, proxies)
     ids = batch.response_ids[rows, cols]
@@ -87,6 +104,30 @@ def energy_tables(
     return EnergyTables(tokens, sequences, groups, proxies)
 
 
+def zero_tail_parts(
+    batch: ResponseBatch, w: Tensor, computed: Advantages, otb: dict[str, float]
+) -> dict[str, float]:
+    """`zero_tail/<name>`: the part of OTB's proxy `<name>` (`otb`, as `computed` ran it) that
+    verl's zero tail adds, OTB's proxy less that of the same OTB without the tail.
+
+    In a group whose longest member is strictly longest, the tail gives that member `B_t = 0`,
+    so `A_t = G_t`, on its tokens beyond the second-longest (`groups.zero_tail`); without it the
+    member is its own baseline there and `A_t ≈ 0`. In a group whose rewards are all equal the
+    mean baseline gives 0 everywhere, so the tail is all the gradient OTB gives it. 0 when the
+    estimator has no zero tail."""
+    if not computed.estimator.handle_zero_tail:
+        return {ZERO_TAIL + p: 0.0 for p in ZERO_TAIL_PROXIES}
+    estimator = replace(computed.estimator, handle_zero_tail=False)
+    without = token_advantages(
+        "otb", computed.returns, batch.mask, batch.group, computed.energy,
+        is_weights=batch.is_weights, estimator=estimator,
+    )  # fmt: skip
+    rest = proxies_by_baseline(
+        {"otb": without}, batch.mask, w, is_weights=batch.is_weights, temperature=batch.temperature
+    )["otb"]
+    return {ZERO_TAIL + p: otb[p] - rest[p] for p in ZERO_TAIL_PROXIES}
+
+
 def sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
     """One row per response: `energy` is W(τ) = W_T; `energy_rank` is 1 for the lowest energy
     of its group; `mean_w` averages w over the generated tokens."""
@@ -108,8 +149,13 @@ def sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
     return seqs
 
 
-def group_table(sequences: pd.DataFrame, paths: Sequence[np.ndarray]) -> pd.DataFrame:
-    """One row per group: size, rewards and the energy heterogeneity of its members.
+def group_table(
+    sequences: pd.DataFrame, paths: Sequence[np.ndarray], tail: Tensor | None = None
+) -> pd.DataFrame:
+    """One row per group: size (empty responses counted), rewards, the responses with no
+    generated token (`empty_responses`), the generated tokens in verl's zero tail
+    (`zero_tail_tokens`, from `tail`: `[B, T]` bool, None for 0) and the energy heterogeneity of
+    its members that have a token.
 
     `paths[i]` is the cumulative energy `W_t` of the response in row i of `sequences`."""
     # Row positions per group on plain arrays: a pandas groupby costs more than the statistics
@@ -117,6 +163,8 @@ def group_table(sequences: pd.DataFrame, paths: Sequence[np.ndarray]) -> pd.Data
     # `groupby(sort=False)` visits them.
     codes, names = pd.factorize(sequences["group"])
     reward, length = sequences["reward"].to_numpy(), sequences["length"].to_numpy()
+    empty = sequences["generated"].to_numpy() == 0
+    tail_tokens = np.zeros(len(reward), np.int64) if tail is None else tail.sum(-1).numpy()
     rows = []
     for k, group in enumerate(names):
         members = np.flatnonzero(codes == k)
@@ -129,6 +177,8 @@ def group_table(sequences: pd.DataFrame, paths: Sequence[np.ndarray]) -> pd.Data
                 "mixed_rewards": bool(np.ptp(rewards) > 0),
                 "min_length": int(length[members].min()),
                 "max_length": int(length[members].max()),
+                "empty_responses": int(empty[members].sum()),
+                "zero_tail_tokens": int(tail_tokens[members].sum()),
                 **group_heterogeneity([paths[i] for i in members]),
             }
         )

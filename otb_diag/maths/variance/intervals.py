@@ -31,11 +31,24 @@ def bootstrap_interval(
     A resample's variance is `(sum_r n_r ||x_r||^2 - R ||m||^2) / (R - 1)`, `m = sum_r n_r x_r / R`,
     on draws centred first (the variance is shift-invariant; centring avoids cancellation).
     """
+    _, variances = resampled_moments(g, counts)
+    return percentile_interval(variances, level)
+
+
+def resampled_moments(g: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(means [S, k], variances [S])` of the resamples `counts: [S, R]` of `g: [R, k]`: each
+    resample's mean `m = sum_r n_r g_r / R` and its `trace_variance`."""
     r = len(g)
-    centred = g - g.mean(0)
-    means = counts @ centred / r  # [S, k]
+    shift = g.mean(0)
+    centred = g - shift
+    means = counts @ centred / r  # [S, k], about the shift
     variances = (counts @ np.square(centred).sum(1) - r * np.square(means).sum(1)) / (r - 1)
-    low, high = np.percentile(variances, [50 * (1 - level), 50 * (1 + level)])
+    return means + shift, variances
+
+
+def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap `values: [S]`."""
+    low, high = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
     return float(low), float(high)
 
 

@@ -45,7 +45,7 @@ All arithmetic is float64 on the device of the inputs; results are deterministic
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -78,23 +78,31 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+NO_ZERO_TAIL = "otb-no-zero-tail"  # OTB without verl's zero tail, beside `otb` (zero_tail.py)
+
+
 @dataclass(frozen=True)
 class BaselineSpec:
     """One baseline row of the table: registry baseline `name`, fed the per-token energy source
-    `energy` (a key of the `energies` mapping, None for baselines that use no energy)."""
+    `energy` (a key of the `energies` mapping, None for baselines that use no energy), with
+    verl's zero tail as the run's estimator has it (`handle_zero_tail` None) or as given."""
 
     label: str
     name: str
     energy: str | None = None
+    handle_zero_tail: bool | None = None
 
 
 def default_specs(
-    baselines: Sequence[str] | None = None, extra_sources: Sequence[str] = ()
+    baselines: Sequence[str] | None = None,
+    extra_sources: Sequence[str] = (),
+    zero_tail_split: bool = False,
 ) -> list[BaselineSpec]:
     """`baselines` (default: the registry's defaults) on the proxy energy when their registry
     entry `needs_energy`, plus `<name>-<src>` for each extra energy source (the registry's
     `TRUE_ENERGIES`: "true", the per-token `‖s_t‖²`; "seqnorm-true", the sequence's
-    `‖Σ_t s_t‖²`) of those whose entry lists it in `true_energies`."""
+    `‖Σ_t s_t‖²`) of those whose entry lists it in `true_energies`, plus, with
+    `zero_tail_split` and `otb` among them, `NO_ZERO_TAIL`: OTB without verl's zero tail."""
     names = baseline_names(defaults_only=True) if baselines is None else baselines
     entries = [get_baseline(n) for n in names]
     specs = [BaselineSpec(b.name, b.name, PROXY if b.needs_energy else None) for b in entries]
@@ -104,6 +112,8 @@ def default_specs(
             for b in entries
             if source in b.true_energies
         ]
+    if zero_tail_split and "otb" in names:
+        specs.append(BaselineSpec(NO_ZERO_TAIL, "otb", PROXY, handle_zero_tail=False))
     return specs
 
 
@@ -256,9 +266,10 @@ def draw_estimates(
             energy = cumulative[spec.energy][sub] if spec.energy else None
             per_row = energy is not None and energy.dim() == 1  # ρ already in it
             rho = None if is_weights is None or per_row else is_weights[sub]
+            tail = spec.handle_zero_tail
+            own = estimator if tail is None else replace(estimator, handle_zero_tail=tail)
             adv = token_advantages(
-                spec.name, returns[sub], sub_mask, group, energy, is_weights=rho,
-                estimator=estimator,
+                spec.name, returns[sub], sub_mask, group, energy, is_weights=rho, estimator=own,
             )  # fmt: skip
             for agg, weight in weights.items():
                 key = (agg, spec.label)

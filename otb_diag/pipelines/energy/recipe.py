@@ -91,6 +91,8 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
     final = m.results[-1]
     seqs, groups = final.sequences, final.groups
     n_tokens = sum(r.tokens for r in m.results)
+    empty = seqs["generated"] == 0  # aborted generations, kept
+    energies = seqs.loc[~empty, "energy"]
     return EnergyResult(
         mode="model" if m.results[0].checkpoint else "model-free",
         inputs=RunInputs(
@@ -106,6 +108,8 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
             checkpoints=len(m.results),
             round_trip_issues=final.round_trip_issues,
             prompts_without_chat_template=final.untemplated_prompts,
+            empty_responses=int(empty.sum()),
+            groups_with_empty_responses=list(groups.loc[groups["empty_responses"] > 0, "group"]),
         ),
         consistency={"tolerance": TOLERANCE, "clamped": dict(m.clamped)},
         advantage_audit=final.audit,
@@ -113,10 +117,12 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
             step=final.step,
             sequence_energy_mean=float(seqs["energy"].mean()),
             sequence_energy_median=float(seqs["energy"].median()),
-            sequence_energy_max_min_ratio=float(seqs["energy"].max() / seqs["energy"].min()),
+            # over the responses with a token: an empty one's W = 0 would make it infinite
+            sequence_energy_max_min_ratio=float(energies.max() / energies.min()),
             mean_w=float(seqs["energy"].sum() / max(1, seqs["generated"].sum())),
             group_energy_cv_median=float(groups["energy_cv"].median()),
             groups_with_mixed_rewards=int(groups["mixed_rewards"].sum()),
+            zero_tail_tokens=int(groups["zero_tail_tokens"].sum()),
         ),
         proxies=final.proxies,
         figure_group=m.group,

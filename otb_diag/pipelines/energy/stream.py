@@ -104,7 +104,7 @@ class _Part:
     """One rank's share of one chunk."""
 
     tables: EnergyTables
-    generated_sequences: int  # sequences with a generated token: the proxies' weight
+    rows: int  # the share's responses, empty ones included: the proxies' weight
     round_trip_issues: int
     untemplated_prompts: int
     audit: dict[str, Any] | None
@@ -277,9 +277,8 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
         estimator=Estimator(settings.handle_zero_tail, tir),
         token_text=token_text,
     )
-    generated = int((tables.sequences["generated"] > 0).sum())
     audit = audit_share(batch, stats.w, rollouts, settings, tir)
-    return _Part(tables, generated, issues, untemplated, audit, rollouts.clamped)
+    return _Part(tables, len(tables.sequences), issues, untemplated, audit, rollouts.clamped)
 
 
 def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
@@ -332,7 +331,7 @@ class _Accumulator:
             self.clamped.update(p.clamped)
         self.sequences.append(merged.sequences)
         self.groups.append(merged.groups)
-        self.proxies += [(p.tables.proxies, p.generated_sequences) for p in parts]
+        self.proxies += [(p.tables.proxies, p.rows) for p in parts]
         self.issues += sum(p.round_trip_issues for p in parts)
         if self.stride:
             n = len(merged.tokens)

@@ -131,6 +131,7 @@ def _spread(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float]:
 
 def _length_stats(tokens: np.ndarray) -> TokenLengths:
     lengths = tokens.astype(float)
+    nonempty = lengths[lengths > 0]
     p10, median, p90 = np.percentile(lengths, [10, 50, 90])
     return TokenLengths(
         total=float(lengths.sum()),
@@ -140,8 +141,9 @@ def _length_stats(tokens: np.ndarray) -> TokenLengths:
         p90=float(p90),
         max=float(lengths.max()),
         mean=float(lengths.mean()),
-        # Empty responses are rejected on reading, so min >= 1.
-        max_over_min=float(lengths.max() / lengths.min()),
+        # Over the responses with a token: an empty one (an aborted generation, kept on
+        # reading) would make it infinite; NaN when every response is empty.
+        max_over_min=float(lengths.max() / nonempty.min()) if len(nonempty) else float("nan"),
     )
 
 
@@ -184,7 +186,7 @@ def _masked_tokens(tokens: np.ndarray, masked: array) -> MaskedTokens:
     """Tokens with mask 0 (tool output) among all response tokens; a missing mask is all ones."""
     total = int(tokens.sum())
     count = int(np.frombuffer(masked, dtype=np.int64).sum())
-    return MaskedTokens(count=count, of=total, share=count / total)
+    return MaskedTokens(count=count, of=total, share=count / total if total else 0.0)
 
 
 def _key(value: float) -> str:

@@ -153,18 +153,25 @@ def energy_tables(run: Run) -> str:
         isinstance(v, dict) and "proxy2_total_power" not in v for v in proxies.values()
     ):
         proxies = proxies[max(proxies)]  # several checkpoints: the last step's
-    columns = ["proxy2_total_power", "expected_a_squared", "expected_w", "token_total_power"]
+    columns = ["proxy2_total_power", "expected_a_squared", "expected_w", "logit_total_power"]
+    columns += ["token_total_power", "zero_tail/proxy2_total_power", "zero_tail/token_total_power"]
     rows = [[b] + [_number(p.get(c)) for c in columns] for b, p in proxies.items()]
     return html.table(
         ["baseline", *columns], rows, caption=f"Variance proxies per baseline ({run.label})"
     ) + html.definitions(
         [
-            ("proxy2_total_power", "verl's mean_i Ā_i² · W(τ_i), Ā_i the masked mean "
-             "advantage of response i (theory.md §4)"),
+            ("proxy2_total_power", "verl's number: mean_i Ā_i² · τ² W(τ_i), Ā_i the masked "
+             "mean advantage of response i, verl's w = 1 − 2p + Σπ² (theory.md §4); means run "
+             "over every response, empty ones included, as in verl"),
             ("expected_a_squared", "mean_i Ā_i²"),
-            ("expected_w", "mean sequence energy W(τ) = Σ_t w_t"),
-            ("token_total_power", "mean over responses of Σ_t mask·w_t·A_t²: the proxy "
+            ("expected_w", "verl's mean sequence energy τ² W(τ) = Σ_t (1 − 2p + Σπ²)"),
+            ("logit_total_power", "ours: proxy2_total_power in the raw logits' w = "
+             "(1 − 2p + Σπ²)/τ², i.e. verl's over τ²"),
+            ("token_total_power", "ours: mean over responses of Σ_t mask·w_t·A_t²: the proxy "
              "variance the token-level baselines minimise (lower is better)"),
+            ("zero_tail/…", "OTB only: the part of its proxy that verl's zero tail adds (A = R "
+             "on the strictly longest member's tokens beyond the second-longest); the rest is "
+             "the proxy less it"),
         ]
     )  # fmt: skip
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
 from otb_diag.pipelines.results.dynamics import DynamicsResult
-from otb_diag.pipelines.results.energy import EnergyResult
+from otb_diag.pipelines.results.energy import EnergyResult, zero_tail_note
 from otb_diag.pipelines.results.report import Verdict
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import CLAIM_N, VarianceResult, percent
@@ -206,6 +206,17 @@ def energy_verdicts(result: EnergyResult, label: str) -> list[Verdict]:
         f"{e.groups_with_mixed_rewards} of which have mixed rewards (the only ones a group "
         "baseline learns from)."
     )
+    if t.empty_responses:
+        sentence += (
+            f" {t.empty_responses} responses have no generated token (kept in their groups, "
+            f"W = 0), in {len(t.groups_with_empty_responses)} groups: "
+            f"{', '.join(t.groups_with_empty_responses[:5])}"
+            + (" …" if len(t.groups_with_empty_responses) > 5 else "")
+            + "."
+        )
+    note = zero_tail_note(result.proxies.get("otb", {}), result.proxies.get("mean"))
+    if note:
+        sentence += f" {note}."
     return [Verdict(f"energy ({label})", sentence)]
 
 

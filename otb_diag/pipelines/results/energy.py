@@ -20,6 +20,10 @@ class EnergyTotals:
     checkpoints: int
     round_trip_issues: int
     prompts_without_chat_template: int
+    # Responses with no generated token (aborted generations), kept: each counts in its group's
+    # size for the baselines, with W = 0 and A = 0, and in the proxies' means, as in verl.
+    empty_responses: int
+    groups_with_empty_responses: list[str]
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class EnergyStats:
     mean_w: float  # Σ W(τ) / generated tokens
     group_energy_cv_median: float
     groups_with_mixed_rewards: int
+    zero_tail_tokens: int  # generated tokens in verl's zero tail (`maths/groups.py:zero_tail`)
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,55 @@ class EnergyResult(schema.Versioned):
                 f"{name:<10} {p['proxy2_total_power']:>19.4g} {p['token_total_power']:>18.4g} "
                 f"{p['expected_a_squared']:>19.4g}"
             )
+        lines += _format_zero_tail(self.proxies, e, t.groups)
+        if t.empty_responses:
+            shown = ", ".join(t.groups_with_empty_responses[:5])
+            more = len(t.groups_with_empty_responses) - 5
+            lines.append(
+                f"empty        {t.empty_responses} responses with no generated token, kept in "
+                f"their groups (W = 0, A = 0): {shown}" + (f" (+{more} more)" if more > 0 else "")
+            )
         if self.advantage_audit:
             lines += ["", _format_audit(self.advantage_audit)]
         lines += ["", f"wrote {len(self.outputs)} files to {self.out}"]
         return "\n".join(lines)
+
+
+ZERO_TAIL_SPLIT = ("proxy2_total_power", "token_total_power")  # printed with their tail part
+
+
+def zero_tail_note(otb: dict[str, float], mean: dict[str, float] | None) -> str | None:
+    """The note printed where verl's zero tail lifts OTB's `proxy2_total_power` above the mean
+    baseline's (`otb`, `mean`: their proxies, OTB's with `zero_tail/` parts), else None."""
+    name = "proxy2_total_power"
+    tail = otb.get(f"zero_tail/{name}")
+    if tail is None or not mean or mean[name] <= 0:
+        return None
+    with_tail, without = otb[name] / mean[name], (otb[name] - tail) / mean[name]
+    if with_tail <= 1 or without > 1:
+        return None
+    return (
+        f"OTB/mean {with_tail:.3g} with verl's zero tail, {without:.3g} without; the tail gives "
+        "the longest member of an all-correct group A = R on its tokens beyond the "
+        "second-longest, where the mean baseline gives 0 (docs/theory.md, 'The zero tail')"
+    )
+
+
+def _format_zero_tail(proxies: dict[str, Any], e: EnergyStats, groups: int) -> list[str]:
+    """OTB's proxies split into verl's zero tail and the rest, and the note when the tail makes
+    OTB's exceed the mean baseline's; nothing when OTB was not measured."""
+    otb = proxies.get("otb")
+    if not isinstance(otb, dict) or "zero_tail/proxy2_total_power" not in otb:
+        return []
+    tails = {p: otb["zero_tail/" + p] for p in ZERO_TAIL_SPLIT}
+    parts = [f"{p} {otb[p]:.4g} = {t:.4g} tail + {otb[p] - t:.4g} rest" for p, t in tails.items()]
+    equal = groups - e.groups_with_mixed_rewards
+    lines = [
+        f"zero tail    OTB {'; '.join(parts)}; {e.zero_tail_tokens} tokens in the tail; "
+        f"{equal} of {groups} groups ({equal / max(groups, 1):.0%}) have all-equal rewards"
+    ]
+    note = zero_tail_note(otb, proxies.get("mean"))
+    return lines + ([f"note         {note}"] if note else [])
 
 
 def _format_audit(audit: dict[str, Any]) -> str:

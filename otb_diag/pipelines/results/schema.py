@@ -17,7 +17,8 @@ from otb_diag.errors import InputError
 # variance-compare's `paper_claim` gives both readings of the paper's headline, with N′, its
 # range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`);
 # dynamics' `budget`, the logged split pooled over the run, and collapse.json's `arms` (the
-# comparison at equal tokens).
+# comparison at equal tokens); energy's empty responses and zero-tail tokens, verl's proxies in
+# verl's convention (issue 34).
 SCHEMA_VERSION = 2
 
 T = TypeVar("T")

@@ -3,7 +3,7 @@ the paper-claim verdicts, the knee and the recommendation), and the text it prin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from otb_diag.pipelines.results import schema
@@ -79,6 +79,42 @@ class Knee:
 
 
 @dataclass(frozen=True)
+class ZeroTailRow:
+    """OTB with and without verl's zero tail on the same draws, at one N (`--zero-tail-split`;
+    maths/variance/zero_tail.py defines every number)."""
+
+    step: int
+    mode: str
+    aggregation: str
+    group_size: int
+    otb_variance: float
+    no_zero_tail_variance: float
+    tail_variance: float  # of the tail's part d_r = g_r(otb) − g_r(otb without the tail)
+    tail_mean_square: float  # ‖E d‖², unbiased
+    tail_mean_square_low: float
+    tail_mean_square_high: float
+    tail_bias_z: float
+    mean_zero: bool  # the interval of ‖E d‖² holds 0
+
+    def format(self) -> str:
+        ratio = self.otb_variance / self.no_zero_tail_variance if self.no_zero_tail_variance else 0
+        verdict = (
+            "mean zero within its interval (variance only)"
+            if self.mean_zero
+            else "a mean of its own: on average it raises the tokens that carry the longest "
+            "member past the second-longest, a push toward longer answers"
+        )
+        return (
+            f"zero tail ({self.mode}, step {self.step}, N={self.group_size}): OTB variance "
+            f"{self.otb_variance:.3g} with verl's zero tail, {self.no_zero_tail_variance:.3g} "
+            f"without (×{ratio:.3g}); the tail's part: variance {self.tail_variance:.3g}, "
+            f"‖mean‖² {self.tail_mean_square:.3g} "
+            + _interval(self.tail_mean_square_low, self.tail_mean_square_high)
+            + f", z {self.tail_bias_z:.2g}: {verdict}"
+        )
+
+
+@dataclass(frozen=True)
 class VarianceResult(schema.Versioned):
     """What `otb-diag variance-compare` measured and wrote (`to_json()` is its summary.json)."""
 
@@ -98,6 +134,7 @@ class VarianceResult(schema.Versioned):
     versions: dict[str, str]
     outputs: list[str]
     out: str
+    zero_tail: list[ZeroTailRow] = field(default_factory=list)  # with --zero-tail-split
 
     @property
     def model_free(self) -> bool:
@@ -177,6 +214,7 @@ class VarianceResult(schema.Versioned):
                 f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "
                 f"{f['tokens']} tokens"
             )
+        lines += [row.format() for row in self.zero_tail]
         lines.append(f"wrote {len(self.outputs)} files to {self.out}")
         return "\n".join(lines)
 

@@ -30,9 +30,10 @@ from otb_diag.maths.variance.paired_draws import (
     variance_table,
 )
 from otb_diag.maths.variance.score_energies import score_energies
+from otb_diag.maths.variance.zero_tail import zero_tail_rows
 from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.schema import RunInputs
-from otb_diag.pipelines.results.variance import VarianceResult
+from otb_diag.pipelines.results.variance import VarianceResult, ZeroTailRow
 from otb_diag.pipelines.variance.measure import Measured, measure
 from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.pipelines.variance.summary import (
@@ -163,6 +164,7 @@ class _Tables:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     draws: dict[str, Any] = field(default_factory=dict)  # "mode@step" -> paired-draw metadata
     full: dict[str, Any] = field(default_factory=dict)  # step -> full-mode record
+    zero_tail: list[dict[str, Any]] = field(default_factory=list)  # maths/variance/zero_tail.py
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -202,7 +204,11 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
             batch.group,
             scores,
             energies,
-            specs=default_specs(settings.baselines, list(TRUE_ENERGIES) if mode == "full" else []),
+            specs=default_specs(
+                settings.baselines,
+                list(TRUE_ENERGIES) if mode == "full" else [],
+                settings.zero_tail_split,
+            ),
             aggregations=settings.aggregations,
             group_sizes=settings.group_sizes,
             draws=settings.draws,
@@ -213,6 +219,12 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
             estimator=estimator,
         )
         tables.variance.append(variance_table(paired).assign(step=step))
+        if settings.zero_tail_split:
+            aggregation = settings.aggregations[0]
+            tables.zero_tail += [
+                {"step": step, "mode": mode, "aggregation": aggregation, **row}
+                for row in zero_tail_rows(paired, aggregation)
+            ]
         mean_tokens = float(batch.length.double().mean())  # L̄: tokens sampled a response
         tables.noise.append(
             noise_table(paired, mean_tokens, settings.prompts_per_step).assign(step=step)
@@ -252,6 +264,10 @@ def _summary(
     blocks = stacked(tables.blocks) if tables.blocks else None
     outputs = _write(out, variance, fid, tables.fidelity_tokens, settings, blocks)
     outputs += write_noise(out, noise, last_noise)
+    if tables.zero_tail:
+        zero_tail = pd.DataFrame(tables.zero_tail)
+        write_with(out / "zero_tail.csv", lambda p: zero_tail.to_csv(p, index=False))
+        outputs.append("zero_tail.csv")
     tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return VarianceResult(
@@ -265,6 +281,7 @@ def _summary(
         fidelity=tables.fidelity_rows,
         distributed={"world_size": d.world_size, "rank_tokens": rank_tokens},
         full=tables.full,
+        zero_tail=[ZeroTailRow(**row) for row in tables.zero_tail],
         timings=tables.timings,
         versions=library_versions(),
         outputs=[*outputs, "summary.json"],

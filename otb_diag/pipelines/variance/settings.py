@@ -112,6 +112,12 @@ class VarianceSettings:
     batch_tokens: int | None = batch_tokens_knob()  # None: auto (`measure_knobs.planned`)
     chunk_size: int | None = chunk_size_knob()
     handle_zero_tail: bool = knob(True, ZERO_TAIL)
+    zero_tail_split: bool = knob(
+        False,
+        help="Also measure OTB without verl's zero tail on the same draws (row "
+        "otb-no-zero-tail; real gradients in head and full mode) and test whether the tail's "
+        "part of the gradient has mean zero (zero_tail.csv).",
+    )
     tir: bool | None = internal(None)  # None: on when any response holds tool output (mask 0)
     load: LoadOptions = LoadOptions()
     engine: str = knob(
@@ -176,3 +182,9 @@ class VarianceSettings:
 
         for name in self.baselines:
             get_baseline(name)  # an unknown name stops here, listing the known ones
+        if self.zero_tail_split and ("otb" not in self.baselines or not self.handle_zero_tail):
+            raise InputError(
+                "--zero-tail-split compares OTB with and without verl's zero tail: it needs otb "
+                "among the baselines and the zero tail on.",
+                field="zero-tail-split",
+            )

@@ -40,8 +40,6 @@ BAD_ROWS = [
     (good_row(group=[1]), "group", "expected a string or an integer"),
     (good_row(step=1.5), "step", "expected an integer"),
     (good_row(temperature=0), "temperature", "positive"),
-    (good_row(response="", response_ids=None, **dict.fromkeys(TOKEN_FIELDS)), "response", "empty"),
-    (good_row(response_ids=[], **dict.fromkeys(TOKEN_FIELDS)), "response_ids", "no tokens"),
     (good_row(prompt_ids=[]), "prompt_ids", "no tokens"),
     (good_row(advantage_estimator="otb"), "advantage_estimator", 'expected {"baseline": NAME'),
     (good_row(advantage_estimator={"options": {}}), "advantage_estimator", "got dict"),
@@ -76,7 +74,6 @@ PARQUET_BAD_ROWS = [
     (good_row(reward=float("nan")), "reward", "finite"),
     (good_row(mask=[1, 2, 1]), "mask", "0 or 1"),
     (good_row(logprobs=[0.0, 1.0]), "logprobs", "has 2 entries"),
-    (good_row(response="", response_ids=None, **dict.fromkeys(TOKEN_FIELDS)), "response", "empty"),
     (good_row(reward=None, token_rewards=None), "reward", "missing required field 'reward'"),
 ]
 

@@ -11,10 +11,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rollout_files import good_row, read_error, text_row, write_jsonl, write_parquet
+from rollout_files import (
+    char_tokenizer,
+    good_row,
+    read_error,
+    text_row,
+    write_jsonl,
+    write_parquet,
+)
 
 from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.readers import TOKEN_FIELDS, Response
+from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.io.rollouts.tokenize import tokenize_rollouts
 
 # --- good input -----------------------------------------------------------------------------
 
@@ -205,3 +214,26 @@ def test_written_rows_read_back_unchanged(tmp_path: Path, rows: list[dict[str, A
     ):
         got = load_rollouts(path).responses
         assert [dataclasses.replace(r, source_row=0) for r in got] == expected
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_empty_response_is_kept_not_refused(tmp_path: Path, fmt: str) -> None:
+    """An aborted generation (verl keeps its row, all-zero mask): a row with no response token
+    is read and kept in its group, and its batch row has length 0; the file is not refused."""
+    empty = good_row(response="", response_ids=[], reward=0.0, **{k: [] for k in TOKEN_FIELDS})
+    rows = [good_row(), empty, good_row()]
+    write = write_jsonl if fmt == "jsonl" else write_parquet
+    rollouts = load_rollouts(write(tmp_path / f"r.{fmt}", rows))
+    assert [len(r.response_ids) for r in rollouts.responses] == [3, 0, 3]
+    assert group_rows(rollouts.responses) == {"g": [0, 1, 2]}
+    batch = make_batch(rollouts)
+    assert batch.length.tolist() == [3, 0, 3]
+    assert batch.mask[1].sum() == 0 and batch.reward[1] == 0
+
+
+def test_an_empty_text_response_tokenizes_to_no_token(tmp_path: Path) -> None:
+    rows = [text_row(), text_row(response="", reward=0.0)]
+    rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", rows))
+    tokenized, _ = tokenize_rollouts(rollouts, char_tokenizer())
+    assert [len(r.response_ids) for r in tokenized.responses] == [3, 0]
+    assert make_batch(tokenized).length.tolist() == [3, 0]

@@ -86,7 +86,10 @@ def test_tables_are_consistent(model, tmp_path: Path) -> None:
         assert (np.diff(by_rank) >= 0).all()
         assert sorted(members["energy_rank"]) == list(range(1, len(members) + 1))
     assert set(tables.proxies) == set(DEFAULT_BASELINES)
-    assert tables.proxies["none"]["expected_w"] == pytest.approx(seqs["energy"].mean(), rel=1e-5)
+    # verl's expected_w: mean W over responses in verl's w, τ² times ours (the raw logits')
+    tau_sq = batch.temperature.numpy() ** 2
+    expected_w = (seqs["energy"] * tau_sq).mean()
+    assert tables.proxies["none"]["expected_w"] == pytest.approx(expected_w, rel=1e-5)
     assert len(tables.groups) == 3
     assert pick_group(tables.groups) in set(tables.groups["group"])
 
@@ -96,8 +99,11 @@ def test_group_table_takes_each_groups_own_rows_in_order_of_appearance() -> None
     sequences = pd.DataFrame(
         {"group": ["b", "a", "b", "b", "a"], "length": [3, 1, 2, 4, 2], "reward": [1.0, 0, 0, 1, 0]}
     )
+    sequences["generated"] = sequences["length"]
     paths = [np.cumsum(np.arange(1.0, n + 1) * (i + 1)) for i, n in enumerate(sequences["length"])]
     groups = group_table(sequences, paths)
+    assert groups["empty_responses"].tolist() == [0, 0]
+    assert groups["zero_tail_tokens"].tolist() == [0, 0]  # no tail given
     assert groups["group"].tolist() == ["b", "a"]
     assert groups["size"].tolist() == [3, 2]
     assert groups["mean_reward"].tolist() == [pytest.approx(2 / 3), 0.0]

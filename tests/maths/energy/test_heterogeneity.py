@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from scipy.stats import kendalltau
 
 from otb_diag.maths.energy.heterogeneity import (
+    HETEROGENEITY,
     frozen_paths,
     group_heterogeneity,
     kendall_tau_b,
@@ -128,3 +129,15 @@ def test_kendall_tau_b_is_scipys(pairs: list[tuple[int, int]]) -> None:
         assert math.isnan(ours)
     else:
         assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12)
+
+
+def test_an_empty_response_is_left_out_of_its_groups_heterogeneity():
+    """An aborted generation has no W_t path: the group's statistics are those of its other
+    members (no IndexError), and all NaN when no member has a token."""
+    paths = [np.array([1.0, 2.0, 4.0]), np.array([0.5, 3.0])]
+    with_empty = group_heterogeneity([paths[0], np.array([]), paths[1]])
+    np.testing.assert_equal(with_empty, group_heterogeneity(paths))
+    assert list(with_empty) == list(HETEROGENEITY)
+    nothing = group_heterogeneity([np.array([]), np.array([])])
+    assert list(nothing) == list(HETEROGENEITY)
+    assert all(math.isnan(v) for v in nothing.values())

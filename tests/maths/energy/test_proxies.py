@@ -18,7 +18,8 @@ def t(rows):
 
 # Sequence 0: 2 tokens, A = [1, 3]   -> Abar = 2,  w = [0.5, 1.5] -> W = 2
 # Sequence 1: 3 tokens, A = -1       -> Abar = -1, w = [1, 1, 1]  -> W = 3
-# Sequence 2: nothing generated: left out of every mean and of N_batch (N = 2).
+# Sequence 2: nothing generated (an aborted generation): Abar = 0, W = 0, counted in every
+# mean and in N_batch as verl 0.9.1 counts it (N = 3).
 MASK = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
 ADV = t([[1, 3, 9], [-1, -1, -1], [5, 5, 5]])
 W = t([[0.5, 1.5, 7], [1, 1, 1], [4, 4, 4]])
@@ -27,12 +28,13 @@ W = t([[0.5, 1.5, 7], [1, 1, 1], [4, 4, 4]])
 def test_on_policy_hand_batch():
     metrics = variance_proxies(ADV, MASK, W, grad_norm=1.5)
     expected = {
-        "proxy2_total_power": (2**2 * 2 + 1 * 3) / 2,  # 5.5
-        "expected_a_squared": (4 + 1) / 2,
-        "expected_w": (2 + 3) / 2,
-        "token_total_power": ((0.5 * 1 + 1.5 * 9) + 3 * 1) / 2,  # (14 + 3)/2
+        "proxy2_total_power": (2**2 * 2 + 1 * 3 + 0) / 3,  # 11/3
+        "expected_a_squared": (4 + 1 + 0) / 3,
+        "expected_w": (2 + 3 + 0) / 3,
+        "logit_total_power": 11 / 3,  # τ = 1: verl's w and ours agree
+        "token_total_power": ((0.5 * 1 + 1.5 * 9) + 3 * 1 + 0) / 3,  # (14 + 3)/3
         "proxy1_signal_strength": 1.5**2,
-        "proxy3_pure_noise": (5.5 - 2.25) / (2 - 1),
+        "proxy3_pure_noise": (11 / 3 - 2.25) / (3 - 1),
     }
     assert metrics == pytest.approx(expected, rel=1e-7)
 
@@ -41,8 +43,20 @@ def test_negative_energy_is_clamped_in_proxy2_only():
     w = W.clone()
     w[1] = -1.0  # W_1 = -3
     metrics = variance_proxies(ADV, MASK, w)
-    assert metrics["proxy2_total_power"] == pytest.approx((4 * 2 + 1 * 0) / 2)
-    assert metrics["expected_w"] == pytest.approx((2 - 3) / 2)
+    assert metrics["proxy2_total_power"] == pytest.approx((4 * 2 + 1 * 0) / 3)
+    assert metrics["expected_w"] == pytest.approx((2 - 3) / 3)
+
+
+def test_temperature_verls_names_take_verls_w_ours_the_raw_logits():
+    """verl's `w` is `1 − 2p + Σπ²` of the tempered logits; ours (the input) is that over τ²:
+    verl's names carry τ² times ours, our names ours."""
+    tau = torch.tensor([0.7, 0.5, 2.0], dtype=F64)
+    metrics = variance_proxies(ADV, MASK, W, temperature=tau)
+    assert metrics["proxy2_total_power"] == pytest.approx((4 * 2 * 0.49 + 1 * 3 * 0.25) / 3)
+    assert metrics["expected_w"] == pytest.approx((2 * 0.49 + 3 * 0.25) / 3)
+    assert metrics["logit_total_power"] == pytest.approx(11 / 3)
+    assert metrics["token_total_power"] == pytest.approx(17 / 3)
+    assert metrics["expected_a_squared"] == pytest.approx(5 / 3)
 
 
 def test_without_a_gradient_norm_proxy1_and_proxy3_are_left_out():
@@ -51,6 +65,7 @@ def test_without_a_gradient_norm_proxy1_and_proxy3_are_left_out():
         "variance_proxy/proxy2_total_power",
         "variance_proxy/expected_a_squared",
         "variance_proxy/expected_w",
+        "variance_proxy/logit_total_power",
         "variance_proxy/token_total_power",
     }
 
@@ -65,11 +80,12 @@ def test_importance_weights_hand_batch():
     rho = t([[1, 3, 5], [0.5, 0.5, 0.5], [2, 2, 2]])
     metrics = variance_proxies(ADV, MASK, W, is_weights=rho)
     expected = {
-        "proxy2_total_power": (2**2 * 2**2 * 2 + 0.5**2 * 1 * 3) / 2,  # (32 + 0.75)/2
-        "expected_a_squared": 2.5,
+        "proxy2_total_power": (2**2 * 2**2 * 2 + 0.5**2 * 1 * 3) / 3,  # (32 + 0.75)/3
+        "expected_a_squared": 5 / 3,
         # verl's expected_w with IS is sum_t w rho^2: 0.5*1 + 1.5*9 = 14 and 3 * 0.25
-        "expected_w": (14 + 0.75) / 2,
-        "token_total_power": ((0.5 * 1 * 1 + 1.5 * 9 * 9) + 3 * 0.25 * 1) / 2,  # (122 + 0.75)/2
+        "expected_w": (14 + 0.75) / 3,
+        "logit_total_power": (32 + 0.75) / 3,
+        "token_total_power": ((0.5 * 1 * 1 + 1.5 * 9 * 9) + 3 * 0.25 * 1) / 3,  # (122 + 0.75)/3
     }
     assert metrics == pytest.approx(expected, rel=1e-7)
 
@@ -80,18 +96,19 @@ def test_nothing_generated_gives_zeros():
         "proxy2_total_power": 0.0,
         "expected_a_squared": 0.0,
         "expected_w": 0.0,
+        "logit_total_power": 0.0,
         "token_total_power": 0.0,
         "proxy1_signal_strength": 4.0,
+        "proxy3_pure_noise": 0.0,  # max(0, (0 − 4)/(3 − 1)): verl floors it at 0
     }
 
 
 def verl_proxies(advantages, mask, w, rho, grad_norm):
-    """verl's `compute_variance_proxy_metrics` formulas, one sequence at a time."""
+    """verl's `compute_variance_proxy_metrics` formulas (0.9.1), one sequence at a time, every
+    row counted (an empty one with Abar = 0 and W = 0)."""
     a_bar, w_sum, w_orig, rho_bar = [], [], [], []
     for i in range(len(mask)):
         n = float(mask[i].sum())
-        if n == 0:
-            continue
         tokens = [s for s in range(mask.shape[1]) if mask[i, s] > 0]
         a_bar.append(sum(float(advantages[i, s]) for s in tokens) / (n + 1e-8))
         scale = [1.0 if rho is None else float(rho[i, s]) ** 2 for s in tokens]
