@@ -30,6 +30,7 @@ from otb_diag.integrations.trl import LOSS_AGGREGATION, SUPPORTED
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.policy.scores.token_scores import token_scores
 
 pytestmark = pytest.mark.slow  # torchrun, TRL
@@ -37,9 +38,14 @@ SCRIPT = Path(__file__).with_name("trl_torchrun.py")
 PROCESSES, PER_STEP, ACCUMULATION, STEPS = 2, 2, 3, 2
 ROWS = PROCESSES * PER_STEP * ACCUMULATION  # a step's generation batch
 SPLIT_K = 16  # trl_torchrun.SPLIT_K
-# What the logged entry holds beside the step's metrics: the collapse watch (over steps) and
-# where Σπ² came from.
-NOT_STEP_METRICS = ("otb/collapse/", "otb/sum_pi2_from_loss_logits")
+# What the logged entry holds beside the step's metrics: the collapse watch and the split's
+# pools (over steps), the all-parameter estimate of DDP's all-reduce, and where Σπ² came from.
+NOT_STEP_METRICS = (
+    "otb/collapse/",
+    "otb/budget/",
+    "otb/split/params/",
+    "otb/sum_pi2_from_loss_logits",
+)
 
 
 @pytest.fixture(scope="module", params=["GRPOTrainer", "RLOOTrainer"])
@@ -120,6 +126,22 @@ def test_every_logged_number_is_the_one_process_computation(run: Path) -> None:
             assert entry[name] == pytest.approx(split[name], rel=1e-6, abs=1e-12), name
 
 
+def test_the_pools_are_those_of_the_logged_split(run: Path) -> None:
+    """The main process pools the split it logged (the head-mode baselines' and, under DDP,
+    all parameters'): `BudgetPools` fed the logged steps gives the logged `otb/budget/...`."""
+    pools = BudgetPools("otb/")
+    for entry in logged(run):
+        split = {k: v for k, v in entry.items() if k.startswith("otb/split/")}
+        assert "otb/split/params/grad_sq" in split  # torchrun runs the trainer under DDP
+        pooled = pools.update(split, entry["step"])
+        got = {k: v for k, v in entry.items() if k.startswith("otb/budget/")}
+        audited = trainer_baseline(SUPPORTED[run.name].registry)
+        assert {k.split("/")[2] for k in got} == set(split_baselines(audited)) | {"params"}
+        assert got.keys() == {k for k, v in pooled.items() if math.isfinite(v)}
+        for name, value in got.items():
+            assert value == pytest.approx(pooled[name], rel=1e-9), name
+
+
 def test_model_free_energy_on_the_dump_reproduces_the_logged_step(
     run: Path, tmp_path: Path
 ) -> None:
@@ -144,5 +166,6 @@ def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: P
     )
     entries = json.loads((out / "log_history.json").read_text())
     assert [e["step"] for e in entries if "grad_norm" in e] == list(range(1, STEPS + 1))
-    assert not any(k.startswith("otb/") for e in entries for k in e)
+    # The all-parameter estimate is DDP's all-reduce's, not the step's diagnostics: it goes on.
+    assert not any(k.startswith("otb/") and "/params/" not in k for e in entries for k in e)
     assert not list((out / "otb").glob("*.jsonl"))

@@ -163,12 +163,7 @@ def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> N
         metrics = compute_otb_metrics(verl_shaped(seed=step), adv_estimator="otb")
         data = {"actor/grad_norm": 1.0 + step, "critic/score/mean": 0.1 * step, **metrics}
         lines.append(json.dumps({"step": step, "data": data}))
-    log = tmp_path / "metrics.jsonl"
-    log.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "dynamics"
-    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    (run,) = json.loads(result.stdout)["runs"]
+    run, out = dynamics_of(lines, tmp_path)
     assert run["source"] == "verl"
     assert run["otb"] == {k: v for k, v in metrics.items() if np.isfinite(v)}
     assert (out / "fig_live_otb.png").stat().st_size > 0
@@ -311,12 +306,7 @@ def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_p
         data = {"actor/grad_norm": 1.0, "critic/score/mean": 0.1 * step}
         data |= {k: v for k, v in metrics.items() if np.isfinite(v)}
         lines.append(json.dumps({"step": step, "data": data}))
-    log = tmp_path / "metrics.jsonl"
-    log.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "dynamics"
-    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    (run,) = json.loads(result.stdout)["runs"]
+    run, out = dynamics_of(lines, tmp_path)
     assert [b["estimator"] for b in run["budget"]] == ["grpo", "otb"]
     compared = 0
     for pooled in run["budget"]:
@@ -327,3 +317,15 @@ def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_p
                     assert value == pytest.approx(metrics[key], rel=1e-6), key
                     compared += 1
     assert compared > 50 and (out / "pooled_noise_scale.png").stat().st_size > 0
+
+
+def dynamics_of(lines: list[str], tmp_path: Path) -> tuple[dict, Path]:
+    """`otb-diag dynamics --json` on a verl file log of `lines`: its one run's record and the
+    output folder."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "dynamics"
+    result = runner.invoke(app, ["dynamics", "--log", str(log), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["runs"]
+    return run, out

@@ -9,8 +9,8 @@ and a group of `trl_toy.GENERATIONS` can straddle two processes), the split at e
 checkpoint after each. Each process writes the rows it generated at each step,
 `OUT/rank{r}-step{s}.json` (completion ids and mask, as `_generate_and_score_completions`
 returned them), and the main process TRL's log, `OUT/log_history.json`. With `fail`, the
-split's scores raise on the last process (as an extra forward that runs out of memory there
-would)."""
+split's scores (formed from the loss forward's hidden states) raise on the last process (as
+a head matmul that runs out of memory there would)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from trl_toy import toy_trainer
 
-import otb_diag.integrations.trl as live
+from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.trl import attach
 
 SPLIT_K = 16
@@ -48,7 +48,7 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
         def out_of_memory(*_: Any) -> None:
             raise RuntimeError(f"planted on process {rank}")
 
-        live.split_scores = out_of_memory
+        HiddenCatch.scores = out_of_memory  # the split's scores, from the loss's forward
     generate = trainer._generate_and_score_completions
 
     def recording(inputs: Any) -> dict[str, Any]:
