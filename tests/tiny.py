@@ -6,7 +6,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
 
 MODEL_VOCAB = 30
 
@@ -41,3 +47,15 @@ def save_checkpoint(directory: Path, seed: int = 0, n_positions: int = 32) -> GP
     model.save_pretrained(directory)
     char_tokenizer().save_pretrained(directory)
     return model
+
+
+def soft_capped_gemma2(vocab: int, seed: int = 0) -> Gemma2ForCausalLM:
+    """A one-layer random Gemma-2 over `vocab` tokens, untied, with a final logit soft-cap tight
+    enough to matter (c = 0.5), in eval mode."""
+    torch.manual_seed(seed)
+    config = Gemma2Config(
+        vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=4, tie_word_embeddings=False,
+        final_logit_softcapping=0.5,
+    )  # fmt: skip
+    return Gemma2ForCausalLM(config).eval()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import soft_capped_gemma2
 from torch import nn
-from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import split_scores
@@ -30,13 +31,7 @@ def gpt2(bias: bool) -> nn.Module:
 
 
 def gemma2() -> nn.Module:
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=4, tie_word_embeddings=False,
-        final_logit_softcapping=0.5,
-    )  # fmt: skip
-    return Gemma2ForCausalLM(config).eval()
+    return soft_capped_gemma2(V)
 
 
 def batch(temperature: float) -> ResponseBatch:

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 from numerics import assert_close_to_norm
+from tiny import soft_capped_gemma2
 from torch import Tensor, nn
-from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch, pad
@@ -40,13 +41,7 @@ def tiny_gpt2(seed: int = 0, tied: bool = False, bias: bool = False) -> nn.Modul
 
 def tiny_gemma2(seed: int = 0) -> nn.Module:
     """Untied, with a final logit soft-cap tight enough to matter."""
-    torch.manual_seed(seed)
-    config = Gemma2Config(
-        vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=4, tie_word_embeddings=False,
-        final_logit_softcapping=0.5,
-    )  # fmt: skip
-    return Gemma2ForCausalLM(config).eval()
+    return soft_capped_gemma2(V, seed)
 
 
 def make_batch(temperature: list[float] | None = None) -> ResponseBatch:
