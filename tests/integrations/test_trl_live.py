@@ -17,6 +17,7 @@ import math
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -240,9 +241,7 @@ def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
     diagnostics = attach(trainer)
     with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
         trainer.train()
-    assert not diagnostics.enabled
-    assert trainer.state.global_step == 2
-    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+    assert_trained_without_diagnostics(trainer, diagnostics)
 
 
 def test_bad_input_is_refused_before_anything_changes(
@@ -380,9 +379,7 @@ def test_a_process_group_that_fails_to_gather_switches_off(
     match = r"switched off at step 1: the step's rows could not be gathered \(RuntimeError: \[gloo"
     with pytest.warns(RuntimeWarning, match=match):
         trainer.train()
-    assert not diagnostics.enabled
-    assert trainer.state.global_step == 2
-    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+    assert_trained_without_diagnostics(trainer, diagnostics)
 
 
 def test_another_processs_error_stops_every_process_at_the_gather(
@@ -408,9 +405,7 @@ def test_another_processs_error_stops_every_process_at_the_gather(
         trainer.train()
     assert not [w for w in caught if "otb-diag" in str(w.message)]
     assert len(handed) == 1 and handed[0].rows is not None and handed[0].error is None
-    assert not diagnostics.enabled
-    assert trainer.state.global_step == 2
-    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
+    assert_trained_without_diagnostics(trainer, diagnostics)
 
 
 def test_the_main_processs_error_is_handed_over_at_the_next_gather(
@@ -495,3 +490,11 @@ def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> N
     rollouts = out / "otb" / "step_000001.jsonl"
     summary = energy(rollouts, tmp_path / "e", "--ckpt", str(default_checkpoint()))
     check_reproduces(summary, entry, rel=1e-4, w_floor=W_FLOOR, token_level_rel=1e-2)
+
+
+def assert_trained_without_diagnostics(trainer: Any, diagnostics: Any) -> None:
+    """The diagnostics switched themselves off, the training ran its 2 steps, and nothing was
+    logged under `otb/`."""
+    assert not diagnostics.enabled
+    assert trainer.state.global_step == 2
+    assert not any(k.startswith("otb/") for e in trainer.state.log_history for k in e)
