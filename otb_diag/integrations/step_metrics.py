@@ -47,7 +47,7 @@ PER_BASELINE = (
     "expected_a_squared",
 )
 RATIOS = ("proxy2_total_power", "token_total_power")  # OTB's over the mean baseline's
-SPLIT_MODE = "head"  # the split's score vectors: the output layer's, one no-grad forward
+SPLIT_MODE = "head"  # the split's score vectors: the output layer's (an extra forward, or caught)
 SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
 
