@@ -7,9 +7,11 @@ then runs the very functions `otb-diag energy --model-free` runs on the same row
 (`token_stats.logged_stats`, `tables.energy_tables`, the trainer audit), so a dumped step read
 back by `energy` gives the logged numbers again (tests/integrations/test_trl_live.py).
 
-`response_batch` builds the batch from a trainer's padded tensors exactly as
-`io/rollouts/to_batch.py:make_batch` builds it from the dumped rows (`dump.py`): same widths,
-same padding, same float32 values, so the two routes agree to the last bit.
+Both build the batch from the trainer's padded tensors with the constructor
+`io/rollouts/to_batch.py:make_batch` builds it with from the dumped rows (`dump.py`),
+`ResponseBatch.from_padded`, after `round_off_clamped` has cleaned `logprobs` and `sum_pi2` as
+the reader cleans the rows: same widths, same padding, same float32 values, so the two routes
+agree to the last bit.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, ha
 from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.returns import outcome_token_rewards
 from otb_diag.maths.variance.step_split import (
     response_contributions,
     step_shape,
@@ -51,86 +52,18 @@ SPLIT_MODE = "head"  # the split's score vectors: the output layer's (an extra f
 SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
 
-def response_batch(
-    *,
-    group_names: Sequence[str],
-    group: Tensor,
-    prompt_ids: list[list[int]],
-    response_ids: Tensor,
-    length: Tensor,
-    tool_mask: Tensor | None,
-    logprobs: Tensor,
-    sum_pi2: Tensor,
-    temperature: float,
-    step: int,
-    reward: Tensor | None = None,
-    token_rewards: Tensor | None = None,
-    trainer_advantage: Tensor | None = None,
-    is_weights: Tensor | None = None,
-) -> ResponseBatch:
-    """The `ResponseBatch` that `make_batch` makes of this step's dumped rows.
-
-    group: `[B]` index into `group_names`, rows of a group in sampling order; response_ids,
-    tool_mask (1 on generated tokens, None for all), logprobs, sum_pi2: `[B, C]` right-padded
-    (C ≥ the longest `length`); length: `[B]` response tokens; reward: `[B]` outcome rewards or
-    token_rewards: `[B, C]` (one of the two); trainer_advantage: `[B]` per response (TRL) or
-    `[B, C]` per token (verl), or None; is_weights: `[B, C]` truncated importance weights ρ or
-    None. Tensors on any device; the batch is on the CPU."""
-    length = length.detach().cpu().to(torch.long)
-    width = max(1, int(length.max())) if length.numel() else 0  # as make_batch: ≥ 1 column
-    valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
-
-    def cut(x: Tensor) -> Tensor:  # [B, C] -> [B, T] float32, 0 beyond each response
-        return x.detach().cpu()[:, :width].to(torch.float32) * valid
-
-    mask = valid.to(torch.float32) if tool_mask is None else cut(tool_mask)
-    if token_rewards is None:
-        assert reward is not None, "give reward or token_rewards"
-        token_rewards = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
-    else:
-        token_rewards = cut(token_rewards)
-    advantage = None
-    if trainer_advantage is not None:
-        a = trainer_advantage.detach().cpu().to(torch.float32)
-        advantage = (a[:, None] * valid) if a.ndim == 1 else cut(a)
-    group = group.detach().cpu().to(torch.long)
-    sample = torch.zeros_like(group)
-    for k in range(len(group_names)):  # 0-based position within its group, in row order
-        rows = (group == k).nonzero()[:, 0]
-        sample[rows] = torch.arange(len(rows))
-    return ResponseBatch(
-        group_names=list(group_names),
-        group=group,
-        sample=sample,
-        length=length,
-        prompt_ids=prompt_ids,
-        response_ids=response_ids.detach().cpu()[:, :width].to(torch.long) * valid,
-        valid=valid,
-        mask=mask,
-        token_rewards=token_rewards,
-        reward=(token_rewards * mask).sum(-1),  # R = Σ_t mask_t r_t, as make_batch sums it
-        temperature=torch.full((len(length),), float(temperature)),
-        step=[step] * len(length),
-        is_weights=None if is_weights is None else cut(is_weights) + ~valid,  # 1 on padding
-        **dict(
-            zip(
-                ("logprobs", "sum_pi2"), round_off_clamped(cut(logprobs), cut(sum_pi2)), strict=True
-            )
-        ),
-        trainer_advantage=advantage,
-    )
-
-
-def round_off_clamped(logprobs: Tensor, sum_pi2: Tensor) -> tuple[Tensor, Tensor]:
-    """`logprobs`, `sum_pi2` (`[B, T]` float32) with the round-off clamps the rollout reader
-    applies (`io/rollouts/probability_checks.py`): `log p ≤ 0` and `p² ≤ Σπ² ≤ 1`, p² taken in
-    float64 as the reader takes it, so the dumped rows read back as these very tensors. A
-    float32 `exp(log Σπ²)` from the fused head can fall an ulp below `p²` when one token holds
-    nearly all the mass."""
-    logprobs = logprobs.clamp_max(0.0)
+def round_off_clamped(logprobs: Tensor, sum_pi2: Tensor) -> dict[str, Tensor]:
+    """`logprobs`, `sum_pi2` (`[B, C]`, float32 on the CPU) with the round-off clamps the
+    rollout reader applies (`io/rollouts/probability_checks.py`): `log p ≤ 0` and
+    `p² ≤ Σπ² ≤ 1`, p² taken in float64 as the reader takes it, so the dumped rows read back as
+    these very tensors. A float32 `exp(log Σπ²)` from the fused head can fall an ulp below `p²`
+    when one token holds nearly all the mass. Keyed as `ResponseBatch.from_padded` takes them."""
+    logprobs = logprobs.detach().cpu().to(torch.float32).clamp_max(0.0)
+    sum_pi2 = sum_pi2.detach().cpu().to(torch.float32)
     p_sq = torch.exp(2 * logprobs.double())
     clamped = torch.minimum(torch.maximum(sum_pi2.double(), p_sq), torch.ones_like(p_sq))
-    return logprobs, torch.where(sum_pi2 > 0, clamped, sum_pi2.double()).to(torch.float32)
+    sum_pi2 = torch.where(sum_pi2 > 0, clamped, sum_pi2.double()).to(torch.float32)
+    return {"logprobs": logprobs, "sum_pi2": sum_pi2}
 
 
 def check_whole_groups(batch: ResponseBatch, where: str) -> None:

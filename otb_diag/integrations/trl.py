@@ -70,7 +70,7 @@ from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
-    response_batch,
+    round_off_clamped,
     split_baselines,
     split_metrics,
     split_scores,
@@ -545,15 +545,14 @@ class LiveDiagnostics:
         positions = torch.arange(c)
         last = torch.where(rows.completion_mask.bool(), positions, -1).amax(-1)
         length = torch.where(last >= 0, last + 1, c)
-        return response_batch(
+        return ResponseBatch.from_padded(
             group_names=[f"s{step}-g{k}" for k in range(n // generations)],
             group=torch.arange(n) // generations,
             prompt_ids=prompts,
             response_ids=rows.completion_ids,
             length=length,
             tool_mask=rows.tool_mask,
-            logprobs=rows.logprobs,
-            sum_pi2=rows.sum_pi2,
+            **round_off_clamped(rows.logprobs, rows.sum_pi2),
             temperature=t.temperature,
             step=step,
             reward=rows.rewards,

@@ -43,7 +43,7 @@ from otb_diag.integrations.dump import check_dump_dir, dump_step
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
-    response_batch,
+    round_off_clamped,
     split_baselines,
     split_metrics,
     split_scores,
@@ -169,15 +169,14 @@ def verl_batch(batch: Any, temperature: float | None = None, step: int = 0) -> R
     else:
         prompt_ids = [[] for _ in range(len(group))]
     tau = temperature if temperature is not None else float(meta.get("temperature", 1.0))
-    out = response_batch(
+    out = ResponseBatch.from_padded(
         group_names=names,
         group=group,
         prompt_ids=prompt_ids,
         response_ids=responses,
         length=last + 1,
         tool_mask=mask,
-        logprobs=tensors["old_log_probs"],
-        sum_pi2=tensors["sum_pi_squared"],
+        **round_off_clamped(tensors["old_log_probs"], tensors["sum_pi_squared"]),
         temperature=tau,
         step=step,
         token_rewards=tensors["token_level_rewards"],

@@ -2,7 +2,9 @@
 
 Row i of every `[B, T]` tensor is response i (file order); column t is its response token t + 1
 (1-based, docs/theory.md §1), T is the longest response, and positions t ≥ T_i are padding (`valid`
-is False there, `mask` is 0, ids are 0). `io.batch.make_batch` builds one from rollouts."""
+is False there, `mask` is 0, ids are 0). `ResponseBatch.from_padded` is its one constructor: the
+rollout reader (`io/rollouts/to_batch.py:make_batch`) pads the rows it read and calls it, the
+trainer integrations hand it the trainer's padded tensors, so both routes give the same bits."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from otb_diag.maths.returns import outcome_token_rewards
 
 
 def pad(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0, dtype=torch.float32):
@@ -61,3 +66,92 @@ class ResponseBatch:
     logprobs: Tensor | None
     sum_pi2: Tensor | None
     trainer_advantage: Tensor | None = None
+
+    @classmethod
+    def from_padded(
+        cls,
+        *,
+        group_names: Sequence[str],
+        group: Tensor,
+        prompt_ids: list[list[int]],
+        response_ids: Tensor,
+        length: Tensor,
+        temperature: float | Tensor,
+        step: int | None | Sequence[int | None],
+        sample: Tensor | None = None,
+        tool_mask: Tensor | None = None,
+        reward: Tensor | None = None,
+        token_rewards: Tensor | None = None,
+        has_token_rewards: Tensor | None = None,
+        is_weights: Tensor | None = None,
+        logprobs: Tensor | None = None,
+        sum_pi2: Tensor | None = None,
+        trainer_advantage: Tensor | None = None,
+    ) -> ResponseBatch:
+        """The batch of B responses given as right-padded `[B, C]` tensors, cut to the width
+        T = the longest `length` (at least one column, so that every `[B, T]` formula, a
+        baseline's G_0 or W_T, has a column to read even when every response is empty) and
+        set to the padding values beyond each response (0; 1 for `is_weights`).
+
+        group: `[B]` index into `group_names`; sample: `[B]` each row's number within its group
+        (None: its position among its group's rows); length: `[B]` response tokens (C may be
+        shorter than T only where no row needs the columns); temperature: one τ or `[B]`;
+        step: one for all rows or one per row; tool_mask: 1 on generated tokens (None: all);
+        reward: `[B]` outcome rewards, each put on its response's last generated token;
+        token_rewards: `[B, C]`, winning over `reward` on the rows `has_token_rewards` (`[B]`
+        bool) marks, all rows when None; is_weights (truncated ρ), logprobs, sum_pi2: `[B, C]`
+        or None, taken as they are (cleaned by the caller); trainer_advantage: `[B]` per
+        response or `[B, C]` per token, or None. Tensors on any device; the batch is on the
+        CPU, float32 and long."""
+        length = length.detach().cpu().to(torch.long)
+        n = len(length)
+        width = max(1, int(length.max())) if n else 0
+        valid = torch.arange(width)[None, :] < length[:, None]  # [B, T]
+
+        def cut(x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+            """`[B, C]` -> `[B, T]` of `dtype`, 0 beyond each response."""
+            x = x.detach().cpu()[:, :width].to(dtype)
+            return F.pad(x, (0, width - x.shape[1])) * valid  # C < T: all-empty rows only
+
+        mask = valid.to(torch.float32) if tool_mask is None else cut(tool_mask)
+        if token_rewards is None:
+            assert reward is not None, "give reward or token_rewards"
+            rewards = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
+        elif has_token_rewards is None:
+            rewards = cut(token_rewards)
+        else:
+            assert reward is not None, "rows without token_rewards take reward"
+            outcome = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
+            rewards = torch.where(has_token_rewards[:, None], cut(token_rewards), outcome)
+        advantage = None
+        if trainer_advantage is not None:
+            a = trainer_advantage.detach().cpu().to(torch.float32)
+            advantage = a[:, None] * valid if a.ndim == 1 else cut(a)  # per response: broadcast
+        group = group.detach().cpu().to(torch.long)
+        if sample is None:
+            sample = torch.zeros_like(group)
+            for k in range(len(group_names)):  # 0-based position within its group, in row order
+                rows = (group == k).nonzero()[:, 0]
+                sample[rows] = torch.arange(len(rows))
+        if isinstance(temperature, Tensor):
+            temperature = temperature.detach().cpu().to(torch.float32)
+        else:
+            temperature = torch.full((n,), float(temperature), dtype=torch.float32)
+        return cls(
+            group_names=list(group_names),
+            group=group,
+            sample=sample.detach().cpu().to(torch.long),
+            length=length,
+            prompt_ids=prompt_ids,
+            response_ids=cut(response_ids, torch.long),
+            valid=valid,
+            mask=mask,
+            token_rewards=rewards,
+            reward=(rewards * mask).sum(-1),  # R = Σ_t mask_t r_t
+            temperature=temperature,
+            step=list(step) if isinstance(step, Sequence) else [step] * n,
+            is_weights=None if is_weights is None else cut(is_weights) + ~valid,  # 1 on padding
+            logprobs=None if logprobs is None else cut(logprobs),
+            sum_pi2=None if sum_pi2 is None else cut(sum_pi2),
+            trainer_advantage=advantage,
+        )

@@ -1,11 +1,16 @@
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
+from otb_diag.integrations.dump import batch_rows
+from otb_diag.integrations.step_metrics import round_off_clamped
+from otb_diag.io.atomic import write_jsonl
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
+from otb_diag.maths.response_batch import ResponseBatch
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -78,3 +83,56 @@ def test_untokenized_rows_are_refused(tmp_path: Path) -> None:
     rows = [{"group": 0, "prompt": "a", "response": "b", "reward": 1.0}]
     with pytest.raises(ValueError, match="tokenize_rollouts"):
         make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
+
+
+def trainer_tensors(seed: int = 0) -> dict:
+    """A step as a trainer hands it over: right-padded `[B, C]` tensors (C beyond the longest
+    response), anything beyond each response, tool output inside some, one reward and one
+    advantage per response, log p with bf16 round-off above 0 and Σπ² an ulp below p²."""
+    g = torch.Generator().manual_seed(seed)
+    b, c = 8, 9
+    length = torch.randint(1, c - 1, (b,), generator=g)
+    logprobs = -torch.rand(b, c, generator=g) * 2
+    logprobs[0, 0] = 2.0**-9  # round-off: clamped to 0
+    sum_pi2 = torch.exp(2 * logprobs) + 0.05 * torch.rand(b, c, generator=g)
+    sum_pi2[1, 0] = torch.exp(2 * logprobs[1, 0]) * (1 - 2.0**-20)  # below p²: clamped to it
+    return {
+        "group_names": ["p0", "p1"],
+        "group": torch.arange(b) // 4,
+        "prompt_ids": [[1, 2 + i % 3] for i in range(b)],
+        "response_ids": torch.randint(3, 50, (b, c), generator=g),
+        "length": length,
+        "tool_mask": (torch.rand(b, c, generator=g) > 0.2).float(),
+        "reward": torch.randn(b, generator=g),
+        "trainer_advantage": torch.randn(b, generator=g),
+        "temperature": 0.9,
+        "step": 4,
+        "is_weights": 0.5 + torch.rand(b, c, generator=g),
+        **round_off_clamped(logprobs, sum_pi2),
+    }
+
+
+def test_a_trainer_step_reads_back_as_the_same_batch(tmp_path: Path) -> None:
+    """The one constructor: the batch the integrations build of a trainer's padded tensors and
+    the reader's batch of the same rows dumped (`dump.py`) are equal tensor by tensor: the same
+    dtypes, shapes and float32 values (a padding zero may differ in sign: `x · 0` of a trainer's
+    negative padding is −0)."""
+    live = ResponseBatch.from_padded(**trainer_tensors())
+    path = tmp_path / "step.jsonl"
+    write_jsonl(path, batch_rows(live))
+    back = make_batch(load_rollouts(path))
+    assert back.group_names == live.group_names and back.prompt_ids == live.prompt_ids
+    assert back.step == live.step == [4] * 8
+    for field in fields(ResponseBatch):
+        a, b = getattr(back, field.name), getattr(live, field.name)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and a.shape == b.shape, field.name
+            assert torch.equal(a, b), field.name
+
+
+def test_all_empty_responses_keep_one_column(tmp_path: Path) -> None:
+    """Every response empty (all generations aborted): one padding column, from either route."""
+    rows = [{"group": "a", "prompt_ids": [1], "response_ids": [], "reward": 1.0}] * 2
+    batch = make_batch(load_rollouts(write(tmp_path / "r.jsonl", rows)))
+    assert batch.mask.shape == batch.token_rewards.shape == (2, 1)
+    assert batch.reward.tolist() == [0.0, 0.0] and not batch.valid.any()
