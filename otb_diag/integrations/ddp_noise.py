@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from otb_diag.maths.variance.budget_stream import SPLIT
 from otb_diag.maths.variance.two_batch import two_batch_noise
 
 NAME = "params"  # logged as otb/split/params/<field>, beside the head-mode split's baselines
@@ -79,7 +80,7 @@ class DdpNoise:
         est = two_batch_noise(small_sq, big_sq, self.b_small, b_big)
         values = {"grad_sq": est.grad_sq, "total": est.total, "small_sq": small_sq}
         values |= {"big_sq": big_sq, "prompts_small": self.b_small, "prompts_big": b_big}
-        return {f"split/{NAME}/{k}": float(v) for k, v in values.items()}
+        return {f"{SPLIT}{NAME}/{k}": float(v) for k, v in values.items()}
 
 
 def install_ddp_noise(trainer: Any) -> Any:

@@ -30,6 +30,7 @@ from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, ha
 from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.maths.variance.budget_stream import SPLIT
 from otb_diag.maths.variance.step_split import (
     response_contributions,
     step_shape,
@@ -172,13 +173,13 @@ def split_metrics(
     stats = logged_stats(batch)
     tir = has_tool_output(batch.mask, batch.valid)
     scores = scores[:, : batch.mask.shape[1]].cpu()
-    out = {f"split/{k}": v for k, v in step_shape(batch.mask, batch.group).items()}
+    out = {SPLIT + k: v for k, v in step_shape(batch.mask, batch.group).items()}
     for name, options in baselines.items():
         estimator = Estimator(handle_zero_tail, tir, options=dict(options))
         found = batch_advantages(batch, stats.w, [name], estimator)
         advantages = without_rounding(found.by_baseline[name], found.returns)
         x = response_contributions(scores, advantages, batch.mask, aggregation)  # [B, k]
-        out.update({f"split/{name}/{k}": v for k, v in step_split(x, batch.group).items()})
+        out.update({f"{SPLIT}{name}/{k}": v for k, v in step_split(x, batch.group).items()})
     return {PREFIX + k: v for k, v in out.items()}
 
 
