@@ -13,9 +13,9 @@ from zero_tail_step import LONGEST, SECOND, W_BODY, W_TAIL, dumped_step
 
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.report.sections import Run, energy_tables
 from otb_diag.pipelines.report.verdicts import energy_verdicts
-from otb_diag.pipelines.results.read import read_summary
 
 
 def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response(
@@ -80,7 +80,7 @@ def test_the_report_carries_the_split_the_note_and_the_empty_responses(tmp_path:
     out = tmp_path / "energy"
     run_energy(Inputs(rollouts=dumped_step(tmp_path / "s.jsonl")), out, model_free=True,
                progress=False)  # fmt: skip
-    result = read_summary(out)  # summary.json read back, as `report` reads it
+    ((_, _, result),) = find_runs(out)  # summary.json read back, as `report` reads it
     (verdict,) = energy_verdicts(result, "step 22")
     otb, mean = result.proxies["otb"], result.proxies["mean"]
     ratio = otb["proxy2_total_power"] / mean["proxy2_total_power"]

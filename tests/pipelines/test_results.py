@@ -17,11 +17,12 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
+from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.inspect import InspectResult
-from otb_diag.pipelines.results.read import read_summary
+from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.report import ReportResult
 from otb_diag.pipelines.results.sample import SampleDistributed, SampleResult
 from otb_diag.pipelines.results.schema import SCHEMA_VERSION
@@ -32,27 +33,33 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
+def read_run(run_dir: Path) -> Result:
+    """The result of the one run in `run_dir`, read back as `report` and `regress` read it
+    (`find_runs`: its summary.json through `results/read.py:result_from_json`)."""
+    ((_, _, result),) = find_runs(run_dir)
+    return result
+
+
 @pytest.mark.parametrize(("run", "cls"), [("energy", EnergyResult), ("variance", VarianceResult)])
 def test_summary_json_round_trips(runs: Path, run: str, cls: type) -> None:
     path = runs / run / "summary.json"
     written = json.loads(path.read_text(encoding="utf-8"))
-    result = read_summary(runs / run)
+    result = read_run(runs / run)
     assert isinstance(result, cls)
     assert result.to_json() == written
     # The version leads, then the command, then the fields in declaration order.
     assert list(written)[:2] == ["schema_version", "command"]
     assert written["schema_version"] == SCHEMA_VERSION and written["command"] == cls.command
-    assert read_summary(path) == result  # the file or its directory
 
 
 def test_format_reads_the_fields(runs: Path) -> None:
-    energy = read_summary(runs / "energy")
+    energy = read_run(runs / "energy")
     assert isinstance(energy, EnergyResult)
     text = energy.format()
     assert f"mean W(τ) {energy.energy.sequence_energy_mean:.3g}" in text
     assert f"{energy.totals.responses} responses in {energy.totals.groups} groups" in text
     assert f"wrote {len(energy.outputs)} files to {energy.out}" in text
-    variance = read_summary(runs / "variance")
+    variance = read_run(runs / "variance")
     assert isinstance(variance, VarianceResult)
     text = variance.format()
     for claim in variance.paper_claim:
@@ -74,7 +81,7 @@ def test_other_versions_are_refused_by_name(
         data["schema_version"] = version
     (old / "summary.json").write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(InputError) as caught:
-        read_summary(old)
+        read_run(old)
     assert caught.value.path == old / "summary.json"
     assert "Re-run `otb-diag variance-compare`" in str(caught.value)
     # report and regress read through the same reader: exit 2, the file named, nothing written
@@ -93,7 +100,7 @@ def test_a_missing_field_is_an_input_error(runs: Path, tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(InputError, match="lacks a field") as caught:
-        read_summary(path)
+        read_run(tmp_path)
     assert caught.value.path == path
 
 

@@ -20,18 +20,14 @@ its vocabulary, by `tokenize.py`, once the checkpoint is loaded (its ids pass th
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS, check_probabilities
 from otb_diag.io.rollouts.records import READERS, open_records
 from otb_diag.io.rollouts.rows import KEYS, RawRow, Response
 from otb_diag.io.trainers import dump_trainer
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # Per-token fields: one entry per response token.
 TOKEN_FIELDS = ("mask", "logprobs", "sum_pi2", "is_weights", "token_rewards")
@@ -57,12 +53,6 @@ class Rollouts:
 
     def __post_init__(self) -> None:
         self.row_word = "row" if self.format.endswith("parquet") else "line"
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per response, one column per `Response` field."""
-        import pandas as pd
-
-        return pd.DataFrame([asdict(r) for r in self.responses])
 
     def error(
         self, source_row: int, message: str, *, field: str | None = None, hint: str | None = None

@@ -73,11 +73,6 @@ class Baseline:
         """Takes truncated importance weights ρ (as `w·ρ²` in its energy)."""
         return "is_weights" in self.options
 
-    @property
-    def supports_tir(self) -> bool:
-        """Re-indexes by generated-token count when responses hold tool output (verl's TIR)."""
-        return "tir" in self.options
-
 
 BASELINES: dict[str, Baseline] = {}
 

@@ -109,11 +109,6 @@ def golden_regression(golden: Path, runs: list[Run]) -> Regression:
     return Regression(f"the golden file {golden}", regress.counts(rows), failing)
 
 
-def build_report(dirs: Sequence[Path], golden: Path | None = None) -> str:
-    """The whole HTML page for the runs under `dirs`."""
-    return _page(dirs, golden)[0]
-
-
 def _page(
     dirs: Sequence[Path], golden: Path | None
 ) -> tuple[str, list[Run], list[Verdict], list[str]]:

@@ -144,12 +144,10 @@ def test_verl_dump_without_step_or_uid_is_an_error(tmp_path: Path) -> None:
     assert "line 2" in message and "field 'step'" in message
 
 
-def test_to_frame_has_one_row_per_response(tmp_path: Path) -> None:
+def test_one_response_per_row(tmp_path: Path) -> None:
     rollouts = load_rollouts(write_jsonl(tmp_path / "r.jsonl", [good_row(), text_row()]))
-    frame = rollouts.to_frame()
-    assert len(frame) == 2
-    assert frame.loc[0, "response_ids"] == [3, 1, 2]
-    assert list(frame.columns) == [f.name for f in dataclasses.fields(Response)]
+    assert len(rollouts.responses) == 2
+    assert rollouts.responses[0].response_ids == [3, 1, 2]
 
 
 # --- property: JSONL and Parquet round trip -------------------------------------------------
