@@ -25,7 +25,7 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import outcome_token_rewards
 
 
-def step_file(dump_dir: Path, step: int) -> Path:
+def _step_file(dump_dir: Path, step: int) -> Path:
     """Where step `step`'s rows go (the step is the last number of the name, which is how
     `io/rollouts/sources.py:file_step` orders a directory's files)."""
     return dump_dir / f"step_{step:06d}.jsonl"
@@ -95,6 +95,6 @@ def dump_step(
     if estimator is not None and batch.trainer_advantage is not None:
         record = {"baseline": estimator[0], "options": dict(estimator[1])}
         rows = [{**row, "advantage_estimator": record} for row in rows]
-    dest = step_file(dump_dir, step)
+    dest = _step_file(dump_dir, step)
     write_jsonl(dest, rows)
     return dest

@@ -176,7 +176,7 @@ def gather_shares(share: _Share) -> list[_Share]:
     return gather_object([share])
 
 
-def concat_rows(parts: Sequence[_Rows]) -> _Rows:
+def _concat_rows(parts: Sequence[_Rows]) -> _Rows:
     """The processes' rows one after the other, each tensor right-padded with 0 to the widest."""
 
     def cat(tensors: list[Tensor]) -> Tensor:  # [n_r, C_r, ...] -> [Σ n_r, max C_r, ...]
@@ -461,7 +461,7 @@ class LiveDiagnostics:
         beside the backward pass and the optimizer step (torch's kernels release the GIL);
         `collect`, at the step's end, logs them before TRL does."""
         self._check_dump_dirs(shares)
-        rows = concat_rows([s.rows for s in shares if s.rows is not None])
+        rows = _concat_rows([s.rows for s in shares if s.rows is not None])
         batch = self._batch(p.step, rows)
         check_whole_groups(batch, f"TRL step {p.step}")
         scores = rows.scores

@@ -51,12 +51,9 @@ if TYPE_CHECKING:
     from otb_diag.integrations.trl import LiveDiagnostics
 
 EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1 at each step whose W took a no-grad forward
-# The estimator options `Estimator` offers every baseline; a baseline takes those in its
-# signature (`Baseline.options`). `is_weights` is the rollouts', never an option.
-ESTIMATOR_OPTIONS = ("handle_zero_tail", "tir", "eps")
 
 
-def estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+def _estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
     """(registry name, options) of the estimator `advantages=name` runs in TRL: the options
     the trainer documents for it (`grpo`: ε = 1e-4), then `options`; the zero-tail choice is
     written out for a baseline that takes it, so an audit reads what ran whatever its own
@@ -77,7 +74,7 @@ def estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str,
 
 class AdvantageSwap:
     """What `attach(trainer, advantages=...)` installs: the registry estimator `record`
-    (`estimator_record`) in place of TRL's advantages, on every training generation."""
+    (`_estimator_record`) in place of TRL's advantages, on every training generation."""
 
     def __init__(
         self, trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[str, Any]]
@@ -162,7 +159,7 @@ def check_advantages(name: Any, options: Any) -> tuple[str, dict[str, Any]]:
         )
     if options is not None and not isinstance(options, Mapping):
         raise InputError(f"advantage_options must be a mapping; got {options!r}.")
-    return estimator_record(name, options)
+    return _estimator_record(name, options)
 
 
 def install_swap(trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[str, Any]]) -> None:

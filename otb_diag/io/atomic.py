@@ -83,11 +83,11 @@ def staged_output(out: str | Path) -> Iterator[Path]:
 
     A run killed outright (SIGKILL, the machine going down) cleans nothing: its staging
     directory, named after the machine and the process, is removed by the next run into `out`
-    once that process is gone (`remove_stale_staging`)."""
+    once that process is gone (`_remove_stale_staging`)."""
     out = Path(out)
     existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
+    _remove_stale_staging(out)
     stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_host()}-{os.getpid()}-", dir=out))
     try:
         yield stage
@@ -99,7 +99,7 @@ def staged_output(out: str | Path) -> Iterator[Path]:
             out.rmdir()
 
 
-def remove_stale_staging(out: Path) -> list[Path]:
+def _remove_stale_staging(out: Path) -> list[Path]:
     """Remove the staging directories in `out` whose run, on this machine, no longer exists;
     those of a live process (another run into `out`), of another machine (a shared file
     system) or not named by `staged_output` are left alone. Returns the removed ones."""

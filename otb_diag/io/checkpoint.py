@@ -94,7 +94,7 @@ def find_checkpoints(path: str | Path) -> list[Path]:
     model folder with a `config.json` among `huggingface`, `actor/huggingface` and `actor` is used.
     """
     root = Path(path)
-    if is_gguf(root):
+    if _is_gguf(root):
         return [root]
     _require_directory(root)
     if (root / "config.json").is_file():
@@ -137,8 +137,8 @@ def load_checkpoint(
     target = resolve_device(str(device)) if device_map is None else None
     placement = device_map_kwargs(device_map)
     root = Path(path).resolve()
-    if is_gguf(root):
-        weights: dict[str, Any] = gguf_kwargs(root)
+    if _is_gguf(root):
+        weights: dict[str, Any] = _gguf_kwargs(root)
         source = root.parent
     else:
         _require_directory(root)
@@ -200,8 +200,8 @@ def load_tokenizer(
     """The tokenizer of the checkpoint at `path` and the model's vocabulary size (from its config),
     without loading the weights: enough to tokenize and bound-check rollouts."""
     root = Path(path).resolve()
-    if is_gguf(root):
-        source, extra = root.parent, gguf_kwargs(root)
+    if _is_gguf(root):
+        source, extra = root.parent, _gguf_kwargs(root)
     else:
         _require_directory(root)
         _check_config(root, trust_remote_code)
@@ -222,7 +222,7 @@ def _load_matching_tokenizer(
 ) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    source, extra = (root.parent, gguf_kwargs(root)) if is_gguf(root) else (root, {})
+    source, extra = (root.parent, _gguf_kwargs(root)) if _is_gguf(root) else (root, {})
     with no_transformers_progress_bars():
         tokenizer = AutoTokenizer.from_pretrained(
             source, local_files_only=True, trust_remote_code=trust_remote_code, **extra
@@ -237,12 +237,12 @@ def _load_matching_tokenizer(
     return tokenizer
 
 
-def is_gguf(path: Path) -> bool:
+def _is_gguf(path: Path) -> bool:
     """Whether `path` names a GGUF file (llama.cpp's single-file format) rather than a directory."""
     return path.suffix.lower() == ".gguf" and not path.is_dir()
 
 
-def gguf_kwargs(path: Path) -> dict[str, Any]:
+def _gguf_kwargs(path: Path) -> dict[str, Any]:
     """`from_pretrained` arguments for the GGUF file `path` (loaded from its folder with
     `gguf_file=`; transformers de-quantizes it to a float model); `InputError` when the file is
     missing or the optional `gguf` package is not installed."""

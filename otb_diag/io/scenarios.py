@@ -44,7 +44,7 @@ def check_scenario(scenario: str) -> str:
     return scenario
 
 
-def scenario_dir(scenario: str = "default") -> Path:
+def _scenario_dir(scenario: str = "default") -> Path:
     """The shipped directory of `scenario`; an unknown or missing one is an `InputError`."""
     path = LAB_DIR / check_scenario(scenario)
     if not (path / "rollouts.jsonl").is_file():
@@ -59,12 +59,12 @@ def scenario_dir(scenario: str = "default") -> Path:
 
 def default_rollouts(scenario: str = "default") -> Path:
     """The rollouts file of `scenario`, sampled from its final checkpoint."""
-    return scenario_dir(scenario) / "rollouts.jsonl"
+    return _scenario_dir(scenario) / "rollouts.jsonl"
 
 
 def default_checkpoints(scenario: str = "default") -> list[Path]:
     """All shipped checkpoints of `scenario`'s training run, oldest first (`checkpoint-<step>`)."""
-    root = scenario_dir(scenario) / "checkpoints"
+    root = _scenario_dir(scenario) / "checkpoints"
     dirs = [p for p in root.glob("checkpoint-*") if p.is_dir()]
     return sorted(dirs, key=lambda p: int(p.name.split("-")[-1]))
 
@@ -73,5 +73,5 @@ def default_checkpoint(scenario: str = "default") -> Path:
     """The final shipped checkpoint of `scenario`: the one its rollouts were sampled from."""
     ckpts = default_checkpoints(scenario)
     if not ckpts:
-        raise FileNotFoundError(f"no embedded checkpoint under {scenario_dir(scenario)}")
+        raise FileNotFoundError(f"no embedded checkpoint under {_scenario_dir(scenario)}")
     return ckpts[-1]

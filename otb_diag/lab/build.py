@@ -154,7 +154,7 @@ def _build_environment(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(old_deterministic)
 
 
-def evaluate(
+def _evaluate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     rng: np.random.Generator,
@@ -291,7 +291,7 @@ def build_lab(
                     "step": step,
                     "dir": str(path.relative_to(out_dir)),
                     "train_loss": float(np.mean(losses[max(0, step - 50) : step])),
-                    "pass_rate": evaluate(model, tokenizer, eval_rng, config),
+                    "pass_rate": _evaluate(model, tokenizer, eval_rng, config),
                 }
             )
             bar.update(1)

@@ -31,7 +31,7 @@ from otb_diag.lab.task import (
 IGNORE = -100  # label value that torch's cross-entropy skips
 
 
-def encode_example(
+def _encode_example(
     tokenizer: PreTrainedTokenizerFast, problem: Problem
 ) -> tuple[list[int], list[int]]:
     """Token ids of prompt + target response, and labels that train on generated tokens only.
@@ -50,7 +50,7 @@ def encode_example(
     return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + labels
 
 
-def collate(
+def _collate(
     examples: list[tuple[list[int], list[int]]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad a batch: `input_ids`, `attention_mask`, `labels`, each `[B, T]`."""
@@ -65,7 +65,9 @@ def collate(
     return input_ids, attention_mask, labels
 
 
-def sample_n_digits(rng: np.random.Generator, low: int = MIN_DIGITS, high: int = MAX_DIGITS) -> int:
+def _sample_n_digits(
+    rng: np.random.Generator, low: int = MIN_DIGITS, high: int = MAX_DIGITS
+) -> int:
     """Digit count of one training batch: log-uniform on [low, high].
 
     Log-uniform puts more steps on short problems, so they are learned first while long ones stay
@@ -95,7 +97,7 @@ def digit_ceiling(
     return max(digits[0], min(digits[1], int(grown)))
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to a tenth of `lr` (a calm end for the last checkpoint)."""
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -133,16 +135,16 @@ def train(
     model.train()
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step - 1, steps, lr, warmup)
-        n_digits = sample_n_digits(
+            group["lr"] = _lr_at(step - 1, steps, lr, warmup)
+        n_digits = _sample_n_digits(
             rng, digits[0], digit_ceiling(step - 1, steps, digits, curriculum)
         )
         # A fixed token budget per batch: short problems come many to a batch at almost no extra
         # cost (a step on a small model is mostly overhead), so they are learned well.
         n_problems = max(1, batch_tokens // problem_tokens(ops[0], n_digits))
         problems = make_problems(rng, n_problems, n_digits, ops)
-        batch = [encode_example(tokenizer, p) for p in problems]
-        input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id)
+        batch = [_encode_example(tokenizer, p) for p in problems]
+        input_ids, attention_mask, labels = _collate(batch, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

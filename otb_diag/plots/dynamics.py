@@ -206,7 +206,7 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: Sequence[RunMarks]) -
     return fig
 
 
-def run_label(rows: pd.DataFrame) -> str:
+def _run_label(rows: pd.DataFrame) -> str:
     """`baseline, N=n` for the score-against-tokens legend ("?" for what the log lacks)."""
     baseline, size = _identity(rows)
     return f"{baseline}, N={int(size) if np.isfinite(size) else UNKNOWN}"
@@ -219,7 +219,7 @@ def fig_score_vs_tokens(
     `baseline, N=n` (the run name added when two runs share a label), with the target score as
     a dotted line and each run's tokens-to-target as a marker."""
     styles, results = _styles(table), _results(runs)
-    labels = {run: run_label(rows) for run, rows in table.groupby("run", sort=False)}
+    labels = {run: _run_label(rows) for run, rows in table.groupby("run", sort=False)}
     shared = {label for label in labels.values() if list(labels.values()).count(label) > 1}
     fig, ax = new_figure(height_in=2.6)
     with mpl.rc_context(STYLE):

@@ -68,7 +68,7 @@ def _mix(x: Tensor, rounds: int = 3) -> Tensor:
     return x
 
 
-def stream_keys(seeds: Tensor, step: int) -> Tensor:
+def _stream_keys(seeds: Tensor, step: int) -> Tensor:
     """`[B]` int64: the key of each row's stream at `step`, output `step + 1` of SplitMix64
     seeded with the row's seed: `k_bs = mix(seed_b + γ·(s + 1))`."""
     return _mix(seeds + _int64(_GAMMA * (step + 1) % (1 << 64)))
@@ -78,7 +78,7 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     """`u [B, V]` float32 in (0, 1): `u_bv` a function of (seeds[b], step, v) alone.
 
     `u_bv = (⌊mix(k_bs + γ·(v + 1)) / 2^41⌋ + ½) / 2^23`: the top 23 bits of output `v + 1` of
-    SplitMix64 from the stream key `k_bs` (`stream_keys`), centred in its cell, so u is never 0
+    SplitMix64 from the stream key `k_bs` (`_stream_keys`), centred in its cell, so u is never 0
     or 1 and the Gumbel noise `−log(−log u)` stays finite (within [−2.82, 16.64]: the Gumbel tail
     beyond has probability 6e-8). Two rows' (or steps') streams overlap only when their keys
     differ by γ·d for some |d| < V: probability about 2V/2^64 per pair.
@@ -86,7 +86,7 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     `HASH_COLUMNS` at a time into the `[B, V]` result, whose conversion and centring are exact
     (integers below 2^23, a power-of-two scale), so the chunking changes no bit.
     """
-    keys = stream_keys(seeds, step)[:, None]  # [B, 1]
+    keys = _stream_keys(seeds, step)[:, None]  # [B, 1]
     u = torch.empty(len(seeds), vocab, device=seeds.device)
     for lo in range(0, vocab, HASH_COLUMNS):
         hi = min(lo + HASH_COLUMNS, vocab)

@@ -12,7 +12,7 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import pad_batch
 
 
-def response_logprobs(model: PreTrainedModel, batch: ResponseBatch) -> Tensor:
+def _response_logprobs(model: PreTrainedModel, batch: ResponseBatch) -> Tensor:
     """`[B, T]` tempered `log π_θ(y_t | x, y_<t) = log_softmax(z_t / τ)[y_t]`, differentiable,
     0 on padding. One right-padded forward pass over `prompt ⧺ response` rows."""
     responses = [
@@ -45,4 +45,4 @@ def surrogate_loss(
     L is an ascent step along the policy-gradient estimate ĝ of docs/theory.md §3, and ‖∇L‖ = ‖ĝ‖.
     """
     c = aggregation_weights(aggregation, batch.mask)  # [B, T], 0 off the mask
-    return -(c * advantages * response_logprobs(model, batch)).sum()
+    return -(c * advantages * _response_logprobs(model, batch)).sum()

@@ -50,10 +50,10 @@ def check_probabilities(r: Response, fail: Fail) -> tuple[Response, dict[str, in
     return replace(r, logprobs=logprobs, sum_pi2=sum_pi2), counts
 
 
-Cleaned = tuple[list[float] | None, list[float] | None, dict[str, int]]
+_Cleaned = tuple[list[float] | None, list[float] | None, dict[str, int]]
 
 
-def _clean_rows(r: Response) -> Cleaned | None:
+def _clean_rows(r: Response) -> _Cleaned | None:
     """`_clean_entries`' result with array operations, or None when some entry may break a rule.
 
     Exactly the loop's values: `where(lp > 0, 0, lp)` is `min(lp, 0.0)`; `np.exp` may differ
@@ -91,7 +91,7 @@ def _clean_rows(r: Response) -> Cleaned | None:
     return logprobs, sum_pi2, counts
 
 
-def _clean_entries(r: Response, fail: Fail) -> Cleaned:
+def _clean_entries(r: Response, fail: Fail) -> _Cleaned:
     """Entry by entry: the reference `_clean_rows` follows; raises at the first bad entry."""
     counts = dict.fromkeys(CLAMPED_FIELDS, 0)
     logprobs = None

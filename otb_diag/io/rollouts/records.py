@@ -2,7 +2,7 @@
 never by the file: JSON Lines one line at a time, Parquet through pyarrow record batches.
 
 `open_records(path, keep)` checks the file, reads its first row's keys (Parquet: its columns) and
-hands over its records lazily. `jsonl_records(path, keep)` and `parquet_records(path, keep)` yield
+hands over its records lazily. `jsonl_records(path, keep)` and `_parquet_records(path, keep)` yield
 `(index, source_row, record)` in file order: `index` counts rows from 0, `source_row` is what
 error messages name (JSONL line, 1-based; Parquet row, 0-based). Which suffix is read by which is
 `READERS`. Rows that `keep(index)` rejects are skipped before they are decoded: a rank that
@@ -89,7 +89,7 @@ def jsonl_records(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Re
             yield index - 1, number, record
 
 
-def parquet_records(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
+def _parquet_records(path: Path, keep: Callable[[int], bool] | None) -> Iterator[Record]:
     """Record batches of `PARQUET_BATCH_ROWS`; nulls become None, so they read as absent."""
     import pyarrow as pa
 
@@ -130,7 +130,7 @@ class RolloutReader(NamedTuple):
 
 
 _JSONL = RolloutReader("jsonl", jsonl_records)
-_PARQUET = RolloutReader("parquet", parquet_records)
+_PARQUET = RolloutReader("parquet", _parquet_records)
 
 # File suffix (lower case) -> its reader: the one list of readable rollout files. `sources.py`
 # picks the files of a directory or a glob by these suffixes; a new format is one entry here.

@@ -74,7 +74,7 @@ class PromptUids:
         return group
 
 
-def verl_record_mapper() -> Prepare:
+def _verl_record_mapper() -> Prepare:
     """A fresh mapper for one dump file: `uid` becomes the prompt's (`PromptUids`)."""
     uids = PromptUids()
 
@@ -98,7 +98,7 @@ VERL = Trainer(
         "reward": ("score",),
     },
     prepare=None,
-    prepare_file=verl_record_mapper,
+    prepare_file=_verl_record_mapper,
     dump_dir=None,
     log_signature=("actor/grad_norm", "critic/score/mean", "critic/rewards/mean"),
     log_keys={

@@ -72,7 +72,7 @@ def energy_tables(
         proxies["otb"] |= zero_tail_parts(batch, stats.w, computed, proxies["otb"])
 
     rows, cols = batch.valid.nonzero(as_tuple=True)
-    sequences = sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
+    sequences = _sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
     # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
     ends = np.cumsum(batch.valid.sum(-1).numpy())
     paths = np.split(energy[rows, cols].numpy(), ends[:-1])  # [B] of [length_i]
@@ -128,7 +128,7 @@ def zero_tail_parts(
     return {ZERO_TAIL + p: otb[p] - rest[p] for p in ZERO_TAIL_PROXIES}
 
 
-def sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
+def _sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
     """One row per response: `energy` is W(τ) = W_T; `energy_rank` is 1 for the lowest energy
     of its group; `mean_w` averages w over the generated tokens."""
     generated = batch.mask.sum(-1)

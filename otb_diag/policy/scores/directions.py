@@ -52,7 +52,7 @@ class Block:
     offset: int
 
 
-def name_key(name: str) -> int:
+def _name_key(name: str) -> int:
     """A stable 32-bit key of a parameter name (CRC-32; Python's `hash` is salted per process)."""
     return zlib.crc32(name.encode("utf-8"))
 
@@ -69,7 +69,7 @@ def unit_pieces(
     straight into its slice (no stacking copy; the caller applies `1/√k` where it is cheapest)."""
     out = torch.empty(len(directions), *shape, device=device)
     for piece, j in zip(out, directions, strict=True):
-        state = np.random.SeedSequence([seed, STREAM_DIRECTIONS, j, name_key(name)])
+        state = np.random.SeedSequence([seed, STREAM_DIRECTIONS, j, _name_key(name)])
         generator = torch.Generator(device=device).manual_seed(int(state.generate_state(1)[0]))
         torch.randn(*shape, generator=generator, device=device, out=piece)
     return out

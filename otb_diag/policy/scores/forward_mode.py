@@ -208,7 +208,7 @@ def forward_scores(
     proj = torch.zeros(n_rows, width, sum(b.k for b in blocks))
     lengths = batch.length.tolist()
     wrapper = _TokenLogProbs(model, chunk_size)
-    frozen = padding_rows(model)
+    frozen = _padding_rows(model)
     packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
     planned = chunked_attention.scores_per_chunk(
         attention_scores or chunked_attention.SCORES_PER_CHUNK
@@ -241,7 +241,7 @@ def forward_scores(
     return proj
 
 
-def padding_rows(model: nn.Module) -> dict[str, int]:
+def _padding_rows(model: nn.Module) -> dict[str, int]:
     """`{weight name: padding_idx}` of the `nn.Embedding`s with a padding row that are not tied
     to the output layer (module docstring)."""
     head = model.get_output_embeddings()
