@@ -30,7 +30,7 @@ DEBUG_ENV = "OTB_DIAG_DEBUG"
 REPORT_URL = "the otb-diag issue tracker"
 
 
-def debug_enabled() -> bool:
+def _debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
@@ -56,15 +56,15 @@ def friendly_errors(fn: F) -> F:
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as err:
-            if debug_enabled():
+            if _debug_enabled():
                 raise
-            typer.echo(internal_error_report(fn.__name__, err), err=True)
+            typer.echo(_internal_error_report(fn.__name__, err), err=True)
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-def internal_error_report(command: str, err: BaseException) -> str:
+def _internal_error_report(command: str, err: BaseException) -> str:
     """One paragraph for an unexpected exception: what failed, where the full traceback was
     saved (a new file in the temporary directory) and how to report it."""
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))

@@ -37,7 +37,7 @@ _GENERIC_STEMS = {"metrics", "trainer_state", "history", "log", "logs"}
 _CHECKPOINT_DIR = re.compile(r"^(checkpoint-\d+|global_step_?\d+|checkpoints?|logs?)$")
 
 
-def run_name(path: Path) -> str:
+def _run_name(path: Path) -> str:
     """The run a log belongs to: its file stem, or for a generic name its run directory (the
     first folder above it that is not a checkpoint folder)."""
     if path.stem not in _GENERIC_STEMS:
@@ -49,10 +49,10 @@ def run_name(path: Path) -> str:
 
 
 def default_names(paths: list[Path]) -> list[str]:
-    """Run names (`run_name`), made unique with #2, #3, ..."""
+    """Run names (`_run_name`), made unique with #2, #3, ..."""
     names: list[str] = []
     for path in paths:
-        base = run_name(path)
+        base = _run_name(path)
         name, k = base, 1
         while name in names:
             k += 1
@@ -61,7 +61,7 @@ def default_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def seed_names(labels: list[str]) -> list[str]:
+def _seed_names(labels: list[str]) -> list[str]:
     """Run names for `labels`: a label one run has names it; the runs sharing a label (one arm's
     seeds) are `label#1`, `label#2`, … in order."""
     counts = {label: labels.count(label) for label in labels}
@@ -78,14 +78,14 @@ def run_dynamics(
 ) -> DynamicsResult:
     """Read every log, analyse it, write the table, collapse.json and the figures; returns the
     result (collapse.json is its `to_json()`). `names`: one label per log, the runs sharing one
-    being one arm's seeds (`seed_names`); none: `default_names`, one arm per run."""
+    being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run."""
     labels = names or default_names(logs)
     if len(labels) != len(logs):
         raise InputError(
             f"{len(labels)} --label for {len(logs)} --log: give one label per log, or none",
             field="--label",
         )
-    names = seed_names(labels)
+    names = _seed_names(labels)
     tables, runs, budgets = [], [], []
     for path, name, label in zip(logs, names, labels, strict=True):
         log = read_training_log(path)
@@ -126,13 +126,13 @@ def run_dynamics(
         write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
         data["budget"] = budget
     if arms:  # several runs: the comparison at equal tokens, its table and figure
-        write_with(out / "comparison.csv", lambda p: comparison_table(arms).to_csv(p, index=False))
+        write_with(out / "comparison.csv", lambda p: _comparison_table(arms).to_csv(p, index=False))
         data |= {"arms": arms, "arm_of": dict(zip(names, labels, strict=True))}
     save_figures("dynamics", data, out)
     return result
 
 
-def comparison_table(arms: list[DynamicsArm]) -> pd.DataFrame:
+def _comparison_table(arms: list[DynamicsArm]) -> pd.DataFrame:
     """comparison.csv: one row per arm, its per-run lists joined by "; " ("" for a run without
     a collapse or that never reached the target)."""
     rows = []

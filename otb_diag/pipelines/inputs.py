@@ -54,7 +54,7 @@ class Inputs:
         return checkpoint_dirs(self.ckpt, self.scenario, say)
 
 
-def or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
+def _or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
     """`value`, or the embedded default with a note saying it was used. `default` is called
     only then: finding a scenario's files fails when it is not shipped, which must not matter
     to a user who named their own."""
@@ -68,11 +68,11 @@ def or_default(value: Path | None, default: Callable[[], Path], what: str, say: 
 def rollouts_or_default(
     rollouts: Path | None, scenario: str, say: Say, what: str = "--rollouts"
 ) -> Path:
-    return or_default(rollouts, lambda: default_rollouts(scenario), what, say)
+    return _or_default(rollouts, lambda: default_rollouts(scenario), what, say)
 
 
 def checkpoint_or_default(ckpt: Path | None, scenario: str, say: Say, what: str = "--ckpt") -> Path:
-    return or_default(ckpt, lambda: default_checkpoint(scenario), what, say)
+    return _or_default(ckpt, lambda: default_checkpoint(scenario), what, say)
 
 
 def checkpoint_dirs(ckpt: list[Path] | None, scenario: str, say: Say) -> list[Path]:

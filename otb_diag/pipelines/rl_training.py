@@ -124,7 +124,7 @@ def scenario_settings(scenario: str, **overrides: Any) -> TrainSettings:
     return TrainSettings(**base | {k: v for k, v in overrides.items() if v is not None})
 
 
-def check_settings(settings: TrainSettings) -> None:
+def _check_settings(settings: TrainSettings) -> None:
     """Raise `InputError` for a setting that cannot run, before anything is loaded."""
     get_baseline(settings.baseline)  # unknown name: lists the known ones
     aggregation_weights(settings.aggregation, torch.ones(1, 1))  # likewise
@@ -138,7 +138,9 @@ def check_settings(settings: TrainSettings) -> None:
         raise InputError(f"temperature must be positive, got {settings.temperature}.")
 
 
-def draw_prompts(rng: np.random.Generator, n: int, cells: tuple[tuple[str, int], ...]) -> list[str]:
+def _draw_prompts(
+    rng: np.random.Generator, n: int, cells: tuple[tuple[str, int], ...]
+) -> list[str]:
     """`n` prompts: (op, digit count) cells drawn uniformly with replacement, random digits."""
     picks = rng.integers(0, len(cells), size=n)
     return [make_problem(rng, *cells[k]).prompt for k in picks]
@@ -229,7 +231,7 @@ def train(
 ) -> TrainResult:
     """Run `settings.steps` RL steps from the checkpoint `ckpt`, writing into `out` (module
     docstring); returns the result whose `to_json()` is `out/train.json`."""
-    check_settings(settings)
+    _check_settings(settings)
     loaded = load_checkpoint(ckpt, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
     _check_positions(model, tokenizer, settings)
@@ -248,7 +250,7 @@ def train(
     ):
         torch.manual_seed(settings.seed)
         for step in range(1, settings.steps + 1):
-            prompts = draw_prompts(rng, settings.prompts_per_step, settings.prompt_cells)
+            prompts = _draw_prompts(rng, settings.prompts_per_step, settings.prompt_cells)
             rows_path = out / "rollouts" / f"step-{step}.jsonl"
             write_jsonl(
                 rows_path,

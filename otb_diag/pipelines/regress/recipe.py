@@ -326,7 +326,7 @@ def format_changes(changes: Sequence[Change]) -> str:
     return "\n".join(lines)
 
 
-def junit_xml(rows: Sequence[Row]) -> str:
+def _junit_xml(rows: Sequence[Row]) -> str:
     """One JUnit testcase per metric; fail, missing and extra become <failure> elements."""
     failing = [r for r in rows if r.status != "pass"]
     suite = ET.Element(
@@ -352,4 +352,4 @@ def junit_xml(rows: Sequence[Row]) -> str:
 
 
 def write_junit(path: Path, rows: Sequence[Row]) -> None:
-    write_text(path, junit_xml(rows))
+    write_text(path, _junit_xml(rows))

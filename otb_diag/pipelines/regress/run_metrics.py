@@ -100,7 +100,7 @@ def collect_metrics(path: Path) -> dict[str, Metric]:
         rel = run_dir.relative_to(path).as_posix()
         prefix = "" if rel == "." else rel + "/"
         found = (
-            energy_metrics(run_dir, result)
+            _energy_metrics(run_dir, result)
             if isinstance(result, EnergyResult)
             else variance_metrics(run_dir, result)
         )
@@ -187,7 +187,7 @@ def _flatten(data: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix.rstrip("/"), float(data)
 
 
-def energy_metrics(run_dir: Path, result: EnergyResult) -> dict[str, Metric]:
+def _energy_metrics(run_dir: Path, result: EnergyResult) -> dict[str, Metric]:
     """Deterministic metrics of an `otb-diag energy` run."""
     values = dict(_flatten(asdict(result.energy), "summary/"))
     values.update(_flatten(_read(run_dir / "proxies.json", _read_json), "proxies/"))
@@ -246,7 +246,7 @@ def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]
     metrics: dict[str, Metric] = {}
     for step, per_step in _steps(table):
         for mode, rows in per_step.groupby("mode", sort=False):
-            q_lo, q_hi = projection_factor_range(str(mode), k)
+            q_lo, q_hi = _projection_factor_range(str(mode), k)
             # Intervals for the unprojected variance, from which everything else is derived.
             rows = rows.assign(ci_low=rows["ci_low"] / q_hi, ci_high=rows["ci_high"] / q_lo)
             bounds = _derived_intervals(rows, REFERENCE)
@@ -310,7 +310,7 @@ def _derived_intervals(
 
 
 @functools.cache
-def projection_factor_range(mode: str, k: int) -> tuple[float, float]:
+def _projection_factor_range(mode: str, k: int) -> tuple[float, float]:
     """95 % range of the factor by which a seeded projection to k dimensions scales a squared
     norm, in the worst case (rank one): `χ²_k / k` for Gaussian projections (`proxy`, `full`),
     the product of two such factors for `head`'s Kronecker sketch. Quantiles from a fixed-seed

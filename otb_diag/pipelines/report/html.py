@@ -82,13 +82,13 @@ def definitions(items: Iterable[tuple[str, str]]) -> str:
     return element("dl", body, class_="defs")
 
 
-def png_data_uri(path: Path) -> str:
+def _png_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def figure(path: Path, alt: str, caption: str) -> str:
     """A PNG embedded as a data URI with its caption."""
-    img = f'<img src="{png_data_uri(path)}" alt="{text(alt)}">'
+    img = f'<img src="{_png_data_uri(path)}" alt="{text(alt)}">'
     return element("figure", img + element("figcaption", text(caption)))
 
 

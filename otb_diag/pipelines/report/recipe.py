@@ -46,7 +46,7 @@ class Regression:
     failing: list[tuple[str, str]]  # (metric, status: message)
 
 
-def find_inputs(dirs: Sequence[Path]) -> tuple[list[Run], list[Regression]]:
+def _find_inputs(dirs: Sequence[Path]) -> tuple[list[Run], list[Regression]]:
     """Every run (any of REPORT_COMMANDS) and every regress JUnit report at or under each of
     `dirs`; a directory with neither is an input error."""
     runs: list[Run] = []
@@ -93,7 +93,7 @@ def _read_junit(path: Path) -> Regression | None:
     return Regression(f"the regress report {path}", counts, failing)
 
 
-def golden_regression(golden: Path, runs: list[Run]) -> Regression:
+def _golden_regression(golden: Path, runs: list[Run]) -> Regression:
     """Compare the energy/variance-compare runs with `golden` exactly as `otb-diag regress`
     does (metric names relative to each RUN_DIR holding them)."""
     roots = sorted({r.root for r in runs if r.command in RUN_COMMANDS})
@@ -113,9 +113,9 @@ def _page(
     dirs: Sequence[Path], golden: Path | None
 ) -> tuple[str, list[Run], list[Verdict], list[str]]:
     """The HTML page and what it says: the runs, the verdicts, what is absent."""
-    runs, regressions = find_inputs(dirs)
+    runs, regressions = _find_inputs(dirs)
     if golden is not None:
-        regressions.insert(0, golden_regression(golden, runs))
+        regressions.insert(0, _golden_regression(golden, runs))
     found, absent = _verdicts(runs, regressions)
     body = [
         html.element("h2", "Verdicts"),
