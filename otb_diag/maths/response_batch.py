@@ -111,18 +111,21 @@ class ResponseBatch:
         def cut(x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
             """`[B, C]` -> `[B, T]` of `dtype`, 0 beyond each response."""
             x = x.detach().cpu()[:, :width].to(dtype)
-            return F.pad(x, (0, width - x.shape[1])) * valid  # C < T: all-empty rows only
+            if x.shape[1] < width:  # no column at all (every response empty): T = 1
+                x = F.pad(x, (0, width - x.shape[1]))
+            return x * valid
 
         mask = valid.to(torch.float32) if tool_mask is None else cut(tool_mask)
-        if token_rewards is None:
-            assert reward is not None, "give reward or token_rewards"
+        rewards = None  # [B, T]
+        if reward is not None:
             rewards = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
-        elif has_token_rewards is None:
-            rewards = cut(token_rewards)
-        else:
-            assert reward is not None, "rows without token_rewards take reward"
-            outcome = outcome_token_rewards(reward.detach().cpu().to(torch.float32), mask)
-            rewards = torch.where(has_token_rewards[:, None], cut(token_rewards), outcome)
+        if token_rewards is not None:
+            given = cut(token_rewards)
+            if has_token_rewards is None:
+                rewards = given
+            else:  # the other rows keep their outcome reward
+                rewards = torch.where(has_token_rewards[:, None], given, rewards)
+        assert rewards is not None, "give reward or token_rewards"
         advantage = None
         if trainer_advantage is not None:
             a = trainer_advantage.detach().cpu().to(torch.float32)
