@@ -109,7 +109,7 @@ def run_dynamics(
     table = table[first + [c for c in table.columns if c not in first]]
     arms = [DynamicsArm(**row) for row in compare_arms(runs, labels)] if len(runs) > 1 else []
     result = DynamicsResult(
-        rule={**dataclasses.asdict(rule), "description": rule.describe()},
+        rule=rule,
         target=target,
         runs=runs,
         outputs=str(out.resolve()),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RunInputs
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,15 @@ class EnergyStats:
 
 
 @dataclass(frozen=True)
+class Consistency:
+    """The probability checks' tolerance and how many values each clamped to it
+    (`io/rollouts/probability_checks.py`)."""
+
+    tolerance: float
+    clamped: dict[str, int]  # field -> values clamped
+
+
+@dataclass(frozen=True)
 class EnergyResult(schema.Versioned):
     """What `otb-diag energy` measured and wrote (`to_json()` is its summary.json)."""
 
@@ -48,15 +58,15 @@ class EnergyResult(schema.Versioned):
 
     mode: str  # "model" or "model-free"
     inputs: RunInputs
-    settings: dict[str, Any]  # EnergySettings as written, plus the TIR decision
+    settings: EnergySettings  # auto sizes and `tir` as the run resolved them
     totals: EnergyTotals
-    consistency: dict[str, Any]  # the probability tolerance and the clamped counts
+    consistency: Consistency
     advantage_audit: dict[str, Any] | None  # pipelines/energy/audit.py; None: no trainer advantages
     energy: EnergyStats
     proxies: dict[str, dict[str, float]]  # baseline -> proxy name -> value
     figure_group: str
-    distributed: dict[str, Any]
-    timings: dict[str, float]
+    distributed: Distributed
+    timings: dict[str, float]  # phase -> seconds, and `tokens_per_second`
     versions: dict[str, str]
     out: str
     outputs: list[str]

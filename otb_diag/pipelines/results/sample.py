@@ -8,18 +8,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.results.schema import Distributed
 
 # The files a sampling run leaves in its output folder.
 ROLLOUTS = "rollouts.jsonl"
 MANIFEST = "manifest.json"
-
-
-@dataclass(frozen=True)
-class SampleDistributed:
-    """The processes that sampled: how many, and the tokens each generated in this run."""
-
-    world_size: int
-    rank_tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -40,7 +33,7 @@ class SampleResult(schema.Versioned):
     generated_tokens: int
     seconds: float
     sampled_tokens_this_run: int  # less than generated_tokens after --resume
-    distributed: SampleDistributed
+    distributed: Distributed  # the tokens each process generated in this run
     versions: dict[str, str]
 
     def format(self, out: Path) -> str:
