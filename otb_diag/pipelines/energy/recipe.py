@@ -17,12 +17,14 @@ from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.energy import (
+    AdvantageAudit,
+    AuditSkipped,
     Consistency,
     EnergyResult,
     EnergyStats,
     EnergyTotals,
 )
-from otb_diag.pipelines.results.schema import Distributed, RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RunInputs, build
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import session
 
@@ -116,7 +118,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
             groups_with_empty_responses=list(groups.loc[groups["empty_responses"] > 0, "group"]),
         ),
         consistency=Consistency(TOLERANCE, dict(m.clamped)),
-        advantage_audit=final.audit,
+        advantage_audit=build(AdvantageAudit | AuditSkipped | None, final.audit),
         energy=EnergyStats(
             step=final.step,
             sequence_energy_mean=float(seqs["energy"].mean()),

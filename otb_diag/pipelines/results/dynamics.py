@@ -9,6 +9,7 @@ from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.dynamics.units import MIXED_UNITS
 from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.schema import absent
+from otb_diag.plots.registry import figures_of
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,20 @@ class DynamicsResult(schema.Versioned):
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
         lines += self._comparison_lines()
         lines.append(f"rule: {self.rule.describe()}")
-        # + the live diagnostics', + the pooled noise scale's, + the comparison's
-        figures = 3 + bool(self.live_runs) + any(r.budget for r in self.runs) + bool(self.arms)
-        lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {self.outputs}")
+        lines.append(
+            f"wrote dynamics.csv, collapse.json and {len(self.figures())} figures to {self.outputs}"
+        )
         return "\n".join(lines)
+
+    def figures(self) -> list[str]:
+        """The figures the run drew (`plots/registry.py`): those every run has, and those whose
+        data it made (the live diagnostics, the pooled split, the comparison of arms)."""
+        made = {
+            "live_runs": bool(self.live_runs),
+            "budget": any(r.budget for r in self.runs),
+            "arms": bool(self.arms),
+        }
+        return [e.stem for e in figures_of("dynamics") if e.always or made[e.trigger]]
 
     def _comparison_lines(self) -> list[str]:
         """The comparison at equal tokens, one line per arm (none without arms)."""

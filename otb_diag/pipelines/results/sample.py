@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.schema import Distributed
@@ -26,7 +26,8 @@ class SampleResult(schema.Versioned):
     prompts_sha256: str | None  # None for a datasets directory
     prompts_count: int
     responses: int
-    settings: dict[str, Any]  # SampleSettings.identity() and `from_policy`
+    # SampleSettings.identity() (what a --resume must share) and `from_policy`: flat, JSON scalars
+    settings: dict[str, str | int | float | bool | None]
     batches: int
     truncated: int  # responses cut at max_new_tokens
     mean_reward: float

@@ -120,9 +120,9 @@ def to_json(result: Any) -> dict[str, Any]:
 
 
 def plain(value: Any) -> Any:
-    """`value` as JSON-ready data, as `dataclasses.asdict` makes it (records as dicts of their
-    fields in declaration order, lists, tuples and dicts item by item), except that an
-    `absent()` field that is None is left out."""
+    """`value` as the JSON it is written as, and read back: records as dicts of their fields in
+    declaration order (an `absent()` field that is None left out), tuples as lists, lists and
+    dicts item by item."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
             f.name: plain(getattr(value, f.name))
@@ -130,7 +130,7 @@ def plain(value: Any) -> Any:
             if not (f.metadata.get(_ABSENT) and getattr(value, f.name) is None)
         }
     if isinstance(value, list | tuple):
-        return type(value)(plain(v) for v in value)
+        return [plain(v) for v in value]
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     return value
@@ -161,8 +161,8 @@ def build(tp: Any, value: Any) -> Any:
     """`value` (parsed JSON, or a record as a plain dict) as type `tp`: dataclasses field by
     field (a field with a default may be absent: it takes the default), `list[X]`,
     `tuple[X, ...]`, `tuple[X, Y]` and `dict[str, X]` item by item, `X | None` as X unless
-    None; anything else as it is. A missing field is a `KeyError`, a wrong shape a
-    `TypeError`."""
+    None (`X | Y`: the first that `value` builds); anything else as it is. A missing field is
+    a `KeyError`, a wrong shape a `TypeError`."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
             raise TypeError(f"{tp.__name__} needs an object, got {type(value).__name__}")
@@ -178,8 +178,13 @@ def build(tp: Any, value: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return build(inner, value)
+        *first, last = [a for a in args if a is not type(None)]
+        for inner in first:  # records of another shape: the first whose fields `value` has
+            try:
+                return build(inner, value)
+            except (KeyError, TypeError):
+                continue
+        return build(last, value)
     if origin is list:
         return [build(args[0], v) for v in value]
     if origin is tuple:

@@ -51,6 +51,7 @@ from otb_diag.pipelines.variance.summary import (
     paper_claim,
     write_noise,
 )
+from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.scores.token_scores import proxy_scores
 from otb_diag.runtime.devices import resolve_device
@@ -316,15 +317,17 @@ def _write(
     )
     aggregation = settings.aggregations[0]
     for mode in settings.modes:
-        rows = {"variance_rows": final[final["mode"] == mode], "aggregation": aggregation}
+        rows = VarianceFigures(aggregation, variance_rows=final[final["mode"] == mode])
         files += save_figures("variance-compare", rows, out, mode)
-    figure_data: dict[str, object] = {"aggregation": aggregation}
+    exact_tokens, last_blocks = None, None
     if fidelity_tokens:
         tokens = pd.concat(fidelity_tokens, ignore_index=True)
         last = tokens[tokens["step"] == tokens["step"].max()]
         exact = "full" if (last["mode"] == "full").any() else "head"
-        figure_data["fidelity_tokens"] = last[last["mode"] == exact]
+        exact_tokens = last[last["mode"] == exact]
     if blocks is not None:
-        last = blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
-        figure_data["block_rows"] = last
+        last_blocks = (
+            blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
+        )
+    figure_data = VarianceFigures(aggregation, fidelity_tokens=exact_tokens, block_rows=last_blocks)
     return files + save_figures("variance-compare", figure_data, out)
