@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results import schema
@@ -160,7 +160,9 @@ def zero_tail_note(otb: dict[str, float], mean: dict[str, float] | None) -> str 
     )
 
 
-def _format_zero_tail(proxies: dict[str, dict[str, float]], e: EnergyStats, groups: int) -> list[str]:
+def _format_zero_tail(
+    proxies: dict[str, dict[str, float]], e: EnergyStats, groups: int
+) -> list[str]:
     """OTB's proxies split into verl's zero tail and the rest, and the note when the tail makes
     OTB's exceed the mean baseline's; nothing when OTB was not measured."""
     otb = proxies.get("otb")
