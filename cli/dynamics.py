@@ -45,10 +45,9 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
     Writes into --out: dynamics.csv (every run and step, tidy), collapse.json (per run: collapse
     step, warning step, lead, tokens to target, and the rule's parameters) and the figures
-    fig1_grad_norm_and_score, fig2_variance_and_grad_norm, score_vs_tokens (PNG and PDF). With
-    several logs, the comparison at equal tokens: comparison.csv (per arm, the runs sharing a
-    --label: tokens to --target with a 95 % t interval over its seeds, final score, collapse per
-    run) and the figure baseline_comparison.
+    {figures} (PNG and PDF). With several logs, the comparison at equal tokens: comparison.csv
+    (per arm, the runs sharing a --label: tokens to --target with a 95 % t interval over its
+    seeds, final score, collapse per run) and its figure.
 
     Example:
 

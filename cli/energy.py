@@ -27,8 +27,8 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
     the forward-only variance proxies; and figures 3–5 of the OTB paper.
 
     Writes into --out: tokens.parquet, sequences.csv, groups.csv, proxies.json, summary.json and
-    fig3/fig4/fig5 (+ fig_energy_by_step with several checkpoints) as PNG and PDF. When the
-    rollouts carry the trainer's advantages, they are audited against its estimator.
+    the figures {figures} as PNG and PDF (fig_energy_by_step: with several checkpoints). When
+    the rollouts carry the trainer's advantages, they are audited against its estimator.
 
     Example: otb-diag energy --ckpt ./checkpoint-200 --rollouts rollouts.jsonl --out energy/
     """

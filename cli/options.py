@@ -53,6 +53,12 @@ def command(fn: Callable[..., None] | None = None, *, skip: tuple[str, ...] = ()
 
 
 def register(app: typer.Typer, name: str, cmd: Command) -> None:
+    """Add `cmd` to `app` as `name`; `{figures}` in its help becomes the figures the registry
+    lists for `name` (`plots/registry.py:figure_names`)."""
+    if cmd.__doc__ and "{figures}" in cmd.__doc__:
+        from otb_diag.plots.registry import figure_names
+
+        cmd.__doc__ = cmd.__doc__.replace("{figures}", figure_names(name))
     app.command(name, cls=cmd.click_class())(cmd)
 
 

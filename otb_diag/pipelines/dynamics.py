@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -29,6 +28,7 @@ from otb_diag.pipelines.results.dynamics import (
     DynamicsRun,
     PooledBudget,
 )
+from otb_diag.plots.figure_data import DynamicsFigures
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -109,7 +109,7 @@ def run_dynamics(
     table = table[first + [c for c in table.columns if c not in first]]
     arms = [DynamicsArm(**row) for row in compare_arms(runs, labels)] if len(runs) > 1 else []
     result = DynamicsResult(
-        rule={**dataclasses.asdict(rule), "description": rule.describe()},
+        rule=rule,
         target=target,
         runs=runs,
         outputs=str(out.resolve()),
@@ -118,16 +118,20 @@ def run_dynamics(
     out.mkdir(parents=True, exist_ok=True)
     write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
     write_json(out / "collapse.json", result.to_json())
-    data: dict[str, Any] = {"table": table, "runs": runs, "target": target}
-    if result.live_runs:  # a trainer logged the live diagnostics: their figure
-        data["live_runs"] = runs
     budget = pd.concat(budgets, ignore_index=True)
     if len(budget):  # a log held the split: the pooled noise scale over training
         write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
-        data["budget"] = budget
     if arms:  # several runs: the comparison at equal tokens, its table and figure
         write_with(out / "comparison.csv", lambda p: _comparison_table(arms).to_csv(p, index=False))
-        data |= {"arms": arms, "arm_of": dict(zip(names, labels, strict=True))}
+    data = DynamicsFigures(
+        table,
+        runs,
+        target,
+        live_runs=runs if result.live_runs else None,  # a trainer logged the live diagnostics
+        budget=budget if len(budget) else None,
+        arms=arms or None,
+        arm_of=dict(zip(names, labels, strict=True)) if arms else None,
+    )
     save_figures("dynamics", data, out)
     return result
 

@@ -281,7 +281,7 @@ def train(
 
     result = TrainResult(
         checkpoint=str(loaded.path),
-        settings=dataclasses.asdict(settings),
+        settings=settings,
         **_early_and_late(history),
         totals=TrainTotals(
             steps=settings.steps,

@@ -4,15 +4,19 @@ keeps it. The commands draw their figures with `save_figures`, `report` captions
 `figures` collects them by looping over `FIGURES`; no other module spells a figure's name.
 
 To add a figure: a function `tables -> Figure` in `plots/energy.py`, `variance.py` or
-`dynamics.py`, and one `FigureEntry` below naming the data its command hands over."""
+`dynamics.py`, and one `FigureEntry` below naming the fields of its command's figure data
+(`figure_data.py`) it needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from otb_diag.plots.figure_data import FIGURE_DATA, FigureData
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,10 +28,12 @@ MODES = ("proxy", "head", "full")  # variance-compare's score modes, in the orde
 class FigureEntry:
     """One figure. `plot` names its function as `module.function` under `otb_diag/plots/`
     (imported when drawn, so that `report`, which needs the captions only, loads neither
-    matplotlib nor torch). `needs` maps each argument of the plot to the key of the command's
-    figure data that supplies it; the figure is drawn when every key is there. With `modes`,
-    one file per mode, `<stem>_<mode>.png`; `in_set`: `otb-diag figures` keeps it (the exact
-    mode's file); `in_sweep`: it also keeps the learning-rate sweep's copy."""
+    matplotlib nor torch). `needs` maps each argument of the plot to the field of the command's
+    figure data (`figure_data.py:FIGURE_DATA`) that supplies it; the figure is drawn when the
+    field `drawn_when` (default: the first need) holds data, and drawing it without another
+    need it may lack is an error. With `modes`, one file per mode, `<stem>_<mode>.png`;
+    `in_set`: `otb-diag figures` keeps it (the exact mode's file); `in_sweep`: it also keeps
+    the learning-rate sweep's copy."""
 
     stem: str
     command: str
@@ -37,6 +43,19 @@ class FigureEntry:
     modes: tuple[str, ...] = ()
     in_set: bool = True
     in_sweep: bool = False
+    drawn_when: str | None = None
+
+    @property
+    def trigger(self) -> str:
+        """The figure-data field whose data this figure draws (None there: not drawn)."""
+        return self.drawn_when or next(iter(self.needs.values()))
+
+    @property
+    def always(self) -> bool:
+        """Whether every run of its command has this figure's data (its trigger is no field
+        that a run may leave None)."""
+        fields = {f.name: f for f in dataclasses.fields(FIGURE_DATA[self.command])}
+        return fields[self.trigger].default is not None
 
     def file_stem(self, mode: str | None = None) -> str:
         """The file's name without its suffix: `<stem>_<mode>` for a per-mode figure."""
@@ -55,8 +74,22 @@ class FigureEntry:
         module, name = self.plot.rsplit(".", 1)
         return getattr(importlib.import_module(f"otb_diag.plots.{module}"), name)
 
-    def draw(self, data: Mapping[str, Any]) -> Figure:
-        args = {arg: data[key] for arg, key in self.needs.items()}
+    def drawn(self, data: FigureData) -> bool:
+        """Whether `data` holds this figure's data; raises `ValueError` naming the needs it
+        lacks (a field that may be absent, None) when it holds the data but not them."""
+        if getattr(data, self.trigger) is None:
+            return False
+        optional = {f.name for f in dataclasses.fields(data) if f.default is None}
+        missing = [k for k in self.needs.values() if k in optional and getattr(data, k) is None]
+        if missing:
+            raise ValueError(
+                f"figure {self.stem} needs {', '.join(missing)}: the "
+                f"{type(data).__name__} handed over has none"
+            )
+        return True
+
+    def draw(self, data: FigureData) -> Figure:
+        args = {arg: getattr(data, field) for arg, field in self.needs.items()}
         return self.plot_function(**args)
 
 
@@ -183,6 +216,7 @@ FIGURES = (
         "variance proxy over the mean baseline's (below the dashed line at 1 OTB would cut the "
         "step's variance). A dotted vertical line marks a detected collapse.",
         in_set=False,
+        drawn_when="live_runs",
     ),
     FigureEntry(
         "pooled_noise_scale",
@@ -217,6 +251,7 @@ FIGURES = (
         "95 % t interval over the seeds that did (k/n of them); a cross marks a run's "
         "detected collapse.",
         in_set=False,
+        drawn_when="arms",
     ),
 )
 
@@ -226,19 +261,28 @@ def figures_of(command: str) -> list[FigureEntry]:
     return [f for f in FIGURES if f.command == command]
 
 
-def save_figures(
-    command: str, data: Mapping[str, Any], out: Path, mode: str | None = None
-) -> list[str]:
+def figure_names(command: str) -> str:
+    """The figures `command` writes, as its help names them: the file stems (`<stem>_<mode>`
+    for a figure per mode), then those drawn only when the run makes their data."""
+    names = {e.stem + ("_<mode>" if e.modes else ""): e.always for e in figures_of(command)}
+    always = ", ".join(name for name, a in names.items() if a)
+    some = ", ".join(name for name, a in names.items() if not a)
+    return always + (f" (+ {some} when the run makes their data)" if some else "")
+
+
+def save_figures(command: str, data: FigureData, out: Path, mode: str | None = None) -> list[str]:
     """Draw and save (PNG + PDF, `plots/style.py:save_figure`) each figure of `command` whose
-    needs `data` holds: with `mode`, the per-mode figures of that mode; without, the others.
-    Returns the file names written."""
+    data `data` (the command's record, `figure_data.py:FIGURE_DATA`) holds: with `mode`, the
+    per-mode figures of that mode; without, the others. Returns the file names written."""
     from otb_diag.plots.style import save_figure  # matplotlib: only when drawing
 
+    if not isinstance(data, FIGURE_DATA[command]):
+        raise TypeError(f"{command}'s figures read a {FIGURE_DATA[command].__name__}")
     files: list[str] = []
     for entry in figures_of(command):
         if (mode not in entry.modes) if mode is not None else bool(entry.modes):
             continue
-        if all(key in data for key in entry.needs.values()):
+        if entry.drawn(data):
             fig = entry.draw(data)
             files += [p.name for p in save_figure(fig, out, entry.file_stem(mode))]
     return files

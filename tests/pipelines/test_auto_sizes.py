@@ -88,4 +88,4 @@ def test_variance_compare_plans_the_statistics_pass_and_records_its_sizes(
     assert seen == {"checkpoint_stats": (64, 8), "token_scores": (BATCH_TOKENS, STATS_CHUNK)}
     recorded = json.loads((tmp_path / "out" / "summary.json").read_text())["settings"]
     assert (recorded["batch_tokens"], recorded["chunk_size"]) == (64, 8)
-    assert (result.settings["batch_tokens"], result.settings["chunk_size"]) == (64, 8)
+    assert (result.settings.batch_tokens, result.settings.chunk_size) == (64, 8)

@@ -9,6 +9,7 @@ import re
 import shutil
 import typing
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +17,31 @@ import pytest
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
+from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.errors import InputError
-from otb_diag.pipelines.regress.run_metrics import find_runs
-from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
-from otb_diag.pipelines.results.energy import EnergyResult
-from otb_diag.pipelines.results.figures import FiguresResult
+from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.results.dynamics import (
+    DynamicsArm,
+    DynamicsResult,
+    DynamicsRun,
+    PooledBudget,
+)
+from otb_diag.pipelines.results.energy import AdvantageAudit, AuditSkipped, EnergyResult
+from otb_diag.pipelines.results.figures import FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.inspect import InspectResult
+from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.results.read import Result
-from otb_diag.pipelines.results.report import ReportResult
-from otb_diag.pipelines.results.sample import SampleDistributed, SampleResult
-from otb_diag.pipelines.results.schema import SCHEMA_VERSION
-from otb_diag.pipelines.results.train import TrainResult
-from otb_diag.pipelines.results.variance import ClaimVerdict, VarianceResult
+from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
+from otb_diag.pipelines.results.sample import SampleResult
+from otb_diag.pipelines.results.schema import SCHEMA_VERSION, Distributed, FileRecord, build
+from otb_diag.pipelines.results.train import TrainResult, TrainTotals
+from otb_diag.pipelines.results.variance import (
+    ClaimVerdict,
+    FullMode,
+    Recommendation,
+    VarianceResult,
+)
+from otb_diag.pipelines.train_settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -108,9 +122,10 @@ def test_committed_figures_json_is_what_the_result_writes() -> None:
     """figures.json carries no schema version: the typed result writes the committed file's
     content, key for key and in order."""
     record = json.loads((ROOT / "figures" / "figures.json").read_text(encoding="utf-8"))
-    claims = [ClaimVerdict(**c) for c in record["paper_claim"]]
-    written = FiguresResult(**{**record, "paper_claim": claims}).to_json()
-    assert written == record and list(written) == list(record)
+    result = build(FiguresResult, record)
+    assert all(isinstance(c, ClaimVerdict) for c in result.paper_claim or [])
+    written = result.to_json()
+    assert written == record and json.dumps(written) == json.dumps(record)
 
 
 SAMPLED = SampleResult(
@@ -126,7 +141,7 @@ SAMPLED = SampleResult(
     generated_tokens=96,
     seconds=1.25,
     sampled_tokens_this_run=40,
-    distributed=SampleDistributed(world_size=2, rank_tokens=[24, 16]),
+    distributed=Distributed(world_size=2, rank_tokens=[24, 16]),
     versions={"torch": "2"},
 )
 
@@ -166,7 +181,7 @@ def test_collapse_rows_are_records_and_otb_appears_only_when_logged(tmp_path: Pa
     no "otb" key, as before the rows were typed."""
     live = _run("live", {"otb/energy/sequence_mean": 2.5})
     runs = [_run("plain", None), live]
-    result = DynamicsResult(rule={"description": "r"}, target=None, runs=runs, outputs="/o")
+    result = DynamicsResult(rule=DetectionRule(), target=None, runs=runs, outputs="/o")
     written = json.loads(json.dumps(result.to_json()))
     plain_row, live_row = written["runs"]
     assert "otb" not in plain_row and live_row["otb"] == {"otb/energy/sequence_mean": 2.5}
@@ -254,3 +269,94 @@ def test_the_scan_sees_a_keyed_read() -> None:
     )
     found = sorted(_keyed_reads(ast.parse(code)))
     assert found == [(1, "headline"), (2, "knee"), (4, "otb"), (6, "reward"), (6, "share_one")]
+
+
+def _holds_any(hint: Any) -> bool:
+    """Whether a type hint is `Any` or holds it (`dict[str, Any]`, `list[Any] | None`, ...)."""
+    return hint is Any or any(_holds_any(arg) for arg in typing.get_args(hint))
+
+
+def test_results_are_typed_to_the_leaves() -> None:
+    """No field of a result, nor of a record nested in one, is `Any` or holds it: every record
+    file reads back into dataclasses and typed containers, never into a bag of keys."""
+    loose = [
+        f"{record.__name__}.{name}: {hint}"
+        for cls in RESULT_CLASSES
+        for record in _records(cls)
+        for name, hint in typing.get_type_hints(record).items()
+        if _holds_any(hint)
+    ]
+    assert not loose, "\n".join(loose)
+    assert _holds_any(dict[str, Any]) and _holds_any(list[int] | dict[str, Any] | None)
+
+
+def _round_trips(result: Any, tmp_path: Path) -> None:
+    """`result` written as its record file reads back equal, and writes the same bytes again."""
+    text = json.dumps(result.to_json())
+    back = type(result).from_json(json.loads(text), tmp_path / "record.json")
+    assert back == result and json.dumps(back.to_json()) == text
+
+
+@pytest.mark.parametrize("run", ["energy", "variance"])
+def test_measured_results_round_trip_in_every_shape(runs: Path, tmp_path: Path, run: str) -> None:
+    """energy's and variance-compare's results with the shapes the reduced runs do not make:
+    an audit and a skipped one, several rollouts files, no mode with a signal, a full-mode
+    record; each round-trips and writes the keys it always wrote."""
+    result = read_summary(runs / run)
+    _round_trips(result, tmp_path)
+    files = [FileRecord("/a.jsonl", "0" * 64), FileRecord("/b.jsonl", "1" * 64)]
+    several = replace(result.inputs.rollouts, sha256=None, files=files)
+    inputs = replace(result.inputs, rollouts=several)
+    assert list(schema.plain(several)) == ["path", "format", "files"]
+    if isinstance(result, EnergyResult):
+        audit = AdvantageAudit("verl", "grpo", {"eps": 1e-6}, 4, 40, 0.0, 0.0, 1e-4, True, None)
+        variants = [
+            replace(result, inputs=inputs, advantage_audit=audit),
+            replace(result, advantage_audit=AuditSkipped("unknown estimator")),
+        ]
+        assert "advantages   verl logged vs registry 'grpo' (ε=1e-06)" in variants[0].format()
+    else:
+        assert isinstance(result, VarianceResult)
+        none = Recommendation(mode=None, claim=None, text="no knee")
+        full = FullMode("jvp", "JL", "JL", {"engine": "jvp", "budget_s": None}, [], {})
+        variants = [replace(result, inputs=inputs, noise_scale=none, full={"1200": full})]
+        assert list(schema.plain(none)) == ["mode", "claim", "text"]
+        assert variants[0].recommendation_where == "no signal"
+    for variant in variants:
+        _round_trips(variant, tmp_path)
+
+
+def test_the_other_results_round_trip(tmp_path: Path) -> None:
+    """train.json, collapse.json (its rule with its description, a pooled budget, arms),
+    manifest.json, report's and figures' records: each reads back equal, byte for byte."""
+    budget = PooledBudget("otb", 40, "B ~ 12 prompts", {"noise_scale": 12.0, "snr": None}, {})
+    arm = DynamicsArm("a", "otb", 4, ["a"], [None], 0, [1e5], 1, 1e5, None, None, 0.5, None, None)
+    dynamics = DynamicsResult(
+        rule=DetectionRule(window=20),
+        target=0.5,
+        runs=[replace(_run("r", {"otb/x": 1.0}), budget=[budget])],
+        outputs="/o",
+        arms=[arm],
+    )
+    written = dynamics.to_json()
+    assert written["rule"] == {**dataclasses.asdict(DetectionRule(window=20)),
+                               "description": DetectionRule(window=20).describe()}  # fmt: skip
+    assert "6 figures" in dynamics.format()  # every dynamics figure: live, budget and arms
+    train = TrainResult(
+        checkpoint="/c",
+        settings=TrainSettings(lr=3e-4),
+        window=2,
+        early={"mean_reward": 0.1},
+        late={"mean_reward": 0.2},
+        totals=TrainTotals(steps=4, tokens_sampled=100, wall_time=1.0),
+        versions={"torch": "2"},
+        out="/o",
+    )
+    report = ReportResult("/r.html", [ReportedRun("energy", "e", "/e")], [Verdict("t", "s.")], [])
+    for result in (dynamics, train, SAMPLED, report):
+        _round_trips(result, tmp_path)
+    record = json.loads((ROOT / "figures" / "figures.json").read_text(encoding="utf-8"))
+    figures = build(FiguresResult, record)
+    assert isinstance(figures.noise_scale, Recommendation)
+    swept = replace(figures, sweep=Sweep(1e-3, "r", [SweepRun(1e-3, 12, 0.5, 0.1, True, True)]))
+    assert build(FiguresResult, json.loads(json.dumps(swept.to_json()))) == swept

@@ -43,7 +43,7 @@ def test_workers_reproduce_in_process_runs(tmp_path: Path) -> None:
 
     serial = run_trainings(jobs(tmp_path / "serial"), workers=1, progress=False)
     parallel = run_trainings(jobs(tmp_path / "parallel"), workers=2, progress=False)
-    assert [s.settings["baseline"] for s in parallel] == ["mean", "otb"]
+    assert [s.settings.baseline for s in parallel] == ["mean", "otb"]
     for baseline in ("mean", "otb"):
         a, b = _metrics(tmp_path / "serial" / baseline), _metrics(tmp_path / "parallel" / baseline)
         assert a == b

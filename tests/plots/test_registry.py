@@ -1,17 +1,21 @@
 """The figure registry: each figure is one entry, the only module that spells its file name;
-its `needs` are its plot's arguments; `save_figures` draws exactly what the data allows."""
+its `needs` are its plot's arguments and fields of its command's figure data; `save_figures`
+draws exactly what the data holds and refuses data that lacks a need."""
 
 import ast
+import dataclasses
 import inspect
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 
 from otb_diag.plots import registry, style
+from otb_diag.plots.figure_data import FIGURE_DATA, VarianceFigures
 from otb_diag.plots.registry import FIGURES, FigureEntry, save_figures
 from otb_diag.plots.style import new_figure
 
@@ -83,27 +87,69 @@ def fake_plot(table: list[str], label: str = "") -> Figure:
     return fig
 
 
+@dataclass(frozen=True)
+class FakeFigures:
+    """A command's figure data for the registry test: `rows` always, `name` when made."""
+
+    rows: list[int]
+    name: str | None = None
+
+
 def test_save_figures_draws_what_the_data_allows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(style, "fake_plot", fake_plot, raising=False)
+    monkeypatch.setitem(registry.FIGURE_DATA, "cmd", FakeFigures)
     plot = "style.fake_plot"
     entries = (
         FigureEntry("a_fig", "cmd", plot, {"table": "rows"}, "A."),
-        FigureEntry("b_fig", "cmd", plot, {"table": "rows", "label": "name"}, "B."),
+        FigureEntry(
+            "b_fig", "cmd", plot, {"table": "rows", "label": "name"}, "B.", drawn_when="name"
+        ),  # fmt: skip
         FigureEntry("m_fig", "cmd", plot, {"table": "rows"}, "M.", modes=("x", "y")),
         FigureEntry("other", "elsewhere", plot, {"table": "rows"}, "O."),
     )
     monkeypatch.setattr(registry, "FIGURES", entries)
-    assert save_figures("cmd", {"rows": [1]}, tmp_path) == ["a_fig.png", "a_fig.pdf"]
-    both = save_figures("cmd", {"rows": [1], "name": "n"}, tmp_path / "both")
+    assert save_figures("cmd", FakeFigures([1]), tmp_path) == ["a_fig.png", "a_fig.pdf"]
+    both = save_figures("cmd", FakeFigures([1], "n"), tmp_path / "both")
     assert both == ["a_fig.png", "a_fig.pdf", "b_fig.png", "b_fig.pdf"]
-    assert save_figures("cmd", {"rows": [1]}, tmp_path, mode="y") == ["m_fig_y.png", "m_fig_y.pdf"]
-    assert save_figures("cmd", {"rows": [1]}, tmp_path, mode="z") == []
-    assert save_figures("cmd", {}, tmp_path) == []
+    assert save_figures("cmd", FakeFigures([1]), tmp_path, mode="y") == [
+        "m_fig_y.png",
+        "m_fig_y.pdf",
+    ]
+    assert save_figures("cmd", FakeFigures([1]), tmp_path, mode="z") == []
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["a_fig.png", "m_fig_y.png"]
     assert entries[2].file_stems() == ["m_fig_x", "m_fig_y"]
     assert entries[2].mode_of("m_fig_y") == "y" and entries[0].mode_of("a_fig") is None
+    assert (
+        registry.figure_names("cmd")
+        == "a_fig, m_fig_<mode> (+ b_fig when the run makes their data)"
+    )
+
+
+def test_a_missing_need_is_an_error_not_a_skipped_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A figure whose data is there but not all it needs raises, naming the need; data of
+    another command's record is refused."""
+    monkeypatch.setattr(style, "fake_plot", fake_plot, raising=False)
+    monkeypatch.setitem(registry.FIGURE_DATA, "cmd", FakeFigures)
+    entry = FigureEntry("c_fig", "cmd", "style.fake_plot", {"table": "rows", "label": "name"}, "C.")
+    monkeypatch.setattr(registry, "FIGURES", (entry,))
+    with pytest.raises(ValueError, match="figure c_fig needs name"):
+        save_figures("cmd", FakeFigures([1]), tmp_path)
+    with pytest.raises(TypeError, match="FakeFigures"):
+        save_figures("cmd", VarianceFigures(), tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("entry", FIGURES, ids=[e.stem for e in FIGURES])
+def test_needs_are_fields_of_the_commands_figure_data(entry: FigureEntry) -> None:
+    """A need names a field of its command's record, so a misspelled need fails here and a
+    misspelled field where the data is built fails at construction: no figure is skipped by a
+    typo."""
+    fields = {f.name for f in dataclasses.fields(FIGURE_DATA[entry.command])}
+    assert set(entry.needs.values()) <= fields and entry.trigger in fields
 
 
 def test_the_report_side_loads_no_plotting() -> None:

@@ -5,7 +5,7 @@ or Ctrl-C never leaves a half-written output directory."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 from otb_diag.errors import InputError
@@ -16,8 +16,15 @@ from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
 from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.pipelines.inputs import Inputs, Say, silent
-from otb_diag.pipelines.results.energy import EnergyResult, EnergyStats, EnergyTotals
-from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.results.energy import (
+    AdvantageAudit,
+    AuditSkipped,
+    Consistency,
+    EnergyResult,
+    EnergyStats,
+    EnergyTotals,
+)
+from otb_diag.pipelines.results.schema import Distributed, RunInputs, build
 from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import session
 
@@ -95,11 +102,10 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
     energies = seqs.loc[~empty, "energy"]
     return EnergyResult(
         mode="model" if m.results[0].checkpoint else "model-free",
-        inputs=RunInputs(
-            rollouts=rollouts_record(m.index.shell),
-            checkpoints=[r.checkpoint for r in m.results if r.checkpoint],
+        inputs=RunInputs.of(
+            rollouts_record(m.index.shell), [r.checkpoint for r in m.results if r.checkpoint]
         ),
-        settings={**asdict(m.settings), "tir": m.tir},
+        settings=replace(m.settings, tir=m.tir),
         totals=EnergyTotals(
             responses=len(seqs),
             groups=len(groups),
@@ -111,8 +117,8 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
             empty_responses=int(empty.sum()),
             groups_with_empty_responses=list(groups.loc[groups["empty_responses"] > 0, "group"]),
         ),
-        consistency={"tolerance": TOLERANCE, "clamped": dict(m.clamped)},
-        advantage_audit=final.audit,
+        consistency=Consistency(TOLERANCE, dict(m.clamped)),
+        advantage_audit=build(AdvantageAudit | AuditSkipped | None, final.audit),
         energy=EnergyStats(
             step=final.step,
             sequence_energy_mean=float(seqs["energy"].mean()),
@@ -126,7 +132,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
         ),
         proxies=final.proxies,
         figure_group=m.group,
-        distributed={"world_size": world_size, "rank_tokens": m.rank_tokens},
+        distributed=Distributed(world_size, m.rank_tokens),
         timings={**m.timings, "tokens_per_second": n_tokens / max(m.timings["measure_s"], 1e-9)},
         versions=library_versions(),
         out=str(out.resolve()),

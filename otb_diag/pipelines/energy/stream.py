@@ -50,6 +50,7 @@ from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
 from otb_diag.pipelines.measure_knobs import planned
 from otb_diag.plots import energy as plots
+from otb_diag.plots.figure_data import EnergyFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.runtime.devices import torch_threads
@@ -381,14 +382,13 @@ def _write_tables(
     files = ["sequences.csv", "groups.csv", "proxies.json"]
 
     final = results[-1]
-    figure_data = {
-        "sequences": final.sequences,
-        "group": group,
-        "group_tokens": fig4_tokens,
-        "shown": plots.spread_samples(final.sequences, group, count=8),
-        "sampled_tokens": final.fig5_tokens,
-        "vocab_size": final.vocab_size,
-    }
-    if len(results) > 1:
-        figure_data["sequences_by_step"] = sequences
+    figure_data = EnergyFigures(
+        sequences=final.sequences,
+        group=group,
+        group_tokens=fig4_tokens,
+        shown=plots.spread_samples(final.sequences, group, count=8),
+        sampled_tokens=final.fig5_tokens,
+        vocab_size=final.vocab_size,
+        sequences_by_step=sequences if len(results) > 1 else None,
+    )
     return files + save_figures("energy", figure_data, out)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from otb_diag.dynamics.collapse import DetectionRule
 from otb_diag.dynamics.lr_sweep import choose_lr, stability
@@ -32,7 +31,7 @@ from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
 from otb_diag.pipelines.inputs import Inputs
-from otb_diag.pipelines.results.figures import FiguresResult
+from otb_diag.pipelines.results.figures import CollapseSteps, FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
@@ -150,8 +149,7 @@ def run_figures(
         noise_scale=variance.noise_scale if variance else None,
         sweep=sweep,
         collapse=[
-            {k: getattr(r, k) for k in ("run", "collapse_step", "warning_step", "lead_steps")}
-            for r in report.runs
+            CollapseSteps(r.run, r.collapse_step, r.warning_step, r.lead_steps) for r in report.runs
         ],
     )
     write_json(out / "figures.json", result.to_json())
@@ -220,7 +218,7 @@ def _trainings(
     settings: FiguresSettings,
     kept: _Kept,
     progress: bool,
-) -> tuple[list[TrainingJob], dict[str, Any] | None]:
+) -> tuple[list[TrainingJob], Sweep | None]:
     """The trainings the dynamics figures compare (after the learning-rate sweep, when the
     plan has one: its figures kept, the chosen rate used); returns them and the sweep."""
 
@@ -257,7 +255,7 @@ def _trainings(
         f"{', '.join(f'{lr:g}' for lr in plan.sweep_lrs)}, then otb-diag dynamics",
         prefix="lr_sweep_",
     )
-    lr = sweep["chosen_lr"]
+    lr = sweep.chosen_lr
     compared = [sweep_jobs[plan.sweep_lrs.index(lr)], job("otb", 4, lr), job("optseq", 4, lr)]
     run_trainings(compared[1:], settings.jobs, progress)
     return compared, sweep
@@ -272,7 +270,7 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
+def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> Sweep:
     """Dynamics on the sweep's runs, each run's stability and the chosen rate."""
     report = run_dynamics(
         [j.out / "metrics.jsonl" for j in sweep_jobs],
@@ -286,8 +284,4 @@ def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)
         verdicts.append(stability(j.settings.lr, scores, run.collapse_step))
     lr, reason = choose_lr(verdicts)
-    return {
-        "chosen_lr": lr,
-        "reason": reason,
-        "runs": [{**v.__dict__, "unstable": v.unstable} for v in verdicts],
-    }
+    return Sweep(lr, reason, [SweepRun(**asdict(v), unstable=v.unstable) for v in verdicts])

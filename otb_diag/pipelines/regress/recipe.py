@@ -25,6 +25,7 @@ from typing import Any, Literal
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_text
 from otb_diag.pipelines.regress.run_metrics import Metric, find_runs
+from otb_diag.pipelines.results.schema import plain
 
 GOLDEN_FORMAT = "otb-diag-golden/1"
 Status = Literal["pass", "fail", "missing", "extra"]
@@ -107,8 +108,8 @@ def run_provenance(path: Path) -> dict[str, Any]:
         runs[run_dir.relative_to(path).as_posix()] = {
             "command": command,
             "rollouts_sha256": result.inputs.rollouts_sha256,
-            "checkpoints_sha256": [c.get("sha256") for c in result.inputs.checkpoints],
-            "settings": result.settings,
+            "checkpoints_sha256": [c.sha256 for c in result.inputs.checkpoints],
+            "settings": plain(result.settings),
         }
     return {"runs": runs}
 

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.io.provenance import directory_sha256, file_sha256
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.variance.settings import VarianceSettings
 
 
 def _flags(pairs: list[tuple[str, Any]]) -> list[str]:
@@ -29,18 +31,18 @@ def _flags(pairs: list[tuple[str, Any]]) -> list[str]:
     return words
 
 
-def _load_flags(settings: dict[str, Any]) -> list[tuple[str, Any]]:
-    load = settings.get("load", {})
+def _load_flags(settings: EnergySettings | VarianceSettings) -> list[tuple[str, Any]]:
+    load = settings.load
     return [
-        ("--device", load.get("device")),
-        ("--dtype", load.get("dtype")),
-        ("--allow-pickle", load.get("allow_pickle")),
-        ("--trust-remote-code", load.get("trust_remote_code")),
+        ("--device", load.device),
+        ("--dtype", load.dtype),
+        ("--allow-pickle", load.allow_pickle),
+        ("--trust-remote-code", load.trust_remote_code),
     ]
 
 
-def _zero_tail(settings: dict[str, Any]) -> list[tuple[str, Any]]:
-    on = settings.get("handle_zero_tail", True)
+def _zero_tail(settings: EnergySettings | VarianceSettings) -> list[tuple[str, Any]]:
+    on = settings.handle_zero_tail
     return [("--handle-zero-tail" if on else "--no-handle-zero-tail", True)]
 
 
@@ -49,10 +51,11 @@ def _inputs(inputs: RunInputs) -> list[tuple[str, Any]]:
     return pairs + [("--rollouts", inputs.rollouts_path)]
 
 
-def _named(settings: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """(option, value) for settings whose option is the key with dashes (`modes` is `--mode`)."""
+def _named(settings: object, names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(option, value) for settings whose option is the field's name with dashes (`modes` is
+    `--mode`)."""
     options = {"modes": "--mode"}
-    return [(options.get(k, f"--{k.replace('_', '-')}"), settings.get(k)) for k in keys]
+    return [(options.get(k, f"--{k.replace('_', '-')}"), getattr(settings, k)) for k in names]
 
 
 def command(command_name: str, result: Result, out: Path) -> str:
@@ -91,7 +94,7 @@ def input_files(command_name: str, result: Result) -> Iterator[tuple[str, str, s
         inputs: RunInputs = result.inputs
         yield "rollouts", inputs.rollouts_path, inputs.rollouts_sha256 or "—"
         for c in inputs.checkpoints:
-            yield f"checkpoint (step {c.get('step')})", c["path"], c.get("sha256") or "—"
+            yield f"checkpoint (step {c.step})", c.path, c.sha256 or "—"
     if command_name == "train":
         yield "checkpoint (start)", result.checkpoint, _hash_now(Path(result.checkpoint))
     if command_name == "dynamics":

@@ -32,6 +32,7 @@ from otb_diag.pipelines.report import html, verdicts
 from otb_diag.pipelines.report.provenance import command, input_files
 from otb_diag.pipelines.report.sections import TABLES, Run, figures
 from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
+from otb_diag.pipelines.results.schema import plain
 
 REPORT_COMMANDS = ("variance-compare", "energy", "dynamics", "train")  # the report's order
 JUNIT_SUITE = "otb-diag regress"
@@ -259,5 +260,8 @@ def _provenance(runs: list[Run], dirs: Sequence[Path], golden: Path | None) -> l
 
 
 def _settings(run: Run) -> dict[str, Any]:
-    """The settings a run was made with: its result's, or dynamics' rule."""
-    return run.result.rule if run.command == "dynamics" else run.result.settings
+    """The settings a run was made with, as its record file holds them: its result's, or
+    dynamics' rule."""
+    if run.command == "dynamics":
+        return run.result.rule_json()
+    return plain(run.result.settings)

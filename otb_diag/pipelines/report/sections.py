@@ -192,7 +192,7 @@ def dynamics_tables(run: Run) -> str:
             ("warning", "step where the variance proxy first rose above its trailing baseline "
              "before the collapse"),
             ("lead", "collapse − warning, in training steps"),
-            ("rule", result.rule["description"]),
+            ("rule", result.rule.describe()),
         ]
     ) + _comparison_table(run) + _live_table(run)  # fmt: skip
 

@@ -170,15 +170,15 @@ def collapse_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
         span = f"steps {r.first_step}–{r.last_step}, {r.points} logged points"
         if r.collapse_step is None:
             sentence = (
-                f"Run {r.run} ({span}): no collapse detected (no {rule.get('persist')} "
+                f"Run {r.run} ({span}): no collapse detected (no {rule.persist} "
                 f"consecutive points with robust z of log grad-norm above "
-                f"{rule.get('threshold')}), so no warning and no lead time."
+                f"{rule.threshold}), so no warning and no lead time."
             )
         else:
             z = r.collapse_z
             sentence = (
                 f"Run {r.run} ({span}): collapse at step {r.collapse_step}"
-                + (f" (robust z {z:.1f} > {rule.get('threshold')})" if z is not None else "")
+                + (f" (robust z {z:.1f} > {rule.threshold})" if z is not None else "")
                 + "; "
             )
             if r.warning_step is not None:
@@ -188,7 +188,7 @@ def collapse_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
                 )
             else:
                 sentence += (
-                    f"no variance warning in the {rule.get('lead_horizon')} points before "
+                    f"no variance warning in the {rule.lead_horizon} points before "
                     f"(proxy: {r.variance_proxy_kind}), so no lead time."
                 )
         verdicts.append(Verdict(f"collapse ({label})", sentence))
@@ -223,7 +223,7 @@ def energy_verdicts(result: EnergyResult, label: str) -> list[Verdict]:
 def train_verdicts(result: TrainResult, label: str) -> list[Verdict]:
     s, k = result.settings, result.window
     sentence = (
-        f"Training with the {s['baseline']} baseline at N = {s['group_size']}, lr {s['lr']:g}, "
+        f"Training with the {s.baseline} baseline at N = {s.group_size}, lr {s.lr:g}, "
         f"{result.totals.steps} steps: mean reward "
         f"{result.early['mean_reward']:.3f} over the first {k} step(s), "
         f"{result.late['mean_reward']:.3f} over the last {k} "

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.dynamics.units import MIXED_UNITS
 from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.results.schema import absent
+from otb_diag.plots.registry import figures_of
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class DynamicsRun:
     units_note: str | None
     # `otb/` metric -> its last logged value (docs/live.md); None, and absent from collapse.json,
     # when the log has none. The one field that may be absent: files written before it existed.
-    otb: dict[str, float] | None = None
+    otb: dict[str, float] | None = absent()
     # The logged split pooled over the run, one per estimator; None where the log has no split.
     budget: list[PooledBudget] | None = None
 
@@ -80,7 +83,7 @@ class DynamicsResult(schema.Versioned):
 
     command: ClassVar[str] = "dynamics"
 
-    rule: dict[str, Any]  # DetectionRule's parameters and its description
+    rule: DetectionRule  # collapse.json adds its description (`rule_json`)
     target: float | None
     runs: list[DynamicsRun]
     outputs: str  # the output directory
@@ -92,12 +95,12 @@ class DynamicsResult(schema.Versioned):
         """The runs whose logs carry the live diagnostics."""
         return [r for r in self.runs if r.otb is not None]
 
+    def rule_json(self) -> dict[str, Any]:
+        """The rule as collapse.json holds it: its parameters, then its description."""
+        return {**schema.plain(self.rule), "description": self.rule.describe()}
+
     def to_json(self) -> dict[str, Any]:
-        record = super().to_json()
-        for row in record["runs"]:
-            if row["otb"] is None:  # as collapse.json always had it: "otb" only when logged
-                del row["otb"]
-        return record
+        return {**super().to_json(), "rule": self.rule_json()}  # the key keeps its place
 
     def format(self) -> str:
         """One line per run, then the rule and where the outputs are."""
@@ -120,11 +123,21 @@ class DynamicsResult(schema.Versioned):
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
         lines += self._comparison_lines()
-        lines.append(f"rule: {self.rule['description']}")
-        # + the live diagnostics', + the pooled noise scale's, + the comparison's
-        figures = 3 + bool(self.live_runs) + any(r.budget for r in self.runs) + bool(self.arms)
-        lines.append(f"wrote dynamics.csv, collapse.json and {figures} figures to {self.outputs}")
+        lines.append(f"rule: {self.rule.describe()}")
+        lines.append(
+            f"wrote dynamics.csv, collapse.json and {len(self.figures())} figures to {self.outputs}"
+        )
         return "\n".join(lines)
+
+    def figures(self) -> list[str]:
+        """The figures the run drew (`plots/registry.py`): those every run has, and those whose
+        data it made (the live diagnostics, the pooled split, the comparison of arms)."""
+        made = {
+            "live_runs": bool(self.live_runs),
+            "budget": any(r.budget for r in self.runs),
+            "arms": bool(self.arms),
+        }
+        return [e.stem for e in figures_of("dynamics") if e.always or made[e.trigger]]
 
     def _comparison_lines(self) -> list[str]:
         """The comparison at equal tokens, one line per arm (none without arms)."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RunInputs
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,39 @@ class EnergyStats:
 
 
 @dataclass(frozen=True)
+class Consistency:
+    """The probability checks' tolerance and how many values each clamped to it
+    (`io/rollouts/probability_checks.py`)."""
+
+    tolerance: float
+    clamped: dict[str, int]  # field -> values clamped
+
+
+@dataclass(frozen=True)
+class AdvantageAudit:
+    """The trainer's logged advantages against the registry's estimator
+    (`pipelines/energy/audit.py`, `maths/estimators/trainer_audit.py:combine_audits`)."""
+
+    trainer: str
+    baseline: str
+    options: dict[str, float | bool | str]  # the estimator's keyword arguments
+    responses: int
+    tokens: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    tolerance: float
+    agrees: bool
+    worst_response: int | None  # the response with the largest |Δ| (None: no token)
+
+
+@dataclass(frozen=True)
+class AuditSkipped:
+    """Why the trainer's advantages were not audited."""
+
+    skipped: str
+
+
+@dataclass(frozen=True)
 class EnergyResult(schema.Versioned):
     """What `otb-diag energy` measured and wrote (`to_json()` is its summary.json)."""
 
@@ -48,15 +82,15 @@ class EnergyResult(schema.Versioned):
 
     mode: str  # "model" or "model-free"
     inputs: RunInputs
-    settings: dict[str, Any]  # EnergySettings as written, plus the TIR decision
+    settings: EnergySettings  # auto sizes and `tir` as the run resolved them
     totals: EnergyTotals
-    consistency: dict[str, Any]  # the probability tolerance and the clamped counts
-    advantage_audit: dict[str, Any] | None  # pipelines/energy/audit.py; None: no trainer advantages
+    consistency: Consistency
+    advantage_audit: AdvantageAudit | AuditSkipped | None  # None: no trainer advantages
     energy: EnergyStats
     proxies: dict[str, dict[str, float]]  # baseline -> proxy name -> value
     figure_group: str
-    distributed: dict[str, Any]
-    timings: dict[str, float]
+    distributed: Distributed
+    timings: dict[str, float]  # phase -> seconds, and `tokens_per_second`
     versions: dict[str, str]
     out: str
     outputs: list[str]
@@ -126,7 +160,9 @@ def zero_tail_note(otb: dict[str, float], mean: dict[str, float] | None) -> str 
     )
 
 
-def _format_zero_tail(proxies: dict[str, Any], e: EnergyStats, groups: int) -> list[str]:
+def _format_zero_tail(
+    proxies: dict[str, dict[str, float]], e: EnergyStats, groups: int
+) -> list[str]:
     """OTB's proxies split into verl's zero tail and the rest, and the note when the tail makes
     OTB's exceed the mean baseline's; nothing when OTB was not measured."""
     otb = proxies.get("otb")
@@ -143,19 +179,19 @@ def _format_zero_tail(proxies: dict[str, Any], e: EnergyStats, groups: int) -> l
     return lines + ([f"note         {note}"] if note else [])
 
 
-def _format_audit(audit: dict[str, Any]) -> str:
+def _format_audit(audit: AdvantageAudit | AuditSkipped) -> str:
     """One line on the trainer's advantages against its documented estimator."""
-    if "skipped" in audit:
-        return f"advantages   not audited: {audit['skipped']}"
-    eps = audit["options"].get("eps")
+    if isinstance(audit, AuditSkipped):
+        return f"advantages   not audited: {audit.skipped}"
+    eps = audit.options.get("eps")
     verdict = (
         "agree"
-        if audit["agrees"]
-        else f"DIFFER (beyond {audit['tolerance']:.2g}; worst: response {audit['worst_response']})"
+        if audit.agrees
+        else f"DIFFER (beyond {audit.tolerance:.2g}; worst: response {audit.worst_response})"
     )
     return (
-        f"advantages   {audit['trainer']} logged vs registry '{audit['baseline']}'"
+        f"advantages   {audit.trainer} logged vs registry '{audit.baseline}'"
         + (f" (ε={eps:g})" if eps is not None else "")
-        + f": max |Δ| {audit['max_abs_diff']:.3g}, mean |Δ| {audit['mean_abs_diff']:.3g} over "
-        f"{audit['tokens']} tokens of {audit['responses']} responses: {verdict}"
+        + f": max |Δ| {audit.max_abs_diff:.3g}, mean |Δ| {audit.mean_abs_diff:.3g} over "
+        f"{audit.tokens} tokens of {audit.responses} responses: {verdict}"
     )

@@ -4,10 +4,43 @@ run records it carries no schema version: `to_json()` is the file as it always w
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from otb_diag.pipelines.results.variance import ClaimVerdict
+from otb_diag.pipelines.results.schema import plain
+from otb_diag.pipelines.results.variance import ClaimVerdict, Recommendation
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One rate of the learning-rate sweep and its stability (`dynamics/lr_sweep.py:Stability`
+    with its verdict)."""
+
+    lr: float
+    surge_step: int | None
+    early_score: float
+    late_score: float
+    reward_collapse: bool
+    unstable: bool
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The learning-rate sweep (scenario long): the rate chosen, why, and each rate's run."""
+
+    chosen_lr: float
+    reason: str
+    runs: list[SweepRun]
+
+
+@dataclass(frozen=True)
+class CollapseSteps:
+    """A training's collapse, warning and lead steps (`results/dynamics.py:DynamicsRun`)."""
+
+    run: str
+    collapse_step: int | None
+    warning_step: int | None
+    lead_steps: int | None
 
 
 @dataclass(frozen=True)
@@ -21,12 +54,12 @@ class FiguresResult:
     figures: dict[str, str]  # file name -> the command that made it
     timings: dict[str, float]
     paper_claim: list[ClaimVerdict] | None
-    noise_scale: dict[str, Any] | None  # the variance run's recommendation
-    sweep: dict[str, Any] | None  # the learning-rate sweep (scenario long)
-    collapse: list[dict[str, Any]]  # run, collapse, warning and lead steps per training
+    noise_scale: Recommendation | None  # the variance run's recommendation
+    sweep: Sweep | None  # the learning-rate sweep (scenario long)
+    collapse: list[CollapseSteps]  # one per training
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain(self)
 
     def format(self, out: str) -> str:
         """One line per figure file with the command that made it, then where they went."""

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.results.schema import Distributed
 
 # The files a sampling run leaves in its output folder.
 ROLLOUTS = "rollouts.jsonl"
 MANIFEST = "manifest.json"
-
-
-@dataclass(frozen=True)
-class SampleDistributed:
-    """The processes that sampled: how many, and the tokens each generated in this run."""
-
-    world_size: int
-    rank_tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -33,14 +26,15 @@ class SampleResult(schema.Versioned):
     prompts_sha256: str | None  # None for a datasets directory
     prompts_count: int
     responses: int
-    settings: dict[str, Any]  # SampleSettings.identity() and `from_policy`
+    # SampleSettings.identity() (what a --resume must share) and `from_policy`: flat, JSON scalars
+    settings: dict[str, str | int | float | bool | None]
     batches: int
     truncated: int  # responses cut at max_new_tokens
     mean_reward: float
     generated_tokens: int
     seconds: float
     sampled_tokens_this_run: int  # less than generated_tokens after --resume
-    distributed: SampleDistributed
+    distributed: Distributed  # the tokens each process generated in this run
     versions: dict[str, str]
 
     def format(self, out: Path) -> str:

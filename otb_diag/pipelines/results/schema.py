@@ -24,25 +24,80 @@ SCHEMA_VERSION = 2
 T = TypeVar("T")
 
 
+# A field's metadata key: the field is left out of the JSON when it is None (`absent()`).
+_ABSENT = "absent_when_none"
+
+
+def absent() -> Any:
+    """A record field that files hold only when it has a value: None when the file lacks the
+    key, and left out of `to_json` when None (the files as they were written before the records
+    were typed)."""
+    return dataclasses.field(default=None, metadata={_ABSENT: True})
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a multi-file rollouts input, resolved, with its SHA-256."""
+
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RolloutsRecord:
+    """The rollouts a run read (`io/loading.py:rollouts_record`): path and format, with the
+    SHA-256 of its one file or, for several files, each file's."""
+
+    path: str
+    format: str
+    sha256: str | None = absent()  # one file
+    files: list[FileRecord] | None = absent()  # several files
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint a run read (`io/checkpoint.py:checkpoint_record`): path, hash, what was
+    hashed, and its training step (None: not in its name)."""
+
+    path: str
+    sha256: str
+    hashed: str
+    step: int | None
+
+
 @dataclass(frozen=True)
 class RunInputs:
     """What a run read: the rollouts and checkpoints as `io/loading.py` records them (path,
     SHA-256, ...), shared by the results of `energy` and `variance-compare`."""
 
-    rollouts: dict[str, Any]
-    checkpoints: list[dict[str, Any]]
+    rollouts: RolloutsRecord
+    checkpoints: list[CheckpointRecord]
+
+    @classmethod
+    def of(cls, rollouts: dict[str, Any], checkpoints: list[dict[str, Any]]) -> RunInputs:
+        """From io's records (`io/loading.py:rollouts_record`, `io/checkpoint.py:
+        checkpoint_record`)."""
+        return cls(build(RolloutsRecord, rollouts), build(list[CheckpointRecord], checkpoints))
 
     @property
     def rollouts_path(self) -> str:
-        return str(self.rollouts["path"])
+        return self.rollouts.path
 
     @property
     def rollouts_sha256(self) -> str | None:
-        return self.rollouts.get("sha256")
+        return self.rollouts.sha256
 
     @property
     def checkpoint_paths(self) -> list[str]:
-        return [c["path"] for c in self.checkpoints]
+        return [c.path for c in self.checkpoints]
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """The processes that ran a command: how many, and the tokens each measured or generated."""
+
+    world_size: int
+    rank_tokens: list[int]
 
 
 class Versioned:
@@ -61,11 +116,24 @@ class Versioned:
 
 def to_json(result: Any) -> dict[str, Any]:
     """summary.json's content: the version, the command, then the fields in declaration order."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "command": result.command,
-        **dataclasses.asdict(result),
-    }
+    return {"schema_version": SCHEMA_VERSION, "command": result.command, **plain(result)}
+
+
+def plain(value: Any) -> Any:
+    """`value` as the JSON it is written as, and read back: records as dicts of their fields in
+    declaration order (an `absent()` field that is None left out), tuples as lists, lists and
+    dicts item by item."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get(_ABSENT) and getattr(value, f.name) is None)
+        }
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 def from_json(cls: type[T], data: Any, path: Path) -> T:
@@ -83,32 +151,51 @@ def from_json(cls: type[T], data: Any, path: Path) -> T:
             hint=rerun,
         )
     try:
-        return _build(cls, data)
+        return build(cls, data)
     except (KeyError, TypeError) as err:
         raise InputError(f"{path.name} lacks a field or has a wrong one ({err})", path=path,
                          hint=rerun) from None  # fmt: skip
 
 
-def _build(tp: Any, value: Any) -> Any:
-    """`value` (parsed JSON) as type `tp`: dataclasses field by field (a field with a default
-    may be absent: it takes the default), lists of them item by item, `X | None` as X unless
-    None; anything else as it is."""
+def build(tp: Any, value: Any) -> Any:
+    """`value` (parsed JSON, or a record as a plain dict) as type `tp`: dataclasses field by
+    field (a field with a default may be absent: it takes the default), `list[X]`,
+    `tuple[X, ...]`, `tuple[X, Y]` and `dict[str, X]` item by item, `X | None` as X unless
+    None (`X | Y`: the first that `value` builds); anything else as it is. A missing field is
+    a `KeyError`, a wrong shape a `TypeError`."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{tp.__name__} needs an object, got {type(value).__name__}")
         hints = typing.get_type_hints(tp)
         return tp(
             **{
-                f.name: _build(hints[f.name], value[f.name])
+                f.name: build(hints[f.name], value[f.name])
                 for f in dataclasses.fields(tp)
-                if f.name in value or f.default is dataclasses.MISSING
+                if f.name in value or _required(f)
             }
         )
-    origin = typing.get_origin(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _build(inner, value)
+        *first, last = [a for a in args if a is not type(None)]
+        for inner in first:  # records of another shape: the first whose fields `value` has
+            try:
+                return build(inner, value)
+            except (KeyError, TypeError):
+                continue
+        return build(last, value)
     if origin is list:
-        (item,) = typing.get_args(tp)
-        return [_build(item, v) for v in value]
+        return [build(args[0], v) for v in value]
+    if origin is tuple:
+        items = args[:1] * len(value) if args[1:] == (...,) else args
+        if len(items) != len(value):
+            raise TypeError(f"{tp} needs {len(items)} items, got {len(value)}")
+        return tuple(build(t, v) for t, v in zip(items, value, strict=True))
+    if origin is dict:
+        return {k: build(args[1], v) for k, v in value.items()}
     return value
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

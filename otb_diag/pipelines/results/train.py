@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.results import schema
+from otb_diag.pipelines.train_settings import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class TrainResult(schema.Versioned):
     command: ClassVar[str] = "train"
 
     checkpoint: str  # the checkpoint training started from
-    settings: dict[str, Any]  # TrainSettings as written
+    settings: TrainSettings
     window: int
     early: dict[str, float]
     late: dict[str, float]

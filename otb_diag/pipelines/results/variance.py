@@ -4,10 +4,11 @@ the paper-claim verdicts, the knee and the recommendation), and the text it prin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RunInputs, absent
+from otb_diag.pipelines.variance.settings import VarianceSettings
 
 # The paper's claim, declared here once (its abstract; the authors' post for the two settings):
 # OTB with N = 4 responses per prompt matches the group-mean baseline with N = 32 in training
@@ -115,22 +116,133 @@ class ZeroTailRow:
 
 
 @dataclass(frozen=True)
+class BaselineSpec:
+    """One baseline as the paired draws computed it (`maths/variance/paired_draws.py:Spec`)."""
+
+    label: str
+    name: str
+    energy: str | None
+    handle_zero_tail: bool | None
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The paired draws of one mode at one checkpoint (`paired_draws.py:paired_draws`'s
+    metadata): seed, sizes, pools and what the variance is."""
+
+    mode: str
+    seed: int
+    draws: int
+    bootstrap: int
+    group_sizes: list[int]
+    prompts: int
+    pool_size_min: int
+    pool_size_max: int
+    constant_pools: int
+    aggregations: list[str]
+    specs: list[BaselineSpec]
+    score_dim: int
+    variance: str
+
+
+@dataclass(frozen=True)
+class KneeClaim:
+    """The (baseline, N) with the fewest tokens a step at the knee (`maths/variance/knee.py`)."""
+
+    baseline: str
+    group_size: int
+    noise_scale: float
+    noise_scale_tokens: float
+    noise_scale_tokens_low: float
+    noise_scale_tokens_high: float
+
+
+@dataclass(frozen=True)
+class KneeReference:
+    """The mean baseline at the trained N, and the share of its noise between prompts."""
+
+    baseline: str
+    group_size: int
+    resolved: bool
+    noise_scale_tokens: float
+    noise_scale_low: float
+    between_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """`maths/variance/knee.py:recommend`: the mode and aggregation it read (None: no mode with
+    a signal, and then only `claim` and `text`), the knee claimed (None: none resolved), the
+    mean baseline beside it (absent when not measured) and the sentence."""
+
+    mode: str | None
+    aggregation: str | None = absent()
+    current_n: int | None = absent()
+    reference_n: int | None = absent()
+    prompts: int | None = absent()
+    few_prompts: bool | None = absent()
+    claim: KneeClaim | None
+    reference: KneeReference | None = absent()
+    text: str
+
+
+@dataclass(frozen=True)
+class FidelityRow:
+    """One row of fidelity.csv: the proxy `w_t` against the true per-token `‖s_t‖²` of a block
+    (`all`: the whole parameter vector) at a mode and step (`maths/variance/fidelity.py`)."""
+
+    step: int
+    mode: str
+    block: str
+    token_spearman: float
+    token_pearson: float
+    tokens: int
+    sequence_spearman: float
+    sequence_pearson: float
+    sequences: int
+
+
+@dataclass(frozen=True)
+class ParameterBlock:
+    """A block of a split full-mode projection: its name, first direction and directions."""
+
+    block: str
+    offset: int
+    k: int
+
+
+@dataclass(frozen=True)
+class FullMode:
+    """How a full-mode measurement was made (`pipelines/variance/summary.py:full_record`):
+    engine, where ‖s_t‖² and the sequence's ‖Σ_t s_t‖² came from, the cost plan
+    (`policy/scores/cost.py:FullPlan.as_dict`), the blocks and the measured projection error
+    (`maths/variance/blocks.py:projection_error`; empty when not measured)."""
+
+    engine: str
+    sq_norm: str
+    sequence_sq_norm: str
+    plan: dict[str, float | str | None | dict[str, float]]
+    blocks: list[ParameterBlock]
+    jl_error: dict[str, float]
+
+
+@dataclass(frozen=True)
 class VarianceResult(schema.Versioned):
     """What `otb-diag variance-compare` measured and wrote (`to_json()` is its summary.json)."""
 
     command: ClassVar[str] = "variance-compare"
 
     inputs: RunInputs
-    settings: dict[str, Any]  # VarianceSettings as written
-    draws: dict[str, Any]  # "<mode>@<step>" -> the paired draws' metadata
+    settings: VarianceSettings  # auto sizes as the run resolved them
+    draws: dict[str, Draws]  # "<mode>@<step>" -> the paired draws
     headline: list[HeadlineRow]
     paper_claim: list[ClaimVerdict]
-    noise_scale: dict[str, Any]  # maths/variance/knee.py:recommend (its `text`, `mode`, ...)
+    noise_scale: Recommendation
     knee: Knee
-    fidelity: list[dict[str, Any]]  # the rows of fidelity.csv
-    distributed: dict[str, Any]
-    full: dict[str, Any]  # step -> full mode's engine, ‖s_t‖² source and projection error
-    timings: dict[str, float]
+    fidelity: list[FidelityRow]  # the rows of fidelity.csv
+    distributed: Distributed
+    full: dict[str, FullMode]  # step -> how full mode measured it
+    timings: dict[str, float]  # "<phase>_s@<step>" and "total_s" -> seconds
     versions: dict[str, str]
     outputs: list[str]
     out: str
@@ -142,30 +254,30 @@ class VarianceResult(schema.Versioned):
 
     @property
     def modes(self) -> list[str]:
-        return list(self.settings["modes"])
+        return list(self.settings.modes)
 
     @property
     def aggregation(self) -> str:
         """The first aggregation: the one the headline, figures and tables show."""
-        return str(self.settings["aggregations"][0])
+        return self.settings.aggregations[0]
 
     @property
     def group_sizes(self) -> list[int]:
-        return [int(n) for n in self.settings["group_sizes"]]
+        return list(self.settings.group_sizes)
 
     @property
     def sketch_dim(self) -> int:
-        return int(self.settings["sketch_dim"])
+        return self.settings.sketch_dim
 
     @property
     def recommendation(self) -> str:
-        return str(self.noise_scale["text"])
+        return self.noise_scale.text
 
     @property
     def recommendation_where(self) -> str:
         """The mode and aggregation the recommendation reads, or that no mode had a signal."""
-        mode = self.noise_scale.get("mode")
-        return f"{mode} mode, {self.noise_scale.get('aggregation')}" if mode else "no signal"
+        mode = self.noise_scale.mode
+        return f"{mode} mode, {self.noise_scale.aggregation}" if mode else "no signal"
 
     def format(self) -> str:
         """The short human summary `otb-diag variance-compare` prints: the headline, plainly."""
@@ -194,10 +306,10 @@ class VarianceResult(schema.Versioned):
         lines += [f"paper's claim, {c.mode} mode: {c.text}." for c in self.paper_claim]
         lines += self._knee_lines()
         for step, full in self.full.items():
-            err = full["jl_error"]
+            err = full.jl_error
             lines.append(
-                f"full mode (step {step}): engine {full['engine']}, per-token ‖s_t‖² "
-                f"{full['sq_norm']}; sequence ‖Σ_t s_t‖²: {full['sequence_sq_norm']}"
+                f"full mode (step {step}): engine {full.engine}, per-token ‖s_t‖² "
+                f"{full.sq_norm}; sequence ‖Σ_t s_t‖²: {full.sequence_sq_norm}"
             )
             if err:
                 lines.append(
@@ -207,12 +319,11 @@ class VarianceResult(schema.Versioned):
                     f"±{err['ratio_relative_error']:.1%}"
                 )
         for f in self.fidelity:
-            if f.get("block", "all") != "all":
+            if f.block != "all":
                 continue
             lines.append(
-                f"proxy fidelity ({f['mode']}, step {f['step']}): Spearman "
-                f"{f['token_spearman']:.3f}, Pearson {f['token_pearson']:.3f} over "
-                f"{f['tokens']} tokens"
+                f"proxy fidelity ({f.mode}, step {f.step}): Spearman "
+                f"{f.token_spearman:.3f}, Pearson {f.token_pearson:.3f} over {f.tokens} tokens"
             )
         lines += [row.format() for row in self.zero_tail]
         lines.append(f"wrote {len(self.outputs)} files to {self.out}")

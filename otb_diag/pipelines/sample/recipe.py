@@ -41,12 +41,8 @@ from otb_diag.io.atomic import staged_output, write_json, write_jsonl
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
 from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
-from otb_diag.pipelines.results.sample import (
-    MANIFEST,
-    ROLLOUTS,
-    SampleDistributed,
-    SampleResult,
-)
+from otb_diag.pipelines.results.sample import MANIFEST, ROLLOUTS, SampleResult
+from otb_diag.pipelines.results.schema import Distributed
 from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
 from otb_diag.pipelines.sample.verifiers import (
     Verifier,
@@ -252,7 +248,7 @@ def _assemble(
         generated_tokens=sum(len(r["response_ids"]) for r in rows),
         seconds=time.perf_counter() - started,
         sampled_tokens_this_run=sum(tokens_per_rank),
-        distributed=SampleDistributed(world_size=d.world_size, rank_tokens=tokens_per_rank),
+        distributed=Distributed(world_size=d.world_size, rank_tokens=tokens_per_rank),
         versions=library_versions(),
     )
     with staged_output(out) as stage:

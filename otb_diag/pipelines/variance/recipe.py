@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,15 @@ from otb_diag.maths.variance.paired_draws import (
 from otb_diag.maths.variance.score_energies import score_energies
 from otb_diag.maths.variance.zero_tail import zero_tail_rows
 from otb_diag.pipelines.inputs import Inputs, Say, silent
-from otb_diag.pipelines.results.schema import RunInputs
-from otb_diag.pipelines.results.variance import VarianceResult, ZeroTailRow
+from otb_diag.pipelines.results.schema import Distributed, RunInputs, build
+from otb_diag.pipelines.results.variance import (
+    Draws,
+    FidelityRow,
+    FullMode,
+    Recommendation,
+    VarianceResult,
+    ZeroTailRow,
+)
 from otb_diag.pipelines.variance.measure import Measured, measure
 from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.pipelines.variance.summary import (
@@ -44,6 +51,7 @@ from otb_diag.pipelines.variance.summary import (
     paper_claim,
     write_noise,
 )
+from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.scores.token_scores import proxy_scores
 from otb_diag.runtime.devices import resolve_device
@@ -271,16 +279,16 @@ def _summary(
     tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
     return VarianceResult(
-        inputs=RunInputs(rollouts=loaded.record, checkpoints=tables.checkpoints),
-        settings=asdict(settings),
-        draws=tables.draws,
+        inputs=RunInputs.of(loaded.record, tables.checkpoints),
+        settings=settings,
+        draws=build(dict[str, Draws], tables.draws),
         headline=rows,
         paper_claim=paper_claim(rows, int(variance["group_size"].max())),
-        noise_scale=recommend(last_noise, settings.current_n),
+        noise_scale=build(Recommendation, recommend(last_noise, settings.current_n)),
         knee=knee_rows(last_noise),
-        fidelity=tables.fidelity_rows,
-        distributed={"world_size": d.world_size, "rank_tokens": rank_tokens},
-        full=tables.full,
+        fidelity=build(list[FidelityRow], tables.fidelity_rows),
+        distributed=Distributed(d.world_size, rank_tokens),
+        full=build(dict[str, FullMode], tables.full),
         zero_tail=[ZeroTailRow(**row) for row in tables.zero_tail],
         timings=tables.timings,
         versions=library_versions(),
@@ -309,15 +317,17 @@ def _write(
     )
     aggregation = settings.aggregations[0]
     for mode in settings.modes:
-        rows = {"variance_rows": final[final["mode"] == mode], "aggregation": aggregation}
+        rows = VarianceFigures(aggregation, variance_rows=final[final["mode"] == mode])
         files += save_figures("variance-compare", rows, out, mode)
-    figure_data: dict[str, object] = {"aggregation": aggregation}
+    exact_tokens, last_blocks = None, None
     if fidelity_tokens:
         tokens = pd.concat(fidelity_tokens, ignore_index=True)
         last = tokens[tokens["step"] == tokens["step"].max()]
         exact = "full" if (last["mode"] == "full").any() else "head"
-        figure_data["fidelity_tokens"] = last[last["mode"] == exact]
+        exact_tokens = last[last["mode"] == exact]
     if blocks is not None:
-        last = blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
-        figure_data["block_rows"] = last
+        last_blocks = (
+            blocks if "step" not in blocks else blocks[blocks["step"] == blocks["step"].max()]
+        )
+    figure_data = VarianceFigures(aggregation, fidelity_tokens=exact_tokens, block_rows=last_blocks)
     return files + save_figures("variance-compare", figure_data, out)

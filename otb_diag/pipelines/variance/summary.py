@@ -23,6 +23,7 @@ from otb_diag.pipelines.results.variance import (
     KneeRow,
     percent,
 )
+from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def write_noise(out: Path, noise: pd.DataFrame, last: pd.DataFrame) -> list[str]
     if not signal.empty:
         mode = "full" if (signal["mode"] == "full").any() else "head"
         rows = signal[signal["mode"] == mode]
-        data = {"noise_rows": rows, "noise_aggregation": str(rows["aggregation"].iloc[0])}
+        data = VarianceFigures(noise_rows=rows, noise_aggregation=str(rows["aggregation"].iloc[0]))
         files += save_figures("variance-compare", data, out, mode)
     return files
 

@@ -166,7 +166,7 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
         result = run_variance(inputs, tmp_path / "out", settings, progress=False)
 
     assert module_entries(call, on_rollouts_path) == VARIANCE_PATH
-    assert result is not None and result.inputs.rollouts["format"] == "trl-parquet"
+    assert result is not None and result.inputs.rollouts.format == "trl-parquet"
     written = " → ".join(f"`{source(m)}`" for m in VARIANCE_PATH)
     architecture = " ".join((Path(__file__).parents[3] / "ARCHITECTURE.md").read_text().split())
     assert written in architecture
