@@ -76,7 +76,7 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow  # launches torchrun
+@pytest.mark.torchrun
 def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(tmp_path: Path) -> None:
     script = tmp_path / "plain_ddp.py"
     script.write_text(PLAIN_DDP, encoding="utf-8")
@@ -158,7 +158,8 @@ for mode in ("plain", "attach"):
 """
 
 
-@pytest.mark.slow  # launches torchrun, runs TRL
+@pytest.mark.torchrun
+@pytest.mark.external  # runs TRL
 def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
     script = tmp_path / "trl_ddp.py"
     script.write_text(TRL_DDP, encoding="utf-8")
