@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from launch import BIN, torchrun
+from launch import torchrun
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
@@ -405,14 +405,12 @@ def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Pa
     verifier = tmp_path / "verifier.py"  # the same name throughout: --resume checks it
     common += ["--verifier", f"{verifier}:fn"]
     verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each rank: the same float arithmetic
-    one = subprocess.run(
-        [str(BIN), *map(str, common), "--out", str(tmp_path / "one")],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same float arithmetic
+    try:
+        one_process(*common, "--out", tmp_path / "one")
+    finally:
+        torch.set_num_threads(threads)
 
     verifier.write_text("FAIL = True\n" + VERIFIER, encoding="utf-8")
     out = tmp_path / "two"
