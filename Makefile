@@ -1,5 +1,5 @@
-# The two commands of the README:  `make demo`  and  `make test` (`make test-fast`: without the
-# tests marked slow, under 2 minutes on 2 cores).
+# The two commands of the README:  `make demo`  and  `make test` (everything; `make test-fast`:
+# the inner loop, without the tests marked slow, torchrun or external; see docs/ci.md for times).
 # Both create .venv, install the pinned CPU torch wheel first (a bare `torch` requirement would pull
 # a multi-GB CUDA build), then the project with its dev extras.
 PYTHON ?= python3
@@ -41,7 +41,7 @@ test: setup
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not torchrun and not external"
 
 bench: setup
 	$(BIN)/python bench/bench_stats.py

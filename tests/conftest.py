@@ -46,6 +46,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Pa
     return root
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads SmolLM2 may download it (pip, the network): marked `external` here, by
+    the fixture it uses, so no module has to remember it."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.external)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct as a .gguf file (tests/real_model.py): downloaded once, cached."""

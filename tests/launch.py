@@ -1,7 +1,9 @@
 """Launching otb-diag or a script on several gloo processes with torchrun (CPU), for the
 tests that check what several processes do: tests/runtime/test_torchrun.py (the commands),
 tests/integrations/test_trl_processes.py (TRL's trainers with `attach`) and
-tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP)."""
+tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP). Every script it
+launches joins and leaves the group through `otb_diag.runtime.torchrun.session`, as otb-diag
+does: a rank that tears gloo down on its own can abort after its work is done."""
 
 from __future__ import annotations
 

@@ -28,55 +28,57 @@ import contextlib, copy, json, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from otb_diag.integrations.ddp_noise import DdpNoise
+from otb_diag.runtime.torchrun import session
 
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)  # the same initial weights on every rank
-model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
-by_hand = copy.deepcopy(model)  # no DDP: the local gradient, by plain autograd
-plain = DDP(copy.deepcopy(model), bucket_cap_mb=0.0005)  # DDP without the hook
-hooked = DDP(model, bucket_cap_mb=0.0005)  # ~500-byte buckets: several per backward
-MICRO, ACCUM, ROWS_PER_PROMPT = 4, 2, 2  # 8 rows a step per rank = 4 "prompts"
-noise = DdpNoise(MICRO * ACCUM / ROWS_PER_PROMPT, world)
-hooked.register_comm_hook(hooked.process_group, noise.hook)
-generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
-out = []
-for step in range(3):
-    local = [torch.zeros_like(p) for p in by_hand.parameters()]
-    for micro in range(ACCUM):
-        x = torch.randn(MICRO, 6, generator=generator)
-        y = torch.randn(MICRO, 3, generator=generator)
-        last = micro == ACCUM - 1
-        for ddp in (plain, hooked):
-            with contextlib.nullcontext() if last else ddp.no_sync():
-                ((ddp(x) - y).square().mean() / ACCUM).backward()
-        loss = (by_hand(x) - y).square().mean() / ACCUM
-        grads = torch.autograd.grad(loss, list(by_hand.parameters()))
-        local = [a + g for a, g in zip(local, grads)]
-    flat = torch.cat([g.flatten() for g in local]).double()
-    gathered = [torch.zeros_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
-    stacked = torch.stack(gathered)  # [W, n_params]
-    mean = stacked.mean(0)
-    hooked_grad = torch.cat([p.grad.flatten() for p in hooked.parameters()])
-    plain_grad = torch.cat([p.grad.flatten() for p in plain.parameters()])
-    buckets = len(noise._local)  # hook calls this step
-    out.append({
-        "metrics": noise.metrics(),
-        "small_sq": float(stacked.square().sum(1).mean()),
-        "big_sq": float(mean.square().sum()),
-        "bitwise_as_plain_ddp": bool(torch.equal(hooked_grad, plain_grad)),
-        "mean_gap": float((hooked_grad.double() - mean).abs().max() / mean.abs().max()),
-        "buckets": buckets,
-    })
-    for m in (plain, hooked):
-        m.zero_grad()
-json.dump(out, open(f"{sys.argv[1]}/rank{rank}.json", "w"))
-dist.destroy_process_group()
+# The library's join and leave: the model stack imported before the group exists, a barrier
+# before it goes (a rank tearing gloo down early can abort, runtime/torchrun.py:session).
+with session():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    by_hand = copy.deepcopy(model)  # no DDP: the local gradient, by plain autograd
+    plain = DDP(copy.deepcopy(model), bucket_cap_mb=0.0005)  # DDP without the hook
+    hooked = DDP(model, bucket_cap_mb=0.0005)  # ~500-byte buckets: several per backward
+    MICRO, ACCUM, ROWS_PER_PROMPT = 4, 2, 2  # 8 rows a step per rank = 4 "prompts"
+    noise = DdpNoise(MICRO * ACCUM / ROWS_PER_PROMPT, world)
+    hooked.register_comm_hook(hooked.process_group, noise.hook)
+    generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    out = []
+    for step in range(3):
+        local = [torch.zeros_like(p) for p in by_hand.parameters()]
+        for micro in range(ACCUM):
+            x = torch.randn(MICRO, 6, generator=generator)
+            y = torch.randn(MICRO, 3, generator=generator)
+            last = micro == ACCUM - 1
+            for ddp in (plain, hooked):
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    ((ddp(x) - y).square().mean() / ACCUM).backward()
+            loss = (by_hand(x) - y).square().mean() / ACCUM
+            grads = torch.autograd.grad(loss, list(by_hand.parameters()))
+            local = [a + g for a, g in zip(local, grads)]
+        flat = torch.cat([g.flatten() for g in local]).double()
+        gathered = [torch.zeros_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        stacked = torch.stack(gathered)  # [W, n_params]
+        mean = stacked.mean(0)
+        hooked_grad = torch.cat([p.grad.flatten() for p in hooked.parameters()])
+        plain_grad = torch.cat([p.grad.flatten() for p in plain.parameters()])
+        buckets = len(noise._local)  # hook calls this step
+        out.append({
+            "metrics": noise.metrics(),
+            "small_sq": float(stacked.square().sum(1).mean()),
+            "big_sq": float(mean.square().sum()),
+            "bitwise_as_plain_ddp": bool(torch.equal(hooked_grad, plain_grad)),
+            "mean_gap": float((hooked_grad.double() - mean).abs().max() / mean.abs().max()),
+            "buckets": buckets,
+        })
+        for m in (plain, hooked):
+            m.zero_grad()
+    json.dump(out, open(f"{sys.argv[1]}/rank{rank}.json", "w"))
 """
 
 
-@pytest.mark.slow  # launches torchrun
+@pytest.mark.torchrun
 def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(tmp_path: Path) -> None:
     script = tmp_path / "plain_ddp.py"
     script.write_text(PLAIN_DDP, encoding="utf-8")
@@ -109,6 +111,7 @@ from transformers import TrainerCallback
 sys.path.insert(0, sys.argv[2])
 from trl_toy import toy_trainer
 from otb_diag.integrations.trl import attach
+from otb_diag.runtime.torchrun import session
 
 
 class ByHand(TrainerCallback):
@@ -141,24 +144,26 @@ class ByHand(TrainerCallback):
 
 
 out = Path(sys.argv[1])
-for mode in ("plain", "attach"):
-    trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
-    if mode == "attach":
-        attach(trainer, split_every=1)  # the split's steps pool the estimate too
-        hand = ByHand(trainer.model)
-        trainer.add_callback(hand)
-    trainer.train()
-    rank = dist.get_rank()
-    if rank == 0:
-        torch.save(trainer.model.state_dict(), out / f"{mode}.pt")
-    if mode == "attach":
-        logged = [e for e in trainer.state.log_history if "otb/split/params/total" in e]
-        record = {"logged": logged, "by_hand": hand.steps, "world": dist.get_world_size()}
-        (out / f"rank{rank}.json").write_text(json.dumps(record))
+with session():  # the group accelerate finds and uses; left together (runtime/torchrun.py)
+    for mode in ("plain", "attach"):
+        trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
+        if mode == "attach":
+            attach(trainer, split_every=1)  # the split's steps pool the estimate too
+            hand = ByHand(trainer.model)
+            trainer.add_callback(hand)
+        trainer.train()
+        rank = dist.get_rank()
+        if rank == 0:
+            torch.save(trainer.model.state_dict(), out / f"{mode}.pt")
+        if mode == "attach":
+            logged = [e for e in trainer.state.log_history if "otb/split/params/total" in e]
+            record = {"logged": logged, "by_hand": hand.steps, "world": dist.get_world_size()}
+            (out / f"rank{rank}.json").write_text(json.dumps(record))
 """
 
 
-@pytest.mark.slow  # launches torchrun, runs TRL
+@pytest.mark.torchrun
+@pytest.mark.external  # runs TRL
 def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
     script = tmp_path / "trl_ddp.py"
     script.write_text(TRL_DDP, encoding="utf-8")

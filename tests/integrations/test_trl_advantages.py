@@ -27,7 +27,7 @@ from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 
-pytestmark = pytest.mark.slow  # runs TRL
+pytestmark = pytest.mark.external  # runs TRL
 runner = CliRunner()
 STEPS = 3
 # Gradients of the same loss from TRL's fused, chunked output layer and from full logits agree

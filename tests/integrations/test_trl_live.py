@@ -37,7 +37,7 @@ from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.variance.step_split import SPLIT
 from otb_diag.policy.scores.token_scores import token_scores
 
-pytestmark = pytest.mark.slow  # runs TRL
+pytestmark = pytest.mark.external  # runs TRL
 runner = CliRunner()
 STEPS = 3
 SPLIT_EVERY, SPLIT_K = 2, 16  # the split at steps 1 and 3

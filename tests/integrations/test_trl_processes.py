@@ -33,7 +33,7 @@ from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.policy.scores.token_scores import token_scores
 
-pytestmark = pytest.mark.slow  # torchrun, TRL
+pytestmark = [pytest.mark.torchrun, pytest.mark.external]  # torchrun, TRL
 SCRIPT = Path(__file__).with_name("trl_torchrun.py")
 PROCESSES, PER_STEP, ACCUMULATION, STEPS = 2, 2, 3, 2
 ROWS = PROCESSES * PER_STEP * ACCUMULATION  # a step's generation batch

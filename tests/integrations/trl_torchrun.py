@@ -23,6 +23,7 @@ from trl_toy import toy_trainer
 
 from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.trl import attach
+from otb_diag.runtime.torchrun import session
 
 SPLIT_K = 16
 
@@ -67,4 +68,14 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
 
 if __name__ == "__main__":
     out, per_step, accumulation, steps, *flags = sys.argv[1:]
-    main(Path(out), int(per_step), int(accumulation), int(steps), "rloo" in flags, "fail" in flags)
+    # The library's join and leave (the group accelerate finds and uses): the model stack imported
+    # before the group exists, a barrier before it goes (runtime/torchrun.py:session).
+    with session():
+        main(
+            Path(out),
+            int(per_step),
+            int(accumulation),
+            int(steps),
+            "rloo" in flags,
+            "fail" in flags,
+        )

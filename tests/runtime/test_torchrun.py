@@ -1,8 +1,9 @@
-"""torchrun: 2 gloo processes on the CPU write what 1 process writes (energy, also over a
-directory of step files with --steps and the advantage audit; variance-compare proxy/head/full;
-rollouts inspect prints the same), a rank's own bad input stops every rank with
-one paragraph, more ranks than groups is refused; plus `--device auto` in every --help, device
-errors, and the sharding and proxy-combining rules."""
+"""torchrun (the tests marked `torchrun`): 2 gloo processes on the CPU write what 1 process
+writes (energy, also over a directory of step files with --steps and the advantage audit;
+variance-compare proxy/head/full; rollouts inspect prints the same), a rank's own bad input
+stops every rank with one paragraph, more ranks than groups is refused. In this process, without
+a launch: `--device-map auto` measures what a plain load measures, `--device auto` in every
+--help, device errors, staging clean-up, and the sharding and proxy-combining rules."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from launch import BIN, torchrun
+from launch import torchrun
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
@@ -25,9 +26,6 @@ from otb_diag.io.atomic import staged_output
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
 from otb_diag.maths.energy.proxies import combine_proxies, variance_proxies
 from otb_diag.runtime.torchrun import shard_by_tokens
-
-# slow: launches torchrun (2 gloo processes per test)
-pytestmark = pytest.mark.slow
 
 runner = CliRunner()
 # Small on purpose: every claim below holds at any size, and CI pays for each rank's start-up.
@@ -71,37 +69,49 @@ def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) ->
 
 
 @dataclass(frozen=True)
-class Runs:
+class Ranks:
     """Output folders of each command, run once and shared by the assertions: `one`/`two` are
-    1 process and 2 gloo ranks; `mapped` is 1 process with `--device-map auto`."""
+    1 process and 2 gloo ranks, on the same reduced rollouts."""
 
     energy_one: Path
     energy_two: Path
-    energy_mapped: Path
     variance_one: Path
     variance_two: Path
 
 
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[str | Path]:
+    """Options shared by the runs below: the embedded checkpoint, reduced rollouts, quiet."""
+    rollouts = reduced(tmp_path_factory.mktemp("dist") / "r.jsonl", GROUPS, PER_GROUP)
+    return ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def energy_one(tmp_path_factory: pytest.TempPathFactory, inputs: list) -> Path:
+    """`energy` in this process on the reduced rollouts."""
+    out = tmp_path_factory.mktemp("dist") / "e1"
+    one_process("energy", *inputs, "--out", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Path) -> Ranks:
+    """energy and variance-compare on 2 gloo ranks, and variance-compare in this process."""
     base = tmp_path_factory.mktemp("dist")
-    rollouts = reduced(base / "r.jsonl", GROUPS, PER_GROUP)
-    common = ["--ckpt", default_checkpoint(), "--rollouts", rollouts, "--quiet"]
-    out = Runs(*(base / name for name in ("e1", "e2", "em", "v1", "v2")))
-    one_process("energy", *common, "--out", out.energy_one)
-    one_process("energy", *common, "--device-map", "auto", "--out", out.energy_mapped)
-    one_process("variance-compare", *common, *VARIANCE, "--out", out.variance_one)
+    out = Ranks(energy_one, base / "e2", base / "v1", base / "v2")
+    one_process("variance-compare", *inputs, *VARIANCE, "--out", out.variance_one)
     for command, extra, folder in (
         ("energy", [], out.energy_two),
         ("variance-compare", VARIANCE, out.variance_two),
     ):
-        result = torchrun(2, command, *common, *extra, "--out", folder)
+        result = torchrun(2, command, *inputs, *extra, "--out", folder)
         assert result.returncode == 0, result.stderr[-3000:]
     return out
 
 
-def test_energy_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
-    one, two = runs.energy_one, runs.energy_two
+@pytest.mark.torchrun
+def test_energy_two_ranks_write_what_one_process_writes(ranks: Ranks) -> None:
+    one, two = ranks.energy_one, ranks.energy_two
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     tokens = pd.read_parquet(one / "tokens.parquet")
     assert_frames_close(tokens, pd.read_parquet(two / "tokens.parquet"))
@@ -113,19 +123,21 @@ def test_energy_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
             assert p2[b][k] == pytest.approx(p1[b][k], rel=1e-4), (b, k)
 
 
-def test_energy_summary_records_each_ranks_tokens(runs: Runs) -> None:
-    tokens = pd.read_parquet(runs.energy_one / "tokens.parquet")
-    summary = json.loads((runs.energy_two / "summary.json").read_text())["distributed"]
+@pytest.mark.torchrun
+def test_energy_summary_records_each_ranks_tokens(ranks: Ranks) -> None:
+    tokens = pd.read_parquet(ranks.energy_one / "tokens.parquet")
+    summary = json.loads((ranks.energy_two / "summary.json").read_text())["distributed"]
     assert summary["world_size"] == 2 and sum(summary["rank_tokens"]) == len(tokens)
     assert min(summary["rank_tokens"]) > 0
-    assert json.loads((runs.energy_one / "summary.json").read_text())["distributed"] == {
+    assert json.loads((ranks.energy_one / "summary.json").read_text())["distributed"] == {
         "world_size": 1,
         "rank_tokens": [len(tokens)],
     }
 
 
-def test_variance_two_ranks_write_what_one_process_writes(runs: Runs) -> None:
-    one, two = runs.variance_one, runs.variance_two
+@pytest.mark.torchrun
+def test_variance_two_ranks_write_what_one_process_writes(ranks: Ranks) -> None:
+    one, two = ranks.variance_one, ranks.variance_two
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     variance = pd.read_csv(one / "variance.csv")
     assert set(variance["mode"]) == {"proxy", "head", "full"}
@@ -160,6 +172,7 @@ def step_files(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.torchrun
 def test_energy_over_step_files_with_steps_and_audit_under_torchrun(tmp_path: Path) -> None:
     """A directory of step files, `--steps 2-3` and the advantage audit against `otb` (whose
     baseline needs each rank's w): 2 gloo ranks write what 1 process writes, and the audit
@@ -190,14 +203,18 @@ def test_energy_over_step_files_with_steps_and_audit_under_torchrun(tmp_path: Pa
     assert len(s1["inputs"]["rollouts"]["files"]) == 3
 
 
-def test_device_map_auto_gives_the_same_energy(runs: Runs) -> None:
+def test_device_map_auto_gives_the_same_energy(
+    inputs: list, energy_one: Path, tmp_path: Path
+) -> None:
     """accelerate's dispatch (here onto the CPU) measures what a plain load measures."""
+    one_process("energy", *inputs, "--device-map", "auto", "--out", tmp_path / "mapped")
     assert_frames_close(
-        pd.read_parquet(runs.energy_one / "tokens.parquet"),
-        pd.read_parquet(runs.energy_mapped / "tokens.parquet"),
+        pd.read_parquet(energy_one / "tokens.parquet"),
+        pd.read_parquet(tmp_path / "mapped" / "tokens.parquet"),
     )
 
 
+@pytest.mark.torchrun
 def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -> None:
     path = reduced(tmp_path / "r.jsonl", GROUPS, PER_GROUP)
     one = runner.invoke(app, ["rollouts", "inspect", str(path), "--json"])
@@ -221,6 +238,7 @@ with open(os.path.join(sys.argv[2], f"rank{d.rank}.json"), "w") as f:  # one fil
 """
 
 
+@pytest.mark.torchrun
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names from Linux /proc")
 def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
     """After `session()` the process group is gone, gloo's threads with it, even when a model was
@@ -235,6 +253,7 @@ def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
     assert all(names and not any("gloo" in n for n in names) for names in threads.values()), threads
 
 
+@pytest.mark.torchrun
 def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
     """An id outside the vocabulary in the last group: only the rank holding it finds it (the
     vocabulary is checked per share); every rank stops, rank 0 prints the paragraph once."""
@@ -252,6 +271,7 @@ def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.torchrun
 def test_more_ranks_than_groups_is_refused(tmp_path: Path) -> None:
     path = reduced(tmp_path / "one_group.jsonl", 1, 2)
     out = tmp_path / "out"
@@ -372,6 +392,7 @@ def fn(prompt, response, answer):
 """
 
 
+@pytest.mark.torchrun
 def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Path) -> None:
     """`rollouts sample` on 2 gloo ranks: byte-identical rollouts.jsonl and the same manifest
     as one process; a verifier failing on rank 1 only stops both (exit 2, nothing written, the
@@ -384,14 +405,12 @@ def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Pa
     verifier = tmp_path / "verifier.py"  # the same name throughout: --resume checks it
     common += ["--verifier", f"{verifier}:fn"]
     verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each rank: the same float arithmetic
-    one = subprocess.run(
-        [str(BIN), *map(str, common), "--out", str(tmp_path / "one")],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same float arithmetic
+    try:
+        one_process(*common, "--out", tmp_path / "one")
+    finally:
+        torch.set_num_threads(threads)
 
     verifier.write_text("FAIL = True\n" + VERIFIER, encoding="utf-8")
     out = tmp_path / "two"
@@ -418,6 +437,7 @@ def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Pa
     assert m1 == m2
 
 
+@pytest.mark.torchrun
 def test_sample_two_ranks_fresh_run_splits_the_work(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]

@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 
 from otb_diag.io.scenarios import default_checkpoint
 
-# slow: runs TRL's GRPOTrainer
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.external  # runs TRL's GRPOTrainer
 
 runner = CliRunner()
 PROMPTS = ["C:684=", "R:372=", "S:951=", "C:20=", "R:58=", "S:310=", "C:7=", "R:41="]

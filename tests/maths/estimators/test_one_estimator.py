@@ -141,6 +141,7 @@ def sqrt_otb(monkeypatch: pytest.MonkeyPatch) -> str:
     return name
 
 
+@pytest.mark.slow  # an energy and a variance-compare run
 def test_a_registered_energy_baseline_runs_in_energy_and_variance_compare(
     sqrt_otb: str, reduced_rollouts: Path, tmp_path: Path
 ) -> None:

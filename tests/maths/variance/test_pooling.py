@@ -43,6 +43,7 @@ def drift(s: int, steps: int) -> float:
     return 0.5 * (1 + 0.5 * s / steps)
 
 
+@pytest.mark.slow  # 300 simulated streams
 def test_the_window_covers_the_drifting_truth_about_95_percent() -> None:
     """300 streams of 40 steps, each pooled whole. The truth of a window is its mean tr Σ over
     its mean |G|² (the pooled quantity, module docstring); |G|²'s is its mean, the within
@@ -67,6 +68,7 @@ def test_the_window_covers_the_drifting_truth_about_95_percent() -> None:
         assert 0.90 <= hits[name] / reps <= 0.99, (name, hits[name] / reps)
 
 
+@pytest.mark.slow  # 200 simulated streams
 def test_the_ema_follows_a_drift_and_covers_its_weighted_truth() -> None:
     """EMA at β = 0.9 over 60 steps: its truth is the β-weighted mean tr Σ over the β-weighted
     mean |G|², which lies near the recent B, not the stream's average."""
@@ -85,6 +87,7 @@ def test_the_ema_follows_a_drift_and_covers_its_weighted_truth() -> None:
     assert truth < (WITHIN + BETWEEN) / g.mean()  # the drift raised |G|²: recent B is lower
 
 
+@pytest.mark.slow  # simulated streams
 def test_the_interval_narrows_as_one_over_root_steps() -> None:
     """A stationary stream: |G|²'s interval at 64 steps is half that at 16 (±15 %)."""
     rng = np.random.default_rng(2)
@@ -101,6 +104,7 @@ def test_the_interval_narrows_as_one_over_root_steps() -> None:
     assert mean_width(16) / mean_width(64) == pytest.approx(2.0, rel=0.15)
 
 
+@pytest.mark.slow  # 300 simulated streams
 def test_no_signal_never_claims_a_knee() -> None:
     """Exact zeros (every group's rewards equal: the split is 0, `step_split.py`) never claim a
     knee and give no bound; noise about a true |G|² = 0 claims one only as often as the 95 %

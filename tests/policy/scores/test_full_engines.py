@@ -212,6 +212,7 @@ def test_bf16_forward_mode_tracks_fp32() -> None:
     assert_close_to_norm(r.proj, b.proj, rel=5e-2)
 
 
+@pytest.mark.slow  # averaged over many seeds
 def test_jvp_norms_are_the_unbiased_jl_estimate() -> None:
     model, batch = gpt2(), make_batch()
     vjp, jvp = both(model, batch, k=8)
