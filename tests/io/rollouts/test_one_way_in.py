@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from test_stream import rows, write_parquet
+from unwritten_figures import unwritten_figures
 
 from otb_diag.io.loading import group_rows, load_rollout_set, load_rollouts, rollouts_record
 from otb_diag.io.rollouts.stream import chunk_groups, index_rollouts, read_set, stream_chunks
@@ -168,7 +169,8 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
     def call() -> None:
         nonlocal result
         inputs = Inputs(ckpt=[tmp_path / "checkpoint-3"], rollouts=run)
-        result = run_variance(inputs, tmp_path / "out", settings, progress=False)
+        with unwritten_figures():  # the plots are off the path: rendering them is only time
+            result = run_variance(inputs, tmp_path / "out", settings, progress=False)
 
     assert module_entries(call, on_rollouts_path) == VARIANCE_PATH
     assert result is not None and result.inputs.rollouts["format"] == "trl-parquet"
