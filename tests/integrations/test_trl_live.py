@@ -25,6 +25,7 @@ import torch
 from otb_diag.cli.main import app
 from trl_toy import GENERATIONS, toy_trainer
 from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 from otb_diag.errors import InputError
 from otb_diag.integrations import trl as trl_integration
@@ -68,8 +69,10 @@ def logged(out: Path) -> list[dict[str, float]]:
 
 
 def energy(rollouts: Path, out: Path, *extra: str) -> dict:
+    """`otb-diag energy` on `rollouts`: its summary (figures not rendered: numbers are read)."""
     args = ["energy", "--rollouts", str(rollouts), "--out", str(out), "--quiet", *extra]
-    result = runner.invoke(app, args)
+    with unwritten_figures():
+        result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads((out / "summary.json").read_text())
 

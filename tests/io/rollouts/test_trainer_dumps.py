@@ -23,6 +23,7 @@ import pytest
 from otb_diag.cli.common import DEBUG_ENV
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 from otb_diag.errors import InputError
 from otb_diag.io.loading import group_rows, load_rollouts
@@ -206,7 +207,9 @@ def test_trl_conversational_prompt_and_chat_template(tmp_path: Path) -> None:
 
 
 def energy_summary(args: list[str], tmp_path: Path) -> dict:
-    result = runner.invoke(app, ["energy", *args, "--out", str(tmp_path / "out"), "--quiet"])
+    """`otb-diag energy` with `args`: its summary and printout (figures not rendered)."""
+    with unwritten_figures():
+        result = runner.invoke(app, ["energy", *args, "--out", str(tmp_path / "out"), "--quiet"])
     assert result.exit_code == 0, result.output
     return json.loads((tmp_path / "out" / "summary.json").read_text()), result.stdout
 

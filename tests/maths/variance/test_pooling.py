@@ -16,6 +16,7 @@ import torch
 
 from otb_diag.maths.variance.pooling import (
     EmaPool,
+    Pooled,
     WindowPool,
     ema_step,
     moments_of,
@@ -36,6 +37,15 @@ def simulated_step(rng: np.random.Generator, grad_sq: float) -> tuple[float, ...
     x = np.repeat(means, N, 0) + rng.normal(0, math.sqrt(N * WITHIN / K), (P * N, K))
     split = step_split(torch.from_numpy(x), torch.arange(P).repeat_interleave(N))
     return (split["total"], split["grad_sq"], split["within"], P, N, L)
+
+
+def pooled_whole(steps: list[tuple[float, ...]]) -> Pooled:
+    """What `WindowPool(len(steps)).add` returns at the last of `steps`, computed once: a stream
+    whose estimates are read at its end only needs none before (`pooled_estimates` costs what
+    a step's simulation does)."""
+    pool = WindowPool(len(steps))
+    pool.rows.extend(steps[:-1])
+    return pool.add(steps[-1])
 
 
 def drift(s: int, steps: int) -> float:
@@ -59,9 +69,7 @@ def test_the_window_covers_the_drifting_truth_about_95_percent() -> None:
     }
     hits = dict.fromkeys(truth, 0)
     for _ in range(reps):
-        pool = WindowPool(steps)
-        for s in range(steps):
-            found = pool.add(simulated_step(rng, drift(s, steps)))
+        found = pooled_whole([simulated_step(rng, drift(s, steps)) for s in range(steps)])
         for name, value in truth.items():
             hits[name] += getattr(found, f"{name}_low") <= value <= getattr(found, f"{name}_high")
     for name in truth:
@@ -95,9 +103,7 @@ def test_the_interval_narrows_as_one_over_root_steps() -> None:
     def mean_width(steps: int) -> float:
         widths = []
         for _ in range(100):
-            pool = WindowPool(steps)
-            for _ in range(steps):
-                found = pool.add(simulated_step(rng, 0.5))
+            found = pooled_whole([simulated_step(rng, 0.5) for _ in range(steps)])
             widths.append(found.grad_sq_high - found.grad_sq_low)
         return float(np.mean(widths))
 
@@ -121,9 +127,7 @@ def test_no_signal_never_claims_a_knee() -> None:
     rng = np.random.default_rng(3)
     claims = 0
     for _ in range(300):
-        pool = WindowPool(40)
-        for _ in range(40):
-            found = pool.add(simulated_step(rng, 0.0))
+        found = pooled_whole([simulated_step(rng, 0.0) for _ in range(40)])
         claims += found.resolved
         if not found.resolved:
             assert math.isinf(found.noise_scale_high)
