@@ -9,6 +9,9 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.pipelines.figures.recipe import run_figures
+from otb_diag.pipelines.figures.settings import FiguresSettings
+from otb_diag.pipelines.results.figures import FiguresResult
 
 runner = CliRunner()
 
@@ -27,15 +30,21 @@ def invoke(*args: str | Path) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def reduce_rollouts(path: Path) -> Path:
-    """The first responses of the first groups, as the original lines (same bytes, same SHA)."""
+def reduce_rollouts(
+    path: Path,
+    source: Path = DEFAULT_ROLLOUTS,
+    groups: int = REDUCED_GROUPS,
+    responses: int = REDUCED_RESPONSES,
+) -> Path:
+    """The first `responses` of the first `groups` groups of `source`, as the original lines
+    (same bytes, so each row's content is the source's)."""
     kept: dict[str, list[str]] = {}
-    for line in DEFAULT_ROLLOUTS.read_text(encoding="utf-8").splitlines(keepends=True):
+    for line in source.read_text(encoding="utf-8").splitlines(keepends=True):
         group = json.loads(line)["group"]
-        if group not in kept and len(kept) == REDUCED_GROUPS:
+        if group not in kept and len(kept) == groups:
             continue
         members = kept.setdefault(group, [])
-        if len(members) < REDUCED_RESPONSES:
+        if len(members) < responses:
             members.append(line)
     path.write_text("".join(line for lines in kept.values() for line in lines), encoding="utf-8")
     return path
@@ -55,3 +64,8 @@ def run_variance(rollouts: Path, out: Path, seed: int = 0, args: list[str] = VAR
         *("--seed", str(seed), "--quiet", *args),
     )
     assert code == 0, output
+
+
+def figures(out: Path, **settings: object) -> FiguresResult:
+    """`run_figures` with `FiguresSettings(**settings)`, without progress bars."""
+    return run_figures(out, FiguresSettings(**settings), progress=False)
