@@ -1,6 +1,8 @@
 """Small real runs of the embedded default that several test modules share (through the
 session fixtures of conftest.py): the first 4 groups x 12 responses of the embedded rollouts
-under the embedded final checkpoint, measured by the real commands with reduced settings."""
+under the embedded final checkpoint, measured by the real commands with reduced settings. Also
+the library entry points as the tests call them (`energy`, `figures`): one place to follow
+their signatures."""
 
 import json
 from pathlib import Path
@@ -9,8 +11,12 @@ from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.pipelines.energy import recipe as energy_recipe
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.figures.recipe import run_figures
 from otb_diag.pipelines.figures.settings import FiguresSettings
+from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
 
 runner = CliRunner()
@@ -69,3 +75,17 @@ def run_variance(rollouts: Path, out: Path, seed: int = 0, args: list[str] = VAR
 def figures(out: Path, **settings: object) -> FiguresResult:
     """`run_figures` with `FiguresSettings(**settings)`, without progress bars."""
     return run_figures(out, FiguresSettings(**settings), progress=False)
+
+
+def energy(
+    rollouts: Path,
+    out: Path,
+    ckpt: Path | None = None,
+    model_free: bool = False,
+    **settings: object,
+) -> EnergyResult | None:
+    """`run_energy` of `rollouts` under `ckpt` (or `model_free`) with `EnergySettings(**settings)`,
+    without progress bars."""
+    given = Inputs(ckpt=None if ckpt is None else [ckpt], rollouts=rollouts)
+    measured = EnergySettings(**settings)
+    return energy_recipe.run_energy(given, out, measured, model_free=model_free, progress=False)
