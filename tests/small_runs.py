@@ -1,7 +1,7 @@
 """Small real runs of the embedded default that several test modules share (through the
 session fixtures of conftest.py): the first 4 groups x 12 responses of the embedded rollouts
 under the embedded final checkpoint, measured by the real commands with reduced settings. Also
-the library entry points as the tests call them (`energy`, `figures`): one place to follow
+the library entry points as the tests call them (`energy`, `figures`, `report`): one place to follow
 their signatures."""
 
 import json
@@ -16,8 +16,10 @@ from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.figures.recipe import run_figures
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.report.recipe import write_report
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
+from otb_diag.pipelines.results.report import ReportResult
 
 runner = CliRunner()
 
@@ -89,3 +91,8 @@ def energy(
     given = Inputs(ckpt=None if ckpt is None else [ckpt], rollouts=rollouts)
     measured = EnergySettings(**settings)
     return energy_recipe.run_energy(given, out, measured, model_free=model_free, progress=False)
+
+
+def report(dirs: list[Path], out: Path, golden: Path | None = None) -> ReportResult:
+    """The report page of the runs under `dirs` written to `out` (`otb-diag report`)."""
+    return write_report(dirs, out, golden)
