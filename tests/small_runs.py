@@ -1,8 +1,8 @@
 """Small real runs of the embedded default that several test modules share (through the
 session fixtures of conftest.py): the first 4 groups x 12 responses of the embedded rollouts
 under the embedded final checkpoint, measured by the real commands with reduced settings. Also
-the library entry points as the tests call them (`energy`, `figures`, `report`): one place to follow
-their signatures."""
+the library entry points as the tests call them (`energy`, `dynamics`, `figures`, `report`):
+one place to follow their signatures."""
 
 import json
 from pathlib import Path
@@ -10,13 +10,16 @@ from pathlib import Path
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
+from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
+from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy import recipe as energy_recipe
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.figures.recipe import run_figures
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.report.recipe import write_report
+from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.report import ReportResult
@@ -96,3 +99,10 @@ def energy(
 def report(dirs: list[Path], out: Path, golden: Path | None = None) -> ReportResult:
     """The report page of the runs under `dirs` written to `out` (`otb-diag report`)."""
     return write_report(dirs, out, golden)
+
+
+def dynamics(
+    logs: list[Path], out: Path, labels: list[str] | None = None, target: float | None = None
+) -> DynamicsResult:
+    """`otb-diag dynamics` of `logs` (labelled `labels`) under the default detection rule."""
+    return run_dynamics(logs, labels, out, DetectionRule(), target)
