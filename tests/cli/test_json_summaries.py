@@ -83,14 +83,9 @@ def test_lab_build_json_is_the_manifest_and_text_summarises_it(
     assert [c["seed"] for c in fake_build] == [0, 3]
 
 
-def test_dynamics_label_count_is_checked_by_the_library(tmp_path: Path) -> None:
-    from otb_diag.dynamics.collapse import DetectionRule
-    from otb_diag.errors import InputError
-    from otb_diag.pipelines.dynamics import run_dynamics
-
+def test_dynamics_label_count_mismatch_exits_2(tmp_path: Path) -> None:
+    """The library's InputError (tests/pipelines/test_dynamics.py) is exit 2 on the CLI."""
     logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
-    with pytest.raises(InputError, match="1 --label for 2 --log"):
-        run_dynamics(logs, ["only"], tmp_path / "out", DetectionRule(), None)
     args = ["dynamics", "--log", str(logs[0]), "--log", str(logs[1]), "--label", "x"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "1 --label for 2 --log" in result.stderr

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from otb_diag.cli.main import app
+from small_runs import dynamics
 from typer.testing import CliRunner
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run, smoothed_score, tokens_to_target
@@ -355,11 +356,12 @@ def test_cli_writes_every_file(tmp_path: Path) -> None:
     assert "otb N=4" in result.output and "rule:" in result.output
 
 
-def test_cli_label_count_must_match(tmp_path: Path) -> None:
+def test_label_count_must_match(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "m.jsonl", [{"step": 1, "mean_reward": 0.1, "grad_norm": 1.0}])
-    result = runner.invoke(app, ["dynamics", "--log", str(path), "--label", "a", "--label", "b"])
-    assert result.exit_code == 2
-    assert "--label" in result.output
+    with pytest.raises(InputError, match="2 --label for 1 --log"):
+        dynamics([path], tmp_path / "out", ["a", "b"])
+    with pytest.raises(InputError, match="1 --label for 2 --log"):  # checked before reading
+        dynamics([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out", ["only"])
 
 
 def test_runs_sharing_baseline_and_size_get_distinct_colours() -> None:

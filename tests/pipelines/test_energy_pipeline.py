@@ -1,4 +1,5 @@
-"""`otb-diag energy` end to end on tiny real checkpoints saved with save_pretrained."""
+"""`otb-diag energy` end to end on tiny real checkpoints saved with save_pretrained; its bad
+inputs at the entry point (the CLI prints an `InputError` and exits 2: tests/cli)."""
 
 import json
 from pathlib import Path
@@ -7,8 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from otb_diag.cli.main import app
+from small_runs import energy
 from tiny import MODEL_VOCAB, save_checkpoint
 from typer.testing import CliRunner
+
+from otb_diag.errors import InputError
 
 runner = CliRunner()
 
@@ -133,23 +137,9 @@ def test_energy_over_a_run_directory_gives_steps(run_dir: Path, rollouts: Path, 
 
 def test_unknown_group_fails_cleanly(run_dir: Path, rollouts: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = runner.invoke(
-        app,
-        [
-            "energy",
-            "--ckpt",
-            str(run_dir / "checkpoint-5"),
-            "--rollouts",
-            str(rollouts),
-            "--out",
-            str(out),
-            "--quiet",
-            "--group",
-            "zz",
-        ],
-    )
-    assert result.exit_code == 2
-    assert "field 'group'" in result.stderr and "g0" in result.stderr
+    with pytest.raises(InputError) as err:
+        energy(rollouts, out, ckpt=run_dir / "checkpoint-5", group="zz")
+    assert "field 'group'" in str(err.value) and "g0" in str(err.value)
     assert not out.exists()  # nothing half-written
 
 
@@ -157,38 +147,15 @@ def test_ids_beyond_the_vocabulary(run_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     row = {"group": 0, "prompt_ids": [2], "response_ids": [3, MODEL_VOCAB + 5], "reward": 1.0}
     path.write_text(json.dumps(row) + "\n")
-    result = runner.invoke(
-        app,
-        [
-            "energy",
-            "--ckpt",
-            str(run_dir / "checkpoint-5"),
-            "--rollouts",
-            str(path),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-    )
-    assert result.exit_code == 2
-    assert str(path) in result.stderr and "line 1" in result.stderr
-    assert "response_ids" in result.stderr
+    with pytest.raises(InputError) as err:
+        energy(path, tmp_path / "o", ckpt=run_dir / "checkpoint-5")
+    assert str(path) in str(err.value) and "line 1" in str(err.value)
+    assert "response_ids" in str(err.value)
 
 
 def test_model_free_needs_sum_pi2(rollouts: Path, tmp_path: Path) -> None:
-    result = runner.invoke(
-        app,
-        [
-            "energy",
-            "--model-free",
-            "--rollouts",
-            str(rollouts),
-            "--out",
-            str(tmp_path / "o"),
-            "--quiet",
-        ],
-    )
-    assert result.exit_code == 2
-    assert "logprobs" in result.stderr or "sum_pi2" in result.stderr
+    with pytest.raises(InputError, match="logprobs|sum_pi2"):
+        energy(rollouts, tmp_path / "o", model_free=True)
 
 
 def test_tokenizer_that_does_not_match_the_checkpoint(run_dir: Path, rollouts, tmp_path: Path):
@@ -198,18 +165,5 @@ def test_tokenizer_that_does_not_match_the_checkpoint(run_dir: Path, rollouts, t
 
     ckpt = Path(shutil.copytree(run_dir / "checkpoint-5", tmp_path / "checkpoint-5"))
     char_tokenizer(n_letters=40).save_pretrained(ckpt)  # 43 tokens > 30 rows
-    result = runner.invoke(
-        app,
-        [
-            "energy",
-            "--ckpt",
-            str(ckpt),
-            "--rollouts",
-            str(rollouts),
-            "--out",
-            str(tmp_path / "o"),
-            "--quiet",
-        ],
-    )
-    assert result.exit_code == 2
-    assert "tokenizer does not match the checkpoint" in result.stderr
+    with pytest.raises(InputError, match="tokenizer does not match the checkpoint"):
+        energy(rollouts, tmp_path / "o", ckpt=ckpt)

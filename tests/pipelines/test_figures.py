@@ -1,12 +1,20 @@
 """`otb-diag figures --quick` regenerates every figure of the set (what each figure draws is
-checked on its tables in tests/plots/test_figures_from_tables.py)."""
+checked on its tables in tests/plots/test_figures_from_tables.py).
+
+The set's energy and variance-compare runs read 4 groups x 32 responses of the scenario's
+rollouts here, not all of them: what these tests check is that every part runs and every file
+is written, which does not need the whole pools (the measurements themselves are tested beside
+their pipelines; the long pools' own verdict in tests/lab/test_lab_long_shipped.py)."""
 
 import json
 from pathlib import Path
 
 import pytest
 from otb_diag.cli.main import app
+from small_runs import figures, reduce_rollouts
 from typer.testing import CliRunner
+
+from otb_diag.io.scenarios import default_rollouts
 
 # slow: runs whole figure sets (energy, variance-compare, trainings)
 pytestmark = pytest.mark.slow
@@ -19,7 +27,18 @@ EXPECTED = [
 ]  # fmt: skip
 
 
-def test_quick_figures_produce_every_file(tmp_path: Path) -> None:
+@pytest.fixture
+def fewer_rollouts(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    """The figure set reads 4 groups x 32 responses of its scenario's rollouts."""
+
+    def reduced(scenario: str) -> Path:
+        path = tmp_path_factory.mktemp("rollouts") / f"{scenario}.jsonl"
+        return reduce_rollouts(path, default_rollouts(scenario), groups=4, responses=32)
+
+    monkeypatch.setattr("otb_diag.pipelines.figures.recipe.scenario_rollouts", reduced)
+
+
+def test_quick_figures_produce_every_file(tmp_path: Path, fewer_rollouts: None) -> None:
     args = ["figures", "--quick", "--out", str(tmp_path), "--quiet", "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -37,14 +56,10 @@ def test_quick_figures_produce_every_file(tmp_path: Path) -> None:
     }
 
 
-def test_quick_long_figures_run_the_sweep(tmp_path: Path) -> None:
+def test_quick_long_figures_run_the_sweep(tmp_path: Path, fewer_rollouts: None) -> None:
     """`figures --scenario long --quick`: the sweep runs mean at each rate, the chosen rate is
     the rule's (`choose_lr`), otb and optseq train at it, and the sweep figure is written."""
-    result = CliRunner().invoke(
-        app,
-        ["figures", "--quick", "--scenario", "long", "--out", str(tmp_path), "--quiet"],
-    )
-    assert result.exit_code == 0, result.output
+    figures(tmp_path, quick=True, scenario="long")
     record = json.loads((tmp_path / "figures.json").read_text())
     assert record["scenario"] == "long"
     sweep = record["sweep"]

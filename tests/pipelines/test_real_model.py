@@ -11,7 +11,7 @@ import torch
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from otb_diag.io.checkpoint import find_checkpoints, load_checkpoint
+from otb_diag.io.checkpoint import Checkpoint, find_checkpoints, load_checkpoint
 from otb_diag.policy.forward_pass import stats_for_sequences
 
 pytestmark = pytest.mark.slow
@@ -64,13 +64,21 @@ def pools(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def loaded(smollm2: Path) -> Checkpoint:
+    """The .gguf model loaded once (de-quantized to float32) for the tests that read it."""
+    return load_checkpoint(smollm2, dtype="float32")
+
+
 def rows_of(pools: Path) -> list[dict]:
     return [json.loads(line) for line in (pools / "rollouts.jsonl").read_text().splitlines()]
 
 
-def test_gguf_and_converted_safetensors_load_to_the_same_model(smollm2, smollm2_dir) -> None:
+def test_gguf_and_converted_safetensors_load_to_the_same_model(
+    smollm2, smollm2_dir, loaded
+) -> None:
     assert find_checkpoints(smollm2) == [smollm2]
-    a = load_checkpoint(smollm2, dtype="float32")
+    a = loaded
     b = load_checkpoint(smollm2_dir, dtype="float32")
     assert a.vocab_size == b.vocab_size == 49152 and a.model.config.tie_word_embeddings
     ids = torch.tensor([a.tokenizer("The capital of France is")["input_ids"]])
@@ -80,9 +88,9 @@ def test_gguf_and_converted_safetensors_load_to_the_same_model(smollm2, smollm2_
     assert a.tokenizer.chat_template and a.tokenizer.chat_template == b.tokenizer.chat_template
 
 
-def test_sampled_pools_carry_exact_chat_ids_eos_and_truncation(pools, smollm2) -> None:
+def test_sampled_pools_carry_exact_chat_ids_eos_and_truncation(pools, loaded) -> None:
     rows = rows_of(pools)
-    tok = load_checkpoint(smollm2, dtype="float32").tokenizer
+    tok = loaded.tokenizer
     assert len(rows) == 24 and len({r["group"] for r in rows}) == 3
     text = tok.apply_chat_template(
         [{"role": "user", "content": PROMPTS[0]["prompt"]}],
@@ -99,8 +107,8 @@ def test_sampled_pools_carry_exact_chat_ids_eos_and_truncation(pools, smollm2) -
     assert manifest["settings"]["from_policy"] and manifest["responses"] == 24
 
 
-def test_logged_statistics_match_an_independent_forward_and_autograd(pools, smollm2) -> None:
-    ckpt = load_checkpoint(smollm2, dtype="float32")
+def test_logged_statistics_match_an_independent_forward_and_autograd(pools, loaded) -> None:
+    ckpt = loaded
     for r in rows_of(pools)[::5]:
         ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
         p, n = len(r["prompt_ids"]), len(r["response_ids"])

@@ -18,8 +18,10 @@ import pandas as pd
 import pytest
 from matplotlib import image
 from small_runs import invoke, run_variance
+from small_runs import report as report_of
 from test_dynamics import synthetic_run
 
+from otb_diag.errors import InputError
 from otb_diag.pipelines.regress.run_metrics import collect_metrics
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "energy_variance.json"
@@ -95,9 +97,7 @@ def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path, dynamics_dir:
 @pytest.fixture(scope="module")
 def report(all_runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
-    code, output = invoke("report", all_runs, "--out", out, "--golden", GOLDEN)
-    assert code == 0, output
-    assert str(out.resolve()) in output
+    assert report_of([all_runs], out, GOLDEN).out == str(out.resolve())
     return out
 
 
@@ -185,8 +185,7 @@ def test_provenance_command_reproduces_the_energy_run(report: Path, all_runs: Pa
 
 def report_text(tmp_path: Path, *dirs: Path) -> str:
     out = tmp_path / "r.html"
-    code, output = invoke("report", *dirs, "--out", out)
-    assert code == 0, output
+    report_of(list(dirs), out)
     return Page(out.read_text(encoding="utf-8")).text
 
 
@@ -216,20 +215,22 @@ def test_variance_without_full_mode(reduced_rollouts: Path, tmp_path: Path) -> N
     assert "proxy fidelity (v)" not in text
 
 
-def test_nothing_recognisable_is_exit_2(tmp_path: Path) -> None:
+def test_nothing_recognisable_is_bad_input(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text('{"command": "something-else"}')
     (tmp_path / "notes.xml").write_text("<notes/>")
-    code, _ = invoke("report", tmp_path, "--out", tmp_path / "r.html")
-    assert code == 2 and not (tmp_path / "r.html").exists()
-    code, _ = invoke("report", tmp_path / "missing", "--out", tmp_path / "r.html")
-    assert code == 2
+    with pytest.raises(InputError):
+        report_of([tmp_path], tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+    with pytest.raises(InputError, match="no such file or directory"):
+        report_of([tmp_path / "missing"], tmp_path / "r.html")
 
 
-def test_golden_without_energy_or_variance_run_is_exit_2(
+def test_golden_without_energy_or_variance_run_is_bad_input(
     dynamics_dir: Path, tmp_path: Path
 ) -> None:
-    code, _ = invoke("report", dynamics_dir, "--golden", GOLDEN, "--out", tmp_path / "r")
-    assert code == 2 and not (tmp_path / "r").exists()
+    with pytest.raises(InputError):
+        report_of([dynamics_dir], tmp_path / "r", GOLDEN)
+    assert not (tmp_path / "r").exists()
 
 
 # ---------------------------------------------------------------- a real browser

@@ -178,11 +178,6 @@ def test_unknown_baseline_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_help_teaches_with_an_example() -> None:
-    result = runner.invoke(app, ["train", "--help"])
-    assert result.exit_code == 0 and "Example" in result.output
-
-
 def test_json_prints_the_summary_written_to_train_json(tmp_path: Path) -> None:
     args = ["train", "--updates", "1", "--prompts-per-step", "1", "--group-size", "2"]
     result = runner.invoke(app, [*args, "--quiet", "--json", "--out", str(tmp_path)])
