@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.errors import InputError
+from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.dynamics import (
     DynamicsArm,
@@ -29,7 +30,6 @@ from otb_diag.pipelines.results.dynamics import (
 from otb_diag.pipelines.results.energy import AdvantageAudit, AuditSkipped, EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.inspect import InspectResult
-from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
 from otb_diag.pipelines.results.sample import SampleResult
@@ -302,7 +302,7 @@ def test_measured_results_round_trip_in_every_shape(runs: Path, tmp_path: Path, 
     """energy's and variance-compare's results with the shapes the reduced runs do not make:
     an audit and a skipped one, several rollouts files, no mode with a signal, a full-mode
     record; each round-trips and writes the keys it always wrote."""
-    result = read_summary(runs / run)
+    result = read_run(runs / run)
     _round_trips(result, tmp_path)
     files = [FileRecord("/a.jsonl", "0" * 64), FileRecord("/b.jsonl", "1" * 64)]
     several = replace(result.inputs.rollouts, sha256=None, files=files)
