@@ -10,7 +10,6 @@ from pathlib import Path
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import staged_output, write_json
-from otb_diag.io.loading import rollouts_record
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
@@ -96,7 +95,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
     return EnergyResult(
         mode="model" if m.results[0].checkpoint else "model-free",
         inputs=RunInputs(
-            rollouts=rollouts_record(m.index.shell),
+            rollouts=m.rollouts.record,
             checkpoints=[r.checkpoint for r in m.results if r.checkpoint],
         ),
         settings={**asdict(m.settings), "tir": m.tir},

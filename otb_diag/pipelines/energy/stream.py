@@ -1,12 +1,14 @@
 """The measuring loop of `otb-diag energy`, a chunk of groups at a time, on one process or on
 every rank of a torchrun job.
 
-For each checkpoint (or once, model-free) and each chunk of groups (`io/rollouts/stream.py`):
-every rank measures its share of the chunk's groups (`shard_by_tokens`), rank 0 gathers the
-shares, puts them in group order and appends the chunk's tokens to `tokens.parquet` as one row
-group (through a temporary file, renamed at the end); per-sequence and per-group tables and the
-proxies' parts accumulate. Row groups follow the chunks, not the ranks, so one process and N
-processes write the same file."""
+The rollouts are loaded once as a `RolloutStream` (`otb_diag/io/loading.py`: the index, its
+chunks of groups, their record), then read a chunk at a time. For each checkpoint (or once,
+model-free) and each chunk: every rank measures its share of the chunk's groups
+(`shard_by_tokens`; the share as a batch: `otb_diag/io/batches.py:rollouts_batch`), rank 0
+gathers the shares, puts them in group order and appends the chunk's tokens to `tokens.parquet`
+as one row group (through a temporary file, renamed at the end); per-sequence and per-group
+tables and the proxies' parts accumulate. Row groups follow the chunks, not the ranks, so one
+process and N processes write the same file."""
 
 from __future__ import annotations
 
@@ -25,23 +27,12 @@ from tqdm.auto import tqdm
 
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import atomic_path, write_json, write_with
+from otb_diag.io.batches import rollouts_batch
 from otb_diag.io.checkpoint import Checkpoint, checkpoint_record
-from otb_diag.io.loading import with_temperature
+from otb_diag.io.loading import CHUNK_TOKENS, RolloutStream, load_rollout_stream
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
 from otb_diag.io.rollouts.readers import Rollouts
-from otb_diag.io.rollouts.stream import (
-    CHUNK_TOKENS,
-    RolloutIndex,
-    chunk_groups,
-    index_rollouts,
-    stream_chunks,
-)
-from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.io.rollouts.tokenize import (
-    check_vocab,
-    prompts_without_template,
-    tokenize_rollouts,
-)
+from otb_diag.io.rollouts.stream import RolloutIndex
 from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy.proxies import combine_proxies
 from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
@@ -88,7 +79,7 @@ class StepResult:
 class Measured:
     """What rank 0 hands to the summary."""
 
-    index: RolloutIndex
+    rollouts: RolloutStream
     results: list[StepResult]
     group: str
     tir: bool
@@ -117,8 +108,8 @@ def measure_and_write(
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
     (rank 0: the caller's staging directory); returns None on the other ranks."""
     started = time.perf_counter()
-    index = _index(rollouts_path, checkpoints, settings)
-    chunks = chunk_groups(index.group_tokens(), CHUNK_TOKENS)
+    rollouts = _load_rollouts(rollouts_path, checkpoints, settings)
+    index, chunks = rollouts.index, rollouts.chunks
     shares, rank_tokens = _plan(index, chunks, d.world_size)
     tir = index.tool_output if settings.tir is None else settings.tir
     known = int(index.row_tokens.sum()) if index.has_ids else None
@@ -145,7 +136,7 @@ def measure_and_write(
             step = i if ckpt is None or ckpt.step is None else ckpt.step
             # fig5's token sample is kept for the last step only
             acc = _Accumulator(stride if i == max(0, len(checkpoints) - 1) else 0)
-            stream = stream_chunks(index, shares[d.rank])
+            stream = rollouts.read(shares[d.rank])
             for _ in chunks:
                 part = _measure_next(stream, ckpt, settings, tir)
                 parts = d.gather(part)
@@ -169,20 +160,22 @@ def measure_and_write(
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     clamped = index.clamped if index.clamped is not None else results[-1].clamped
-    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped, settings)
+    return Measured(rollouts, results, group, tir, timings, outputs, rank_tokens, clamped, settings)
 
 
 @agreed
-def _index(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutIndex:
-    """The validated index of the rollouts, once they fit the run (every rank, one phase)."""
-    index = index_rollouts(
+def _load_rollouts(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutStream:
+    """The indexed rollouts in chunks, once they fit the run (every rank, one phase); every row
+    is validated when a chunk is read."""
+    rollouts = load_rollout_stream(
         rollouts_path,
+        settings.temperature,
         steps=settings.steps,
         reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
-        validate=False,  # every row is validated when `stream_chunks` reads it
+        chunk_tokens=CHUNK_TOKENS,
     )
-    _check_inputs(index, checkpoints, current(), settings.temperature)
-    return index
+    _check_inputs(rollouts.index, checkpoints, current(), settings.temperature)
+    return rollouts
 
 
 @agreed
@@ -195,7 +188,7 @@ def _measure_next(
     stream: Iterator[Rollouts], ckpt: Checkpoint | None, settings: Any, tir: bool
 ) -> _Part | None:
     """This rank's share of the next chunk, read and measured (one phase)."""
-    return _measure(with_temperature(next(stream), settings.temperature), ckpt, settings, tir)
+    return _measure(next(stream), ckpt, settings, tir)
 
 
 def _write_outputs(
@@ -241,7 +234,7 @@ def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: fl
 
 def _plan(index: RolloutIndex, chunks: list[list[int]], world: int):
     """Per rank, its groups of every chunk; and each rank's total response tokens."""
-    tokens = index.group_tokens()
+    tokens = index.group_tokens
     shares: list[list[list[int]]] = [[] for _ in range(world)]
     for chunk in chunks:
         split = shard_by_tokens([int(tokens[g]) for g in chunk], world)
@@ -254,18 +247,11 @@ def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bo
     """The tables of this rank's share of one chunk (None when the share is empty)."""
     if not rollouts.responses:
         return None
-    issues = untemplated = 0
+    batch, issues, untemplated = rollouts_batch(rollouts, ckpt, settings.load.chat_template)
     if ckpt is None:
-        batch = make_batch(rollouts)
         stats = logged_stats(batch, path=str(rollouts.path))
         token_text: Callable[[list[int]], list[str]] | None = None
     else:
-        chat = settings.load.chat_template
-        untemplated = 0 if chat else prompts_without_template(rollouts, ckpt.tokenizer)
-        tokenized, found = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat)
-        check_vocab(tokenized, ckpt.vocab_size)
-        issues = len(found)
-        batch = make_batch(tokenized)
         stats = checkpoint_stats(
             ckpt.model, batch, batch_tokens=settings.batch_tokens, chunk_size=settings.chunk_size
         )
