@@ -26,17 +26,6 @@ class RolloutsBatch(NamedTuple):
     untemplated_prompts: int  # text prompts tokenized without the tokenizer's chat template
 
 
-def checkpoint_batch(
-    path: Path, rollouts: Rollouts, options: LoadOptions
-) -> tuple[Checkpoint, ResponseBatch, int]:
-    """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
-    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
-    round-trip through the tokenizer."""
-    ckpt = options.load(path)
-    batch, issues, _ = rollouts_batch(rollouts, ckpt, options.chat_template)
-    return ckpt, batch, issues
-
-
 def rollouts_batch(
     rollouts: Rollouts, ckpt: Checkpoint | None, chat_template: bool = False
 ) -> RolloutsBatch:
@@ -49,3 +38,17 @@ def rollouts_batch(
     tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat_template)
     check_vocab(tokenized, ckpt.vocab_size)
     return RolloutsBatch(make_batch(tokenized), len(issues), untemplated)
+
+
+def checkpoint_batch(
+    path: Path, rollouts: Rollouts, options: LoadOptions
+) -> tuple[Checkpoint, ResponseBatch, int]:
+    """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
+    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
+    round-trip through the tokenizer."""
+    ckpt = options.load(path)
+    tokenized, issues = tokenize_rollouts(
+        rollouts, ckpt.tokenizer, chat_template=options.chat_template
+    )
+    check_vocab(tokenized, ckpt.vocab_size)
+    return ckpt, make_batch(tokenized), len(issues)
