@@ -4,13 +4,40 @@ the rollouts' path, entered once the rollouts are read (`otb_diag/io/loading.py`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from otb_diag.io.checkpoint import Checkpoint
 from otb_diag.io.load_options import LoadOptions
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.io.rollouts.tokenize import check_vocab, tokenize_rollouts
+from otb_diag.io.rollouts.tokenize import (
+    check_vocab,
+    prompts_without_template,
+    tokenize_rollouts,
+)
 from otb_diag.maths.response_batch import ResponseBatch
+
+
+class RolloutsBatch(NamedTuple):
+    """The batch of some rollouts, and what tokenizing them found."""
+
+    batch: ResponseBatch
+    round_trip_issues: int  # rows whose text does not round-trip through the tokenizer
+    untemplated_prompts: int  # text prompts tokenized without the tokenizer's chat template
+
+
+def rollouts_batch(
+    rollouts: Rollouts, ckpt: Checkpoint | None, chat_template: bool = False
+) -> RolloutsBatch:
+    """The rollouts as a batch: with a loaded checkpoint, tokenized with its tokenizer (through
+    its chat template with `chat_template`) and every id checked against its vocabulary;
+    without one, as they are (their own ids and logged statistics: `--model-free`)."""
+    if ckpt is None:
+        return RolloutsBatch(make_batch(rollouts), 0, 0)
+    untemplated = 0 if chat_template else prompts_without_template(rollouts, ckpt.tokenizer)
+    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat_template)
+    check_vocab(tokenized, ckpt.vocab_size)
+    return RolloutsBatch(make_batch(tokenized), len(issues), untemplated)
 
 
 def checkpoint_batch(

@@ -1,11 +1,14 @@
-"""From the user's paths to the rollouts a command measures: read and validate the set (the
-streaming index's whole-set view), apply `--temperature`, and hand over in one object what
-measuring it needs (the rows, their groups and sizes, their record for summary.json), so that a
-recipe following `rollouts_path` goes down through io/ once (ARCHITECTURE.md, "Data flow"). The
-checkpoint side (tokenize, check, batch) is `otb_diag/io/batches.py:checkpoint_batch`."""
+"""From the user's paths to the rollouts a command measures: read and validate the set, apply
+`--temperature`, and hand over in one object what measuring it needs, so that a recipe following
+`rollouts_path` goes down through io/ once (ARCHITECTURE.md, "Data flow"): the whole set
+(`RolloutSet`: the streaming index's whole-set view, the rows, their groups and sizes, their
+record for summary.json; `variance-compare`), or the set a chunk of groups at a time
+(`RolloutStream`: the index, its chunks, their record; `energy`). The checkpoint side (tokenize,
+check, batch) is `otb_diag/io/batches.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,10 @@ from otb_diag.io.provenance import file_sha256
 from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.rows import Response
 from otb_diag.io.rollouts.scan import response_size
-from otb_diag.io.rollouts.stream import read_set
+from otb_diag.io.rollouts.stream import RolloutIndex, index_rollouts, read_set, stream_chunks
+
+# Response tokens per chunk: bounds the per-token tables held at once (~0.1 GB at this size).
+CHUNK_TOKENS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,59 @@ def load_rollout_set(
     )
 
 
+@dataclass(frozen=True)
+class RolloutStream:
+    """What the load hands a recipe that measures the set a chunk of groups at a time.
+
+    index: the index pass's `RolloutIndex` (groups, their tokens, the rows' files).
+    chunks: each chunk's group positions (`chunk_groups`), in order.
+    record: path, format and hash of the files (`rollouts_record`), for summary.json.
+    temperature: τ for every row, when given (else each row's own).
+    """
+
+    index: RolloutIndex
+    chunks: list[list[int]]
+    record: dict[str, Any]
+    temperature: float | None
+
+    def read(self, shares: Sequence[Sequence[int]]) -> Iterator[Rollouts]:
+        """One `Rollouts` per entry of `shares` (group positions: a part of each chunk, in
+        order), τ overridden when asked; each file is opened once (`stream_chunks`)."""
+        for rollouts in stream_chunks(self.index, shares):
+            yield with_temperature(rollouts, self.temperature)
+
+
+def load_rollout_stream(
+    path: Path,
+    temperature: float | None = None,
+    *,
+    steps: str | None = None,
+    reward_columns: list[str] | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> RolloutStream:
+    """The index of the rollouts `path` names (rows with a step in `steps`, "A-B";
+    `reward_columns` as in `load_rollouts`), cut into chunks of about `chunk_tokens` response
+    tokens, to be read a chunk at a time with `temperature` overriding every row's τ. Rows are
+    validated when `RolloutStream.read` decodes them (`index_rollouts`' `validate=False`)."""
+    index = index_rollouts(path, steps=steps, reward_columns=reward_columns, validate=False)
+    chunks = chunk_groups(index.group_tokens, chunk_tokens)
+    return RolloutStream(index, chunks, rollouts_record(index), temperature)
+
+
+def chunk_groups(group_tokens: Sequence[int], budget: int = CHUNK_TOKENS) -> list[list[int]]:
+    """Consecutive groups (positions) in chunks of at most `budget` tokens; a group larger than
+    the budget is a chunk of its own."""
+    chunks: list[list[int]] = []
+    total = 0
+    for g, n in enumerate(group_tokens):
+        if not chunks or (total + n > budget and chunks[-1]):
+            chunks.append([])
+            total = 0
+        chunks[-1].append(g)
+        total += int(n)
+    return chunks
+
+
 def load_rollouts(
     path: Path,
     temperature: float | None = None,
@@ -84,8 +143,9 @@ def group_rows(responses: list[Response]) -> dict[str, list[int]]:
     return out
 
 
-def rollouts_record(rollouts: Rollouts) -> dict[str, Any]:
-    """Path, format and hash of the rollouts; with several files, each file's hash."""
+def rollouts_record(rollouts: Rollouts | RolloutIndex) -> dict[str, Any]:
+    """Path, format and hash of the rollouts (or of the set an index indexes); with several
+    files, each file's hash."""
     files = rollouts.files or [Path(rollouts.path)]
     record: dict[str, Any] = {"path": str(Path(rollouts.path).resolve()), "format": rollouts.format}
     if len(files) == 1:

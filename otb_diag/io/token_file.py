@@ -1,31 +1,38 @@
 """`tokens.parquet` of `otb-diag energy`, written a chunk at a time (one row group or more per
-chunk, into a temporary path that the caller renames at the end) and read back a chunk at a
-time, so that neither side holds more than a chunk's tokens."""
+chunk, into a temporary path renamed at the end) and read back a chunk at a time, so that
+neither side holds more than a chunk's tokens."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from otb_diag.io.atomic import atomic_path
+
 
 class TokenWriter:
-    """Appends each chunk's per-token table to `path`; `chunks[k]` is the `(first row, rows)`
-    of the k-th table written. `path` None (a rank other than 0) writes nothing."""
+    """Appends each chunk's per-token table to `dest`, atomically: the first write opens a
+    temporary file beside it (`otb_diag/io/atomic.py:atomic_path`, entered on `stack`, which
+    renames it onto `dest` when it closes without an error), so a writer that never writes
+    leaves nothing. `chunks[k]` is the `(first row, rows)` of the k-th table written; `path` is
+    the file being written (None before the first write)."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, dest: Path, stack: contextlib.ExitStack) -> None:
+        self.dest = dest
+        self.path: Path | None = None
         self.chunks: list[tuple[int, int]] = []
+        self._stack = stack
         self._writer = None
 
     def write(self, tokens: pd.DataFrame) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if self.path is None:
-            return
         if self._writer is None:
+            self.path = self._stack.enter_context(atomic_path(self.dest))
             table = pa.Table.from_pandas(tokens, preserve_index=False)
             # Dictionary pages for the columns with few distinct values (group, token, t, ...);
             # float columns rarely repeat, and trying them costs half the writing time.

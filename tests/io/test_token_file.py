@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +29,13 @@ def test_a_group_read_from_its_chunk_equals_the_filtered_file(tmp_path: Path) ->
     rng = np.random.default_rng(0)
     plan = [["a", "b"], ["c"], ["d", "e", "f"]]  # three chunks, written for steps 5 and 10
     path = tmp_path / "tokens.parquet"
-    writer = TokenWriter(path)
-    for step in (5, 10):
-        for groups in plan:
-            writer.write(chunk(groups, step, rng))
-    writer.close()
+    with contextlib.ExitStack() as stack:
+        writer = TokenWriter(path, stack)
+        for step in (5, 10):
+            for groups in plan:
+                writer.write(chunk(groups, step, rng))
+        writer.close()
+        assert writer.path != path and not path.exists()  # renamed when the stack closes
     assert pq.ParquetFile(path).num_row_groups == 6
     assert [n for _, n in writer.chunks] == [len(t) for t in _chunks(path)]
     for c, groups in enumerate(plan):
@@ -51,8 +54,9 @@ def _chunks(path: Path) -> list[pd.DataFrame]:
     return [file.read_row_group(i).to_pandas() for i in range(file.num_row_groups)]
 
 
-def test_a_rank_other_than_0_writes_nothing(tmp_path: Path) -> None:
-    writer = TokenWriter(None)
-    writer.write(chunk(["a"], 1, np.random.default_rng(1)))
-    writer.close()
-    assert writer.chunks == [] and not list(tmp_path.iterdir())
+def test_a_writer_that_never_writes_leaves_nothing(tmp_path: Path) -> None:
+    """What a rank other than 0 holds: it measures, rank 0 alone writes."""
+    with contextlib.ExitStack() as stack:
+        writer = TokenWriter(tmp_path / "tokens.parquet", stack)
+        writer.close()
+    assert writer.chunks == [] and writer.path is None and not list(tmp_path.iterdir())

@@ -9,7 +9,7 @@ module under `otb_diag/io/trainers/`. Logged probabilities are checked for physi
 (`probability_checks.py`). Sets of files (a directory, a glob) are read by the index pass of
 `stream.py`, which every command goes through.
 
-Everything that can be checked without a tokenizer is checked by `iter_responses`; every problem
+Everything that can be checked without a tokenizer is checked by `open_rollouts`; every problem
 is an `InputError` naming the file, the line (JSONL, 1-based) or row (Parquet, 0-based) and the
 field.
 Missing token ids are filled in with a checkpoint's tokenizer, and every id is checked against
@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from otb_diag.errors import InputError
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS, check_probabilities
-from otb_diag.io.rollouts.records import READERS, open_records
+from otb_diag.io.rollouts.records import READERS, Keep, open_records
 from otb_diag.io.rollouts.rows import KEYS, RawRow, Response
 from otb_diag.io.trainers import dump_trainer
 
@@ -72,24 +73,32 @@ class Rollouts:
         return InputError(message, path=path, field=field, hint=hint, **{word: r.source_row})
 
 
-def iter_responses(
-    path: str | Path,
-    keep: Callable[[int], bool] | None = None,
-    *,
-    reward_columns: list[str] | None = None,
-) -> tuple[Rollouts, Iterator[tuple[int, Response]]]:
-    """The file's (still empty) `Rollouts` and an iterator over `(index, Response)`, validated
+class RolloutFile(NamedTuple):
+    """One rollout file opened once (`open_rollouts`): its (still empty) `Rollouts`, its rows
+    (lazy, validated as they come) and, when it is a plain Parquet file (no trainer's dump), the
+    open file, from which the index pass may read a few columns instead of the rows (`scan.py`).
+    """
+
+    rollouts: Rollouts
+    rows: Iterator[tuple[int, Response]]
+    plain_parquet: Any  # pyarrow.parquet.ParquetFile, or None
+
+
+def open_rollouts(
+    path: str | Path, keep: Keep = None, *, reward_columns: list[str] | None = None
+) -> RolloutFile:
+    """The file opened once: its `Rollouts` and an iterator over `(index, Response)`, validated
     one row at a time, in file order (errors too: a bad line 2 before a malformed line 3).
 
-    Rows that `keep(index)` rejects are not decoded. Sample numbers are not set (they need the
-    rows before); rows of trainer dumps (`otb_diag/io/trainers/`) without a group id are grouped
-    by (step, prompt) as they come. `reward_columns` names the reward columns of a TRL
-    completion log (default: every numeric reward-function column). Logged probabilities are
-    checked as rows come, and the values clamped onto a consistency rule are counted in
+    Rows that `keep` rejects are not decoded (`records.Keep`). Sample numbers are not set (they
+    need the rows before); rows of trainer dumps (`otb_diag/io/trainers/`) without a group id
+    are grouped by (step, prompt) as they come. `reward_columns` names the reward columns of a
+    TRL completion log (default: every numeric reward-function column). Logged probabilities
+    are checked as rows come, and the values clamped onto a consistency rule are counted in
     `rollouts.clamped`.
     """
     path = Path(path)
-    kind, keys, records = open_records(path, keep)
+    kind, keys, records, parquet = open_records(path, keep)
     trainer = dump_trainer(keys)
     rollouts = Rollouts(path, f"{trainer.name}-{kind}" if trainer else kind, [])
     row_keys = trainer.dump_keys if trainer else KEYS
@@ -114,7 +123,7 @@ def iter_responses(
                 rollouts.clamped[name] += count
             yield index, response
 
-    return rollouts, rows()
+    return RolloutFile(rollouts, rows(), None if trainer else parquet)
 
 
 def check_token_fields(

@@ -6,11 +6,12 @@ glob), read in step order. The index pass (`index_rollouts`) validates every row
 order; or, for a caller that validates while reading, only reads a few columns of a plain
 Parquet set: `scan.py`), applies `--steps`, and keeps a few numbers per row: its file, its
 group, its sample number and its token count. Groups need not be contiguous in a file; a group
-id used in more than one file is qualified by its file's name (`12/g0`).
-`chunk_groups` cuts the groups, in order of first appearance, into chunks of about
-`CHUNK_TOKENS` response tokens; `stream_chunks` reads the files once more and yields each
-chunk's `Rollouts` as soon as all of its rows have been seen, so peak memory is one chunk (plus
-the rows of later chunks interleaved with it), not the set (`energy`). `read_set` is the whole
+id used in more than one file is qualified by its file's name (`12/g0`). Each pass opens each
+file once.
+Given chunks of groups (`otb_diag/io/loading.py:chunk_groups` cuts them), `stream_chunks` reads
+the files once more and yields each chunk's `Rollouts` as soon as all of its rows have been seen,
+so peak memory is one chunk (plus the rows of later chunks interleaved with it), not the set
+(`energy`, through `otb_diag/io/loading.py:RolloutStream`). `read_set` is the whole
 set as one `Rollouts`, the rows the index pass decoded named as the index names them
 (`variance-compare`, the API, `otb_diag/io/loading.py:load_rollouts`); `rollouts inspect` sees
 each row as the index pass reads it."""
@@ -25,12 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
-from otb_diag.io.rollouts.readers import Rollouts, iter_responses
+from otb_diag.io.rollouts.readers import Rollouts, open_rollouts
 from otb_diag.io.rollouts.rows import Response
 from otb_diag.io.rollouts.scan import OnRow, scan_set
-
-# Response tokens per chunk: bounds the per-token tables held at once (~0.1 GB at this size).
-CHUNK_TOKENS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -38,10 +36,11 @@ class RolloutIndex:
     """What the index pass keeps of a rollout set: one entry per kept row, in set order.
 
     row_file: `[rows]` position of the row's file in `files`.
-    row_local: `[rows]` the row's index among all rows of its file (`iter_responses`' index).
+    row_local: `[rows]` the row's index among all rows of its file (`open_rollouts`' index).
     row_group: `[rows]` position of the row's group in `group_names` (first-appearance order).
     row_sample: `[rows]` 0-based position of the row within its group, in file order.
     row_tokens: `[rows]` response tokens (characters of the response text for rows without ids).
+    group_tokens: `[groups]` response tokens of each group (the sum of its rows' `row_tokens`).
     """
 
     path: Path
@@ -53,6 +52,7 @@ class RolloutIndex:
     row_group: np.ndarray
     row_sample: np.ndarray
     row_tokens: np.ndarray
+    group_tokens: np.ndarray
     has_ids: bool  # every row has prompt_ids and response_ids
     tool_output: bool  # some response holds tool output (mask 0)
     # Logged values clamped onto a consistency rule, every file; None when the index pass did
@@ -65,10 +65,6 @@ class RolloutIndex:
         """The set's `Rollouts` with no responses: path, format, files and clamped counts."""
         clamped = dict.fromkeys(CLAMPED_FIELDS, 0) if self.clamped is None else dict(self.clamped)
         return Rollouts(self.path, self.format, [], clamped=clamped, files=self.files)
-
-    def group_tokens(self) -> np.ndarray:
-        """`[groups]` response tokens of each group."""
-        return np.bincount(self.row_group, self.row_tokens, len(self.group_names)).astype(int)
 
 
 def index_rollouts(
@@ -104,6 +100,7 @@ def index_rollouts(
     used = np.unique(table[:, 2])  # groups with a kept row, renumbered in order
     renumber = np.full(len(position), -1, dtype=np.int64)
     renumber[used] = np.arange(len(used))
+    row_group = renumber[table[:, 2]]
     return RolloutIndex(
         path=Path(spec),
         format=scan.formats.pop() if len(scan.formats) == 1 else "mixed",
@@ -113,9 +110,10 @@ def index_rollouts(
         ],
         row_file=table[:, 0],
         row_local=table[:, 1],
-        row_group=renumber[table[:, 2]],
+        row_group=row_group,
         row_sample=table[:, 3],
         row_tokens=table[:, 4],
+        group_tokens=np.bincount(row_group, table[:, 4], len(used)).astype(int),
         has_ids=scan.has_ids,
         tool_output=scan.tool_output,
         clamped=scan.clamped,
@@ -148,20 +146,6 @@ def group_names(keys: list[tuple[int, str]], files: list[Path]) -> list[str]:
     return [f"{files[f].stem}/{group}" if owners[group] > 1 else group for (f, group) in keys]
 
 
-def chunk_groups(group_tokens: Sequence[int], budget: int = CHUNK_TOKENS) -> list[list[int]]:
-    """Consecutive groups (positions) in chunks of at most `budget` tokens; a group larger than
-    the budget is a chunk of its own."""
-    chunks: list[list[int]] = []
-    total = 0
-    for g, n in enumerate(group_tokens):
-        if not chunks or (total + n > budget and chunks[-1]):
-            chunks.append([])
-            total = 0
-        chunks[-1].append(g)
-        total += int(n)
-    return chunks
-
-
 def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Iterator[Rollouts]:
     """One `Rollouts` per entry of `chunks` (lists of group positions, possibly empty), in order,
     with each row's group and sample number from the index, and in `clamped` the logged values
@@ -190,13 +174,9 @@ def stream_chunks(index: RolloutIndex, chunks: Sequence[Sequence[int]]) -> Itera
             continue
         local = np.full(int(index.row_local[mine].max()) + 1, -1, dtype=np.int64)
         local[index.row_local[mine]] = np.flatnonzero(mine)  # file row -> index row
-        wanted = local.copy()
-        wanted[local >= 0] = row_chunk[local[local >= 0]]
-        shell, rows = iter_responses(
-            path,
-            keep=lambda i, w=wanted: i < len(w) and bool(w[i] >= 0),
-            reward_columns=index.reward_columns,
-        )
+        keep = np.zeros(len(local), dtype=bool)  # `[file rows]` in some chunk
+        keep[local >= 0] = row_chunk[local[local >= 0]] >= 0
+        shell, rows, _ = open_rollouts(path, keep, reward_columns=index.reward_columns)
         seen = Counter(shell.clamped)  # the file's clamped counts before this row
         for j, response in rows:
             i = int(local[j])

@@ -5,6 +5,7 @@ the largest one numbered in the order of sequences.csv)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -76,13 +77,13 @@ def recorded_estimator(rollouts: Rollouts) -> tuple[str, dict[str, Any]] | None:
     return first
 
 
+@dataclass
 class AuditParts:
     """One step's audit parts, chunk by chunk (rank 0)."""
 
-    def __init__(self) -> None:
-        self.parts: list[dict[str, Any]] = []
-        self.skipped = False
-        self.responses = 0  # sequences of earlier chunks
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    skipped: bool = False
+    responses: int = 0  # sequences of earlier chunks
 
     def add(self, parts: list[dict[str, Any] | None], sequences: pd.DataFrame) -> None:
         """The ranks' parts of one chunk whose merged sequences table is `sequences`."""

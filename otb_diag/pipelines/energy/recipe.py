@@ -8,9 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from otb_diag.errors import InputError
-from otb_diag.io.atomic import staged_output, write_json
-from otb_diag.io.loading import rollouts_record
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
@@ -25,8 +22,7 @@ from otb_diag.pipelines.results.energy import (
     EnergyTotals,
 )
 from otb_diag.pipelines.results.schema import Distributed, RunInputs, build
-from otb_diag.runtime.devices import resolve_device
-from otb_diag.runtime.torchrun import session
+from otb_diag.pipelines.shell import Stage, run_recipe
 
 
 def run_energy(
@@ -70,31 +66,22 @@ def _measure(
     settings: EnergySettings,
     progress: bool,
 ) -> EnergyResult | None:
-    """`run_energy` on resolved files (model-free when `checkpoints` is empty)."""
+    """`run_energy` on resolved files (model-free when `checkpoints` is empty), in the recipe
+    shell (`otb_diag/pipelines/shell.py:run_recipe`)."""
     settings.check()
-    if checkpoints:
-        settings.load.check()
-    backend_device = resolve_device(settings.load.device).type if checkpoints else "cpu"
-    with session(backend_device) as d:
-        if d.world_size > 1 and settings.load.device_map is not None:
-            raise InputError(
-                "--device-map spreads one model over the GPUs of one process; under torchrun "
-                "every rank loads a whole model on its own GPU.",
-                field="device-map",
-                hint="Use one or the other.",
-            )
-        if not d.is_main:
-            measure_and_write(d, checkpoints, rollouts_path, out, settings, progress)
-            return None
-        with staged_output(out) as stage:
-            measured = measure_and_write(d, checkpoints, rollouts_path, stage, settings, progress)
-            assert measured is not None  # rank 0
-            result = _result(measured, settings, out, d.world_size)
-            write_json(stage / "summary.json", result.to_json())
-        return result
+
+    def body(stage: Stage) -> EnergyResult | None:
+        assert stage.into is not None  # energy writes a folder
+        measured = measure_and_write(
+            checkpoints, rollouts_path, stage.into, settings, stage.progress
+        )
+        return None if measured is None else _result(measured, settings, out)
+
+    load = settings.load if checkpoints else None  # model-free: no model, gloo on the CPU
+    return run_recipe(body, out=out, load=load, progress=progress)
 
 
-def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -> EnergyResult:
+def _result(m: Measured, settings: EnergySettings, out: Path) -> EnergyResult:
     final = m.results[-1]
     seqs, groups = final.sequences, final.groups
     n_tokens = sum(r.tokens for r in m.results)
@@ -103,7 +90,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
     return EnergyResult(
         mode="model" if m.results[0].checkpoint else "model-free",
         inputs=RunInputs.of(
-            rollouts_record(m.index.shell), [r.checkpoint for r in m.results if r.checkpoint]
+            m.rollouts.record, [r.checkpoint for r in m.results if r.checkpoint]
         ),
         settings=replace(m.settings, tir=m.tir),
         totals=EnergyTotals(
@@ -132,7 +119,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path, world_size: int) -
         ),
         proxies=final.proxies,
         figure_group=m.group,
-        distributed=Distributed(world_size, m.rank_tokens),
+        distributed=Distributed(len(m.rank_tokens), m.rank_tokens),
         timings={**m.timings, "tokens_per_second": n_tokens / max(m.timings["measure_s"], 1e-9)},
         versions=library_versions(),
         out=str(out.resolve()),

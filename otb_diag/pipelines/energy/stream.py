@@ -1,12 +1,15 @@
 """The measuring loop of `otb-diag energy`, a chunk of groups at a time, on one process or on
 every rank of a torchrun job.
 
-For each checkpoint (or once, model-free) and each chunk of groups (`io/rollouts/stream.py`):
-every rank measures its share of the chunk's groups (`shard_by_tokens`), rank 0 gathers the
-shares, puts them in group order and appends the chunk's tokens to `tokens.parquet` as one row
-group (through a temporary file, renamed at the end); per-sequence and per-group tables and the
-proxies' parts accumulate. Row groups follow the chunks, not the ranks, so one process and N
-processes write the same file."""
+The rollouts are loaded once as a `RolloutStream` (`otb_diag/io/loading.py`: the index, its
+chunks of groups, their record), then read a chunk at a time. For each checkpoint (or once,
+model-free) and each chunk: the chunk's groups are shared out by tokens
+(`otb_diag/runtime/sharded.py:shard`), each share measured as a batch from io
+(`otb_diag/io/batches.py:rollouts_batch`), and the shares merged where the runtime gathers them
+(`otb_diag/runtime/sharded.py:Shards`, rank 0): put in group order, the chunk's tokens appended
+to `tokens.parquet` as one row group (through a temporary file, renamed at the end), the
+per-sequence and per-group tables and the proxies' parts accumulated. Row groups follow the
+chunks, not the ranks, so one process and N processes write the same file."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +28,13 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import atomic_path, write_json, write_with
+from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.batches import rollouts_batch
 from otb_diag.io.checkpoint import Checkpoint, checkpoint_record
-from otb_diag.io.loading import with_temperature
+from otb_diag.io.loading import CHUNK_TOKENS, RolloutStream, load_rollout_stream
 from otb_diag.io.rollouts.probability_checks import CLAMPED_FIELDS
 from otb_diag.io.rollouts.readers import Rollouts
-from otb_diag.io.rollouts.stream import (
-    CHUNK_TOKENS,
-    RolloutIndex,
-    chunk_groups,
-    index_rollouts,
-    stream_chunks,
-)
-from otb_diag.io.rollouts.to_batch import make_batch
-from otb_diag.io.rollouts.tokenize import (
-    check_vocab,
-    prompts_without_template,
-    tokenize_rollouts,
-)
+from otb_diag.io.rollouts.stream import RolloutIndex
 from otb_diag.io.token_file import TokenWriter, read_group
 from otb_diag.maths.energy.proxies import combine_proxies
 from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
@@ -54,7 +47,8 @@ from otb_diag.plots.figure_data import EnergyFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.runtime.devices import torch_threads
-from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, shard_by_tokens
+from otb_diag.runtime.sharded import shard
+from otb_diag.runtime.torchrun import agreed
 
 # Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
 # tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
@@ -89,7 +83,7 @@ class StepResult:
 class Measured:
     """What rank 0 hands to the summary."""
 
-    index: RolloutIndex
+    rollouts: RolloutStream
     results: list[StepResult]
     group: str
     tir: bool
@@ -113,14 +107,17 @@ class _Part:
 
 
 def measure_and_write(
-    d: Dist, checkpoints: list[Path], rollouts_path: Path, out: Path, settings: Any, progress: bool
+    checkpoints: list[Path], rollouts_path: Path, out: Path, settings: Any, progress: bool
 ) -> Measured | None:
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
-    (rank 0: the caller's staging directory); returns None on the other ranks."""
+    (the shell's staging folder). The chunks' groups are shared out by tokens
+    (`otb_diag/runtime/sharded.py:shard`), each share measured where it lies and the shares
+    merged and written where the runtime gathers them; None where nothing was gathered."""
     started = time.perf_counter()
-    index = _index(rollouts_path, checkpoints, settings)
-    chunks = chunk_groups(index.group_tokens(), CHUNK_TOKENS)
-    shares, rank_tokens = _plan(index, chunks, d.world_size)
+    rollouts = _load_rollouts(rollouts_path, checkpoints, settings)
+    index, chunks = rollouts.index, rollouts.chunks
+    sized = ([(g, int(index.group_tokens[g])) for g in chunk] for chunk in chunks)
+    shards = shard(*sized, what=str(index.path))
     tir = index.tool_output if settings.tir is None else settings.tir
     known = int(index.row_tokens.sum()) if index.has_ids else None
     bar = tqdm(
@@ -128,40 +125,34 @@ def measure_and_write(
         unit="tok",
         unit_scale=True,
         desc="energy",
-        disable=not (progress and d.is_main),
+        disable=not progress,
     )
     stride = max(1, math.ceil(int(index.row_tokens.sum()) / FIG5_MAX_TOKENS))
     timings = {"measure_s": 0.0}
-    results: list[StepResult] = []
+    results: list[StepResult] = []  # where the shares are merged; elsewhere none
     with contextlib.ExitStack() as stack:
         if not checkpoints:
             stack.enter_context(torch_threads(MODEL_FREE_THREADS))
-        tokens_path = out / "tokens.parquet"
-        writer = TokenWriter(stack.enter_context(atomic_path(tokens_path)) if d.is_main else None)
+        writer = TokenWriter(out / "tokens.parquet", stack)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else _load(settings, path)
             # Auto sizes are the first model's: `planned` keeps sizes already resolved.
             settings = planned(settings, None if ckpt is None else ckpt.model)
             t0 = time.perf_counter()
             step = i if ckpt is None or ckpt.step is None else ckpt.step
-            # fig5's token sample is kept for the last step only
-            acc = _Accumulator(stride if i == max(0, len(checkpoints) - 1) else 0)
-            stream = stream_chunks(index, shares[d.rank])
-            for _ in chunks:
-                part = _measure_next(stream, ckpt, settings, tir)
-                parts = d.gather(part)
-                if parts is not None:  # rank 0
-                    present = [p for p in parts if p is not None]
-                    merged = _merge([p.tables for p in present], index)
-                    several = len(checkpoints) > 1
-                    writer.write(merged.tokens.assign(step=step) if several else merged.tokens)
-                    acc.add(merged, present, index.format)
-                    bar.update(len(merged.tokens))
+            # fig5's token sample is kept for the last step only; a step column with several
+            last = i == max(0, len(checkpoints) - 1)
+            column = step if len(checkpoints) > 1 else None
+            acc = _Accumulator(stride if last else 0, index, writer, bar, column)
+            stream = rollouts.read(shards.every_round_mine())
+            measure = partial(_measure_next, stream, ckpt, settings, tir)
+            for r in range(len(chunks)):
+                kept = shards.run(measure, acc.take, r)
             timings["measure_s"] += time.perf_counter() - t0
-            if d.is_main:
-                results.append(acc.result(step, ckpt, settings.load.full_hash))
+            if kept is not None:
+                results.append(kept.result(step, ckpt, settings.load.full_hash))
         bar.close()
-        if not d.is_main:
+        if not results:  # the shares were merged and written elsewhere
             return None
         t0 = time.perf_counter()
         group, outputs = _write_outputs(
@@ -170,20 +161,23 @@ def measure_and_write(
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     clamped = index.clamped if index.clamped is not None else results[-1].clamped
-    return Measured(index, results, group, tir, timings, outputs, rank_tokens, clamped, settings)
+    sizes = shards.sizes
+    return Measured(rollouts, results, group, tir, timings, outputs, sizes, clamped, settings)
 
 
 @agreed
-def _index(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutIndex:
-    """The validated index of the rollouts, once they fit the run (every rank, one phase)."""
-    index = index_rollouts(
+def _load_rollouts(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutStream:
+    """The indexed rollouts in chunks, once they fit the run (every rank, one phase); every row
+    is validated when a chunk is read."""
+    rollouts = load_rollout_stream(
         rollouts_path,
+        settings.temperature,
         steps=settings.steps,
         reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
-        validate=False,  # every row is validated when `stream_chunks` reads it
+        chunk_tokens=CHUNK_TOKENS,
     )
-    _check_inputs(index, checkpoints, current(), settings.temperature)
-    return index
+    _check_inputs(rollouts.index, checkpoints, settings.temperature)
+    return rollouts
 
 
 @agreed
@@ -191,12 +185,11 @@ def _load(settings: Any, path: Path) -> Checkpoint:
     return settings.load.load(path)
 
 
-@agreed
 def _measure_next(
-    stream: Iterator[Rollouts], ckpt: Checkpoint | None, settings: Any, tir: bool
+    stream: Iterator[Rollouts], ckpt: Checkpoint | None, settings: Any, tir: bool, _: list[int]
 ) -> _Part | None:
-    """This rank's share of the next chunk, read and measured (one phase)."""
-    return _measure(with_temperature(next(stream), settings.temperature), ckpt, settings, tir)
+    """The next share of `stream` (the groups `Shards.run` hands over), read and measured."""
+    return _measure(next(stream), ckpt, settings, tir)
 
 
 def _write_outputs(
@@ -226,7 +219,7 @@ def _write_outputs(
     return group, ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
 
 
-def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: float | None) -> None:
+def _check_inputs(index: RolloutIndex, checkpoints: list[Path], tau: float | None) -> None:
     if tau is not None and tau <= 0:
         raise InputError(f"temperature must be positive, got {tau}", field="temperature")
     if not checkpoints and not index.has_ids:
@@ -237,36 +230,17 @@ def _check_inputs(index: RolloutIndex, checkpoints: list[Path], d: Dist, tau: fl
             field="response_ids",
             hint="Give --ckpt so its tokenizer can tokenize the text.",
         )
-    require_groups(len(index.group_names), d, str(index.path))
-
-
-def _plan(index: RolloutIndex, chunks: list[list[int]], world: int):
-    """Per rank, its groups of every chunk; and each rank's total response tokens."""
-    tokens = index.group_tokens()
-    shares: list[list[list[int]]] = [[] for _ in range(world)]
-    for chunk in chunks:
-        split = shard_by_tokens([int(tokens[g]) for g in chunk], world)
-        for r in range(world):
-            shares[r].append([chunk[k] for k in split[r]])
-    return shares, [int(sum(tokens[g] for c in s for g in c)) for s in shares]
 
 
 def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bool) -> _Part | None:
     """The tables of this rank's share of one chunk (None when the share is empty)."""
     if not rollouts.responses:
         return None
-    issues = untemplated = 0
+    batch, issues, untemplated = rollouts_batch(rollouts, ckpt, settings.load.chat_template)
     if ckpt is None:
-        batch = make_batch(rollouts)
         stats = logged_stats(batch, path=str(rollouts.path))
         token_text: Callable[[list[int]], list[str]] | None = None
     else:
-        chat = settings.load.chat_template
-        untemplated = 0 if chat else prompts_without_template(rollouts, ckpt.tokenizer)
-        tokenized, found = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat)
-        check_vocab(tokenized, ckpt.vocab_size)
-        issues = len(found)
-        batch = make_batch(tokenized)
         stats = checkpoint_stats(
             ckpt.model, batch, batch_tokens=settings.batch_tokens, chunk_size=settings.chunk_size
         )
@@ -309,10 +283,14 @@ def _merge(parts: list[EnergyTables], index: RolloutIndex) -> EnergyTables:
 
 class _Accumulator:
     """One step's per-sequence and per-group tables, the proxies' parts and figure 5's tokens,
-    chunk by chunk; the per-token tables themselves are not kept (they are in the file)."""
+    chunk by chunk, where the shares are merged; the per-token tables themselves are not kept
+    (they are written to `writer`, with a `step` column when `step` is given)."""
 
-    def __init__(self, stride: int) -> None:
+    def __init__(
+        self, stride: int, index: RolloutIndex, writer: TokenWriter, bar: Any, step: int | None
+    ) -> None:
         self.stride = stride  # keep every stride-th token for figure 5; 0: none
+        self.index, self.writer, self.bar, self.step = index, writer, bar, step
         self.sequences: list[pd.DataFrame] = []
         self.groups: list[pd.DataFrame] = []
         self.proxies: list[tuple[dict[str, dict[str, float]], int]] = []
@@ -323,6 +301,17 @@ class _Accumulator:
         self.clamped: Counter[str] = Counter()
         self.audits = AuditParts()
         self.format = ""
+
+    def take(self, shares: list[tuple[list[int], _Part | None]]) -> _Accumulator:
+        """`Shards.run`'s merge of one chunk: the shares' tables in group order, their tokens
+        appended to the file, the rest added up; returns itself, now holding the chunk."""
+        present = [p for _, p in shares if p is not None]
+        merged = _merge([p.tables for p in present], self.index)
+        tokens = merged.tokens if self.step is None else merged.tokens.assign(step=self.step)
+        self.writer.write(tokens)
+        self.add(merged, present, self.index.format)
+        self.bar.update(len(merged.tokens))
+        return self
 
     def add(self, merged: EnergyTables, parts: list[_Part], fmt: str) -> None:
         self.format = fmt

@@ -1,8 +1,8 @@
 """One way in for rollouts (`otb_diag/io/rollouts/stream.py`): the whole set that
 `variance-compare`, `rollouts inspect` and the API read is the streamed set, row for row;
 following a path from `otb_diag/io/loading.py:load_rollouts` down through io/ enters each module
-once, and so does following `rollouts_path` from variance-compare's entry point to its tables
-(ARCHITECTURE.md, "Data flow")."""
+once, and so does following `rollouts_path` from variance-compare's and energy's entry points to
+their tables (ARCHITECTURE.md, "Data flow")."""
 
 from __future__ import annotations
 
@@ -21,8 +21,14 @@ import pytest
 from test_stream import rows, write_parquet
 from unwritten_figures import unwritten_figures
 
-from otb_diag.io.loading import group_rows, load_rollout_set, load_rollouts, rollouts_record
-from otb_diag.io.rollouts.stream import chunk_groups, index_rollouts, read_set, stream_chunks
+from otb_diag.io.loading import (
+    chunk_groups,
+    group_rows,
+    load_rollout_set,
+    load_rollouts,
+    rollouts_record,
+)
+from otb_diag.io.rollouts.stream import index_rollouts, read_set, stream_chunks
 
 _LAZY = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 
@@ -140,13 +146,23 @@ def source(module: str) -> str:
     return path.relative_to(Path(sys.modules["otb_diag"].__file__ or "").parent).as_posix()
 
 
-def on_rollouts_path(name: str) -> bool:
+def on_rollouts_path(command: str) -> Callable[[str], bool]:
     """The modules that hold the rollouts on their way to a batch: io/loading.py, io/batches.py,
-    io/rollouts/, io/trainers/ and the command's own package. What they call on the way (the
-    runtime, a checkpoint's loading, hashing, the maths, the plots) is seen through."""
-    return name in ("otb_diag.io.loading", "otb_diag.io.batches") or name.startswith(
-        ("otb_diag.io.rollouts", "otb_diag.io.trainers", "otb_diag.pipelines.variance.")
+    io/rollouts/, io/trainers/ and the command's own package (`pipelines/<command>/`). What
+    they call on the way (the runtime, a checkpoint's loading, hashing, the maths, the plots) is
+    seen through."""
+    package = f"otb_diag.pipelines.{command}."
+    return lambda name: (
+        name in ("otb_diag.io.loading", "otb_diag.io.batches")
+        or name.startswith(("otb_diag.io.rollouts", "otb_diag.io.trainers", package))
     )
+
+
+def written_down(path: list[str]) -> bool:
+    """Whether ARCHITECTURE.md writes `path` down, its modules named as files joined by →."""
+    written = " → ".join(f"`{source(m)}`" for m in path)
+    architecture = " ".join((Path(__file__).parents[3] / "ARCHITECTURE.md").read_text().split())
+    return written in architecture
 
 
 def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None:
@@ -172,11 +188,54 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
         with unwritten_figures():  # the plots are off the path: rendering them is only time
             result = run_variance(inputs, tmp_path / "out", settings, progress=False)
 
-    assert module_entries(call, on_rollouts_path) == VARIANCE_PATH
+    assert module_entries(call, on_rollouts_path("variance")) == VARIANCE_PATH
     assert result is not None and result.inputs.rollouts.format == "trl-parquet"
-    written = " → ".join(f"`{source(m)}`" for m in VARIANCE_PATH)
-    architecture = " ".join((Path(__file__).parents[3] / "ARCHITECTURE.md").read_text().split())
-    assert written in architecture
+    assert written_down(VARIANCE_PATH)
+
+
+# Following `rollouts_path` from energy's entry point: the settings checked, the measuring loop
+# entered, which loads the rollouts as a stream (down through io/ once: the index pass, the
+# chunks, their record), then per chunk the checkpoint side (tokenize, check, batch) and the
+# audit; reading the next chunk goes down the same path again, through functions already run.
+ENERGY_PATH = [
+    "otb_diag.pipelines.energy.recipe",
+    "otb_diag.pipelines.energy.settings",
+    "otb_diag.pipelines.energy.stream",
+    *LOAD_PATH,
+    "otb_diag.io.batches",
+    "otb_diag.io.rollouts.tokenize",
+    "otb_diag.io.rollouts.to_batch",
+    "otb_diag.pipelines.energy.audit",
+]
+
+
+def test_energy_follows_the_rollouts_path_once(tmp_path: Path) -> None:
+    """`run_energy` end to end on a TRL dump (text rows, tokenized under the tiny checkpoint;
+    trainer advantages, audited; chunks of a few groups, so the stream is read more than once)
+    enters each module of the rollouts' path once, in the order ARCHITECTURE.md writes down."""
+    from tiny import save_checkpoint
+
+    from otb_diag.pipelines.energy import stream as energy_stream
+    from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
+    from otb_diag.pipelines.inputs import Inputs
+
+    save_checkpoint(tmp_path / "checkpoint-3", seed=3)
+    run = trl_dump(tmp_path / "run", samples=4)
+    result = None
+
+    def call() -> None:
+        nonlocal result
+        inputs = Inputs(ckpt=[tmp_path / "checkpoint-3"], rollouts=run)
+        out = tmp_path / "out"
+        with unwritten_figures():  # the plots are off the path: rendering them is only time
+            result = run_energy(inputs, out, EnergySettings(steps="2"), progress=False)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(energy_stream, "CHUNK_TOKENS", 4)  # a group per chunk
+        assert module_entries(call, on_rollouts_path("energy")) == ENERGY_PATH
+    assert result is not None and result.inputs.rollouts.format == "trl-parquet"
+    assert result.advantage_audit is not None and result.totals.groups == 2
+    assert written_down(ENERGY_PATH)
 
 
 @pytest.mark.parametrize("kind", ["plain-jsonl", "plain-parquet", "verl-jsonl", "two-files"])
@@ -202,6 +261,35 @@ def test_no_module_is_returned_to(tmp_path: Path, kind: str) -> None:
     assert [m for m in path if m in entries] == entries  # the order of the one path
 
 
+@pytest.mark.parametrize("kind", ["plain-jsonl", "plain-parquet", "two-files"])
+def test_energy_returns_to_no_module(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`energy --model-free` over chunks of a few groups, whatever the set: rows validated by the
+    index pass (JSON Lines), or a plain Parquet file indexed from its columns and its rows
+    decoded only when its chunks are read (the rows' modules are then entered later, once), or
+    a directory of both: no module of the rollouts' path is entered again after another one."""
+    from otb_diag.pipelines.energy import stream as energy_stream
+    from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
+    from otb_diag.pipelines.inputs import Inputs
+
+    monkeypatch.setattr(energy_stream, "CHUNK_TOKENS", 60)
+    spec: Path = tmp_path / "dumps"
+    spec.mkdir()
+    if kind != "plain-parquet":
+        write_jsonl(spec / "1.jsonl", rows(0, 3, 4))
+    if kind != "plain-jsonl":
+        write_parquet(spec / "2.parquet", rows(1, 3, 4))
+
+    def call() -> None:
+        settings = EnergySettings()
+        run_energy(Inputs(rollouts=spec), tmp_path / "out", settings, model_free=True)
+
+    entries = module_entries(call, on_rollouts_path("energy"))
+    assert len(entries) == len(set(entries)), entries
+    assert set(entries) >= set(LOAD_PATH) - {"otb_diag.io.trainers.trl"}
+
+
 @pytest.mark.parametrize("steps", [None, "1-2"])
 def test_the_whole_set_is_the_streamed_set(tmp_path: Path, steps: str | None) -> None:
     """`read_set` gives, row for row, what `stream_chunks` hands over chunk by chunk (group
@@ -211,7 +299,7 @@ def test_the_whole_set_is_the_streamed_set(tmp_path: Path, steps: str | None) ->
         write_jsonl(tmp_path / name, [{**r, "step": step} for r in rows(step, 3, 4)])
     whole = read_set(tmp_path, steps=steps)
     index = index_rollouts(tmp_path, steps=steps)
-    chunks = list(stream_chunks(index, chunk_groups(index.group_tokens(), budget=60)))
+    chunks = list(stream_chunks(index, chunk_groups(index.group_tokens, budget=60)))
     assert len(chunks) > 3  # the comparison crosses chunks
     streamed = [r for chunk in chunks for r in chunk.responses]
     by_key = {(r.group, r.sample): r for r in streamed}

@@ -2,11 +2,12 @@
 column scan of a plain Parquet set indexes exactly what the row scan does, defers to it on
 anything it cannot settle, and `energy` over many chunks of such a set writes what it writes for
 the same rows as JSON Lines (which the row scan reads), clamped round-off counts included; a
-bad row is still named, with nothing written."""
+bad row is still named, with nothing written; each pass opens each file once."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 
@@ -17,9 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from otb_diag.errors import InputError
+from otb_diag.io.loading import chunk_groups
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
+from otb_diag.io.rollouts.readers import open_rollouts
 from otb_diag.io.rollouts.scan import scan_columns
-from otb_diag.io.rollouts.stream import index_rollouts
+from otb_diag.io.rollouts.stream import index_rollouts, stream_chunks
 from otb_diag.pipelines.energy import stream as energy_stream
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
 from otb_diag.pipelines.inputs import Inputs
@@ -81,6 +84,13 @@ def assert_same_index(spec: Path) -> None:
             assert a == b, f.name
 
 
+def columns_settle(path: Path) -> bool:
+    """Whether the index pass may read `path` from its columns: a plain Parquet file
+    (`open_rollouts`' `plain_parquet`) whose columns settle every row (`scan_columns`)."""
+    plain = open_rollouts(path).plain_parquet
+    return plain is not None and scan_columns(0, plain) is not None
+
+
 def test_column_scan_indexes_what_the_row_scan_does(tmp_path: Path) -> None:
     """Interleaved groups, a group id used in two files (qualified by the file), integer ids
     spelled `uid`, text-only rows, tool output."""
@@ -92,7 +102,7 @@ def test_column_scan_indexes_what_the_row_scan_does(tmp_path: Path) -> None:
     for r in renamed:
         r["uid"] = int(r["uid"][1:])
     write_parquet(folder / "3.parquet", renamed)
-    assert scan_columns(sorted(folder.iterdir())) is not None  # the column scan is taken
+    assert all(columns_settle(p) for p in folder.iterdir())  # the column scan is taken
     assert_same_index(folder)
     assert not index_rollouts(folder, validate=False).has_ids  # the text-only rows
     assert index_rollouts(folder / "1.parquet", validate=False).tool_output
@@ -113,7 +123,7 @@ def test_column_scan_defers_to_the_row_scan(edit, where: str, tmp_path: Path) ->
     for k, r in enumerate(records):
         edit(r, k)
     path = write_parquet(tmp_path / "r.parquet", records)
-    assert scan_columns([path]) is None
+    assert not columns_settle(path)
     with pytest.raises(InputError) as full:
         index_rollouts(path)
     with pytest.raises(InputError) as light:
@@ -123,12 +133,12 @@ def test_column_scan_defers_to_the_row_scan(edit, where: str, tmp_path: Path) ->
 
 
 def test_column_scan_leaves_json_lines_and_trainer_dumps_to_the_row_scan(tmp_path: Path) -> None:
-    assert scan_columns([write_jsonl(tmp_path / "r.jsonl", rows(0, 2, 2))]) is None
+    assert open_rollouts(write_jsonl(tmp_path / "r.jsonl", rows(0, 2, 2))).plain_parquet is None
     verl = [
         {"input": "a", "output": "b", "score": 1.0, "step": 1, "uid": "u"},
         {"input": "a", "output": "c", "score": 0.0, "step": 1, "uid": "u"},
     ]
-    assert scan_columns([write_parquet(tmp_path / "v.parquet", verl)]) is None
+    assert open_rollouts(write_parquet(tmp_path / "v.parquet", verl)).plain_parquet is None
 
 
 def run(rollouts: Path, out: Path) -> EnergyResult:
@@ -177,3 +187,52 @@ def test_a_bad_row_found_while_reading_is_named(
     assert str(streamed.value) == str(err.value)
     assert "row 14" in str(err.value) and "sum_pi2" in str(err.value)
     assert not out.exists()
+
+
+def count_opens(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """From now on, how many times each file is opened for reading rows (by name): JSON Lines
+    through `Path.open`, Parquet through pyarrow's `ParquetFile`."""
+    opened: Counter[str] = Counter()
+    path_open, parquet_file = Path.open, pq.ParquetFile
+
+    def counted_open(self: Path, *args, **kwargs):
+        opened[self.name] += 1
+        return path_open(self, *args, **kwargs)
+
+    def counted_parquet(source, *args, **kwargs):
+        opened[Path(source).name] += 1
+        return parquet_file(source, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counted_open)
+    monkeypatch.setattr(pq, "ParquetFile", counted_parquet)
+    return opened
+
+
+@pytest.mark.parametrize(
+    ("kind", "validate"),
+    [("parquet", False), ("parquet", True), ("both", False), ("both", True)],
+    ids=["parquet-columns", "parquet-rows", "both-columns", "both-rows"],
+)
+def test_each_file_is_opened_once_per_pass(
+    kind: str, validate: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory of two files (two Parquet files, or JSON Lines and Parquet): the index pass,
+    by rows or from the columns, opens each file once, and so does each pass that reads the
+    chunks; `energy --model-free` (one such pass) opens each twice."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    first = folder / ("1.parquet" if kind == "parquet" else "1.jsonl")
+    (write_parquet if kind == "parquet" else write_jsonl)(first, rows(0, 3, 4))
+    write_parquet(folder / "2.parquet", rows(1, 3, 4))
+    names = {first.name: 1, "2.parquet": 1}
+    opened = count_opens(monkeypatch)
+    index = index_rollouts(folder, validate=validate)
+    assert opened == names
+    for _ in range(2):
+        opened.clear()
+        chunks = list(stream_chunks(index, chunk_groups(index.group_tokens, budget=40)))
+        assert len(chunks) > 2 and opened == names
+    opened.clear()
+    monkeypatch.setattr(energy_stream, "CHUNK_TOKENS", 40)
+    run(folder, tmp_path / "out")
+    assert {name: opened[name] for name in names} == {name: 2 for name in names}
