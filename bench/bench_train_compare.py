@@ -42,7 +42,7 @@ from trl_toy import toy_trainer  # noqa: E402
 from otb_diag.dynamics.collapse import DetectionRule  # noqa: E402
 from otb_diag.integrations.trl import attach  # noqa: E402
 from otb_diag.lab.task import PLAIN_OPS, make_problems  # noqa: E402
-from otb_diag.pipelines.dynamics import run_dynamics  # noqa: E402
+from otb_diag.pipelines.training_logs.recipe import run_dynamics  # noqa: E402
 
 # (label, advantages, group size): the label names the baseline and N for `dynamics`.
 ARMS = (("grpo N=4", None, 4), ("otb N=4", "otb", 4), ("grpo N=16", None, 16))

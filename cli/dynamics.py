@@ -56,7 +56,7 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.pipelines.dynamics import run_dynamics
+    from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
     result = run_dynamics(run.log, run.label, run.out, rule, run.target)
     show(result, run.as_json)

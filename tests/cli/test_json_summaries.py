@@ -86,7 +86,7 @@ def test_lab_build_json_is_the_manifest_and_text_summarises_it(
 def test_dynamics_label_count_is_checked_by_the_library(tmp_path: Path) -> None:
     from otb_diag.dynamics.collapse import DetectionRule
     from otb_diag.errors import InputError
-    from otb_diag.pipelines.dynamics import run_dynamics
+    from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
     logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     with pytest.raises(InputError, match="1 --label for 2 --log"):

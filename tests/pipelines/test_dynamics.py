@@ -427,7 +427,7 @@ def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
     """Four logs, two labels: runs `label#k`, one arm per label with its tokens to the target
     (hand-computed from the planted score) and collapse verdict per run, in collapse.json,
     comparison.csv, the printed report and the comparison figure."""
-    from otb_diag.pipelines.dynamics import run_dynamics
+    from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
     logs = []
     for k, (collapse, tokens_per_point) in enumerate([(150, 1000), (None, 2000), (None, 1000)]):

@@ -17,10 +17,10 @@ import pytest
 from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
-from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
 from otb_diag.pipelines.report.recipe import write_report
 from otb_diag.pipelines.results.dynamics import DynamicsResult
+from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
 
 def logged_steps(steps: int, split_every: int, grad_sq: float, seed: int = 0) -> list[dict]:

@@ -27,7 +27,6 @@ from otb_diag.io.scenarios import check_scenario, default_checkpoints
 from otb_diag.io.scenarios import default_rollouts as scenario_rollouts
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.estimators.registry import baseline_names
-from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
@@ -35,6 +34,7 @@ from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
+from otb_diag.pipelines.training_logs.recipe import run_dynamics
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.plots.registry import figures_of
 
