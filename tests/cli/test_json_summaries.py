@@ -84,13 +84,13 @@ def test_lab_build_json_is_the_manifest_and_text_summarises_it(
 
 
 def test_dynamics_label_count_is_checked_by_the_library(tmp_path: Path) -> None:
-    from otb_diag.dynamics.collapse import DetectionRule
     from otb_diag.errors import InputError
     from otb_diag.pipelines.training_logs.recipe import run_dynamics
+    from otb_diag.pipelines.training_logs.settings import TrainingLogs
 
     logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     with pytest.raises(InputError, match="1 --label for 2 --log"):
-        run_dynamics(logs, ["only"], tmp_path / "out", DetectionRule(), None)
+        run_dynamics(TrainingLogs(logs, ["only"]), tmp_path / "out")
     args = ["dynamics", "--log", str(logs[0]), "--log", str(logs[1]), "--label", "x"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "1 --label for 2 --log" in result.stderr

@@ -14,13 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
 from otb_diag.pipelines.report.recipe import write_report
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.training_logs.recipe import run_dynamics
+from otb_diag.pipelines.training_logs.settings import TrainingLogs
 
 
 def logged_steps(steps: int, split_every: int, grad_sq: float, seed: int = 0) -> list[dict]:
@@ -61,7 +61,7 @@ def trainer_state(path: Path, entries: list[dict]) -> Path:
 def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
     entries = logged_steps(60, 2, 0.5)
     state = trainer_state(tmp_path / "run", entries)
-    result = run_dynamics([state], None, tmp_path / "out", DetectionRule(), None)
+    result = run_dynamics(TrainingLogs([state]), tmp_path / "out")
     (run,) = result.runs
     last = [e for e in entries if "otb/split/grpo/total" in e][-1]
     assert run.budget is not None and [b.estimator for b in run.budget] == ["grpo", "params"]
@@ -87,18 +87,14 @@ def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
 def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
     """A strong signal over 60 split steps is resolved: the sentence names the knee and its
     interval; a zero-mean signal is not: the sentence says so with its steps and prompts."""
-    strong = run_dynamics(
-        [trainer_state(tmp_path / "strong", logged_steps(60, 1, 0.5))],
-        ["strong"], tmp_path / "o1", DetectionRule(), None,
-    ).runs[0].budget[0]  # fmt: skip
+    log = trainer_state(tmp_path / "strong", logged_steps(60, 1, 0.5))
+    strong = run_dynamics(TrainingLogs([log], ["strong"]), tmp_path / "o1").runs[0].budget[0]
     assert strong.window["resolved"] == 1.0
     assert strong.sentence.startswith("at step 60, the knee is ~")
     assert "under grpo at N = 4" in strong.sentence and "you train with 8" in strong.sentence
     assert strong.window["noise_scale_low"] < strong.window["noise_scale"]
-    none = run_dynamics(
-        [trainer_state(tmp_path / "none", logged_steps(60, 1, 0.0, seed=1))],
-        ["none"], tmp_path / "o2", DetectionRule(), None,
-    ).runs[0].budget[0]  # fmt: skip
+    log = trainer_state(tmp_path / "none", logged_steps(60, 1, 0.0, seed=1))
+    none = run_dynamics(TrainingLogs([log], ["none"]), tmp_path / "o2").runs[0].budget[0]
     assert none.window["resolved"] == 0.0
     assert "|G|² is not resolved after 60 steps (480 prompts)" in none.sentence
 
@@ -113,9 +109,7 @@ def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
     long = budget_long(table, "otb/", "a")
     assert set(long["estimator"]) == {"grpo", "params"} and set(long["pool"]) == {"window", "ema"}
     plain = [{k: v for k, v in e.items() if not k.startswith("otb/")} for e in entries]
-    result = run_dynamics(
-        [trainer_state(tmp_path / "b", plain)], None, tmp_path / "out", DetectionRule(), None
-    )
+    result = run_dynamics(TrainingLogs([trainer_state(tmp_path / "b", plain)]), tmp_path / "out")
     assert result.runs[0].budget is None
     assert not (tmp_path / "out" / "budget.csv").exists()
 
@@ -132,7 +126,7 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
     resolved from step 24 on, the knee ~53.5 prompts [31.3, 184] at step 40 against P = 8, and
     grpo's not resolved (at least 45.6 prompts)."""
     state = json.loads(SMOLLM2_RUN.read_text())
-    result = run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path, DetectionRule(), None)
+    result = run_dynamics(TrainingLogs([SMOLLM2_RUN], ["smollm2"]), tmp_path)
     table = pd.read_csv(tmp_path / "budget.csv")
     logged = {e["step"]: e for e in state["log_history"]}
     window = table[table["pool"] == "window"]
@@ -158,7 +152,7 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
 def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
     """`report` on the real run's dynamics directory: its first verdicts are the pooled
     sentences, one per estimator, before the collapse verdict."""
-    run_dynamics([SMOLLM2_RUN], ["smollm2"], tmp_path / "dyn", DetectionRule(), None)
+    run_dynamics(TrainingLogs([SMOLLM2_RUN], ["smollm2"]), tmp_path / "dyn")
     result = write_report([tmp_path / "dyn"], tmp_path / "report.html")
     first, second, third = result.verdicts[:3]
     assert first.topic == second.topic == "prompts per step over training (dyn: smollm2)"

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otb_diag.dynamics.collapse import DetectionRule
 from otb_diag.dynamics.lr_sweep import choose_lr, stability
 from otb_diag.io.atomic import write_json
 from otb_diag.io.scenarios import check_scenario, default_checkpoints
@@ -35,6 +34,7 @@ from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
 from otb_diag.pipelines.training_logs.recipe import run_dynamics
+from otb_diag.pipelines.training_logs.settings import TrainingLogs
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.plots.registry import figures_of
 
@@ -125,13 +125,7 @@ def run_figures(
     timings["train_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    report = run_dynamics(
-        [j.out / "metrics.jsonl" for j in compared],
-        [j.label for j in compared],
-        runs / "dynamics",
-        DetectionRule(),
-        target=None,
-    )
+    report = run_dynamics(_logs(compared), runs / "dynamics")
     kept.keep(
         runs / "dynamics",
         _kept("dynamics"),
@@ -263,6 +257,11 @@ def _trainings(
     return compared, sweep
 
 
+def _logs(jobs: list[TrainingJob]) -> TrainingLogs:
+    """The trainings' logs for `dynamics`, each labelled as its job."""
+    return TrainingLogs([j.out / "metrics.jsonl" for j in jobs], [j.label for j in jobs])
+
+
 def _shown(path: Path) -> str:
     """`path` relative to the working directory when inside it (as a user types it; the
     record then holds no machine's absolute path), else as it is."""
@@ -274,13 +273,7 @@ def _shown(path: Path) -> str:
 
 def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> dict[str, Any]:
     """Dynamics on the sweep's runs, each run's stability and the chosen rate."""
-    report = run_dynamics(
-        [j.out / "metrics.jsonl" for j in sweep_jobs],
-        [j.label for j in sweep_jobs],
-        out,
-        DetectionRule(),
-        target=None,
-    )
+    report = run_dynamics(_logs(sweep_jobs), out)
     verdicts = []
     for j, run in zip(sweep_jobs, report.runs, strict=True):
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)

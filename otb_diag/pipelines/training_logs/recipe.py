@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from otb_diag.dynamics.collapse import DetectionRule, RunDynamics, analyse_run
+from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
@@ -29,6 +29,7 @@ from otb_diag.pipelines.results.dynamics import (
     DynamicsRun,
     PooledBudget,
 )
+from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 from otb_diag.plots.registry import save_figures
 
 # A log's file name says little when every run writes the same one; its directory says more,
@@ -74,12 +75,14 @@ def seed_names(labels: list[str]) -> list[str]:
 
 
 def run_dynamics(
-    logs: list[Path], names: list[str] | None, out: Path, rule: DetectionRule, target: float | None
+    inputs: TrainingLogs, out: Path, settings: DynamicsSettings = DynamicsSettings()
 ) -> DynamicsResult:
-    """Read every log, analyse it, write the table, collapse.json and the figures; returns the
-    result (collapse.json is its `to_json()`). `names`: one label per log, the runs sharing one
-    being one arm's seeds (`seed_names`); none: `default_names`, one arm per run."""
-    labels = names or default_names(logs)
+    """Read every log of `inputs`, analyse it, write the table, collapse.json and the figures;
+    returns the result (collapse.json is its `to_json()`). `inputs.labels`: one per log, the
+    runs sharing one being one arm's seeds (`seed_names`); none: `default_names`, one arm per
+    run."""
+    logs, rule, target = inputs.logs, settings.rule, settings.target
+    labels = inputs.labels or default_names(logs)
     if len(labels) != len(logs):
         raise InputError(
             f"{len(labels)} --label for {len(logs)} --log: give one label per log, or none",
