@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from otb_diag.errors import InputError
 from otb_diag.knobs import knob
 
 if TYPE_CHECKING:
@@ -43,15 +44,23 @@ class LoadOptions:
         "names, sizes, small files, safetensors headers and sampled blocks).",
     )
 
-    def check(self) -> None:
+    def check(self, world_size: int = 1) -> None:
         """Raise `InputError` now, before anything is read or written, for a device this
-        machine does not have."""
+        machine does not have, or a --device-map under torchrun (`world_size` ranks, each
+        loading a whole model on its own GPU)."""
         from otb_diag.runtime.devices import device_map_kwargs, resolve_device
 
         if self.device_map is None:
             resolve_device(self.device)
-        else:
-            device_map_kwargs(self.device_map)
+            return
+        device_map_kwargs(self.device_map)
+        if world_size > 1:
+            raise InputError(
+                "--device-map spreads one model over the GPUs of one process; under torchrun "
+                "every rank loads a whole model on its own GPU.",
+                field="device-map",
+                hint="Use one or the other.",
+            )
 
     def load(self, path: Path) -> Checkpoint:
         """The checkpoint at `path`, loaded as these options say."""

@@ -126,14 +126,19 @@ def agreed(fn: Callable[P, T]) -> Callable[P, T]:
     return phase
 
 
+def launched_world_size() -> int:
+    """How many ranks torchrun started (its `WORLD_SIZE`; 1 in a plain process), known before
+    `session()` joins them."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 @contextlib.contextmanager
 def session(device: str = "cpu") -> Iterator[Dist]:
     """Join the torchrun job described by the environment (nccl when `device` is CUDA, gloo
     otherwise), yield this rank's `Dist`, and leave the group at the end. A plain process (no
     `WORLD_SIZE` or `WORLD_SIZE=1`) gets `Dist()` and touches nothing."""
     global _current
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or _current is not None:
+    if launched_world_size() <= 1 or _current is not None:
         yield current()
         return
     import torch

@@ -1,0 +1,56 @@
+"""`pipelines/shell.py:run_recipe` in a world of one: the body's files and the record move into
+--out together, a body stopped early leaves no record, and a command without a folder gets
+none. (Its ranks: the torchrun tests of the commands built on it.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from otb_diag.errors import InputError
+from otb_diag.io.load_options import LoadOptions
+from otb_diag.pipelines.shell import Stage, run_recipe
+
+
+@dataclass(frozen=True)
+class Done:
+    files: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"files": self.files}
+
+
+def test_the_body_and_the_record_move_into_out_together(tmp_path: Path) -> None:
+    def body(stage: Stage) -> Done:
+        assert stage.into is not None and stage.into.parent == tmp_path / "out"
+        assert stage.progress
+        (stage.into / "table.csv").write_text("a\n1\n")
+        return Done(1)
+
+    result = run_recipe(body, out=tmp_path / "out", record="manifest.json")
+    assert result == Done(1)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.json", "table.csv"]
+
+
+def test_a_body_stopped_early_leaves_no_record_and_no_folder(tmp_path: Path) -> None:
+    assert run_recipe(lambda stage: None, out=tmp_path / "out", progress=False) is None
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_command_without_a_folder_runs_on_rank_0_alone() -> None:
+    def body(stage: Stage) -> Done:
+        assert stage.into is None
+        return Done(0)
+
+    assert run_recipe(body, every_rank=False) == Done(0)
+
+
+def test_the_load_options_are_checked_before_the_body(tmp_path: Path) -> None:
+    def body(stage: Stage) -> Done:
+        raise AssertionError("the body ran")
+
+    with pytest.raises(InputError, match="no CUDA device|unknown device"):
+        run_recipe(body, out=tmp_path / "out", load=LoadOptions(device="cuda:7"))
+    assert not (tmp_path / "out").exists()
