@@ -19,7 +19,7 @@ from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
@@ -29,6 +29,7 @@ from otb_diag.pipelines.results.dynamics import (
     DynamicsRun,
     PooledBudget,
 )
+from otb_diag.pipelines.shell import run_recipe
 from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 from otb_diag.plots.registry import save_figures
 
@@ -76,19 +77,30 @@ def seed_names(labels: list[str]) -> list[str]:
 
 def run_dynamics(
     inputs: TrainingLogs, out: Path, settings: DynamicsSettings = DynamicsSettings()
-) -> DynamicsResult:
-    """Read every log of `inputs`, analyse it, write the table, collapse.json and the figures;
-    returns the result (collapse.json is its `to_json()`). `inputs.labels`: one per log, the
-    runs sharing one being one arm's seeds (`seed_names`); none: `default_names`, one arm per
-    run."""
-    logs, rule, target = inputs.logs, settings.rule, settings.target
-    labels = inputs.labels or default_names(logs)
-    if len(labels) != len(logs):
+) -> DynamicsResult | None:
+    """Read every log of `inputs`, analyse it, write the table, the figures and collapse.json
+    into `out` (all together, in the shell's staging folder); returns the result (collapse.json
+    is its `to_json()`; None on a torchrun rank but 0). `inputs.labels`: one per log, the runs
+    sharing one being one arm's seeds (`seed_names`); none: `default_names`, one arm per run."""
+    labels = inputs.labels or default_names(inputs.logs)
+    if len(labels) != len(inputs.logs):
         raise InputError(
-            f"{len(labels)} --label for {len(logs)} --log: give one label per log, or none",
+            f"{len(labels)} --label for {len(inputs.logs)} --log: give one label per log, or none",
             field="--label",
         )
-    names = seed_names(labels)
+    return run_recipe(
+        lambda stage: _analyse(inputs.logs, labels, settings, out, stage.into or out),
+        out=out,
+        record="collapse.json",
+    )
+
+
+def _analyse(
+    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, into: Path
+) -> DynamicsResult:
+    """`run_dynamics` on the logs with their `labels`, writing into the folder `into` (the
+    staging folder of `out`, the result's `outputs`)."""
+    rule, target, names = settings.rule, settings.target, seed_names(labels)
     tables, runs, budgets = [], [], []
     for path, name, label in zip(logs, names, labels, strict=True):
         log = read_training_log(path)
@@ -118,20 +130,18 @@ def run_dynamics(
         outputs=str(out.resolve()),
         arms=arms,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
-    write_json(out / "collapse.json", result.to_json())
+    write_with(into / "dynamics.csv", lambda p: table.to_csv(p, index=False))
     data: dict[str, Any] = {"table": table, "runs": runs, "target": target}
     if result.live_runs:  # a trainer logged the live diagnostics: their figure
         data["live_runs"] = runs
     budget = pd.concat(budgets, ignore_index=True)
     if len(budget):  # a log held the split: the pooled noise scale over training
-        write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
+        write_with(into / "budget.csv", lambda p: budget.to_csv(p, index=False))
         data["budget"] = budget
     if arms:  # several runs: the comparison at equal tokens, its table and figure
-        write_with(out / "comparison.csv", lambda p: comparison_table(arms).to_csv(p, index=False))
+        write_with(into / "comparison.csv", lambda p: comparison_table(arms).to_csv(p, index=False))
         data |= {"arms": arms, "arm_of": dict(zip(names, labels, strict=True))}
-    save_figures("dynamics", data, out)
+    save_figures("dynamics", data, into)
     return result
 
 
