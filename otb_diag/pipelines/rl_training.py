@@ -224,8 +224,7 @@ def run_train(
     budget where they leave them (`for_scenario`), from the one checkpoint of `inputs.ckpt` or
     the scenario's final one (said through `say`); then `train`. It samples its own rollouts:
     `inputs.rollouts` is refused."""
-    if inputs.rollouts is not None:
-        raise InputError("train samples its own rollouts: it reads none", field="--rollouts")
+    inputs.refuse(("rollouts",), "train samples its own")
     given = one_checkpoint(inputs.ckpt, "training starts from one checkpoint")
     start = checkpoint_or_default(given, inputs.scenario, say)
     return train(start, out, for_scenario(settings, inputs.scenario), progress=progress)

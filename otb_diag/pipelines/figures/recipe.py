@@ -94,11 +94,17 @@ class FigurePlan:
 
 
 def run_figures(
-    out: Path, settings: FiguresSettings = FiguresSettings(), *, progress: bool = True
+    inputs: Inputs,
+    out: Path,
+    settings: FiguresSettings = FiguresSettings(),
+    *,
+    progress: bool = True,
 ) -> FiguresResult:
-    """Regenerate every figure of `settings.scenario` into `out`; returns (and writes as
+    """Regenerate every figure of the scenario of `inputs` (its own checkpoints and rollouts:
+    another --ckpt or --rollouts is refused) into `out`; returns (and writes as
     `figures.json`) the result: what made each file. `settings.jobs` trainings run at once."""
-    quick, seed, scenario = settings.quick, settings.seed, settings.scenario
+    inputs.refuse(("ckpt", "rollouts"), "figures runs on the scenario's own")
+    quick, seed, scenario = settings.quick, settings.seed, inputs.scenario
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)
@@ -121,7 +127,7 @@ def run_figures(
     timings["variance_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    compared, sweep = _trainings(plan, start, runs, settings, kept, progress)
+    compared, sweep = _trainings(plan, start, runs, scenario, settings, kept, progress)
     timings["train_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -211,6 +217,7 @@ def _trainings(
     plan: FigurePlan,
     start: Path,
     runs: Path,
+    scenario: str,
     settings: FiguresSettings,
     kept: _Kept,
     progress: bool,
@@ -225,7 +232,7 @@ def _trainings(
             start,
             runs / name,
             scenario_settings(
-                settings.scenario,
+                scenario,
                 baseline=baseline,
                 group_size=n,
                 steps=plan.train_steps,
