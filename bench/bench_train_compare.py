@@ -39,10 +39,13 @@ sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 
 from trl_toy import toy_trainer  # noqa: E402
 
-from otb_diag.dynamics.collapse import DetectionRule  # noqa: E402
 from otb_diag.integrations.trl import attach  # noqa: E402
 from otb_diag.lab.task import PLAIN_OPS, make_problems  # noqa: E402
-from otb_diag.pipelines.dynamics import run_dynamics  # noqa: E402
+from otb_diag.pipelines.training_logs.recipe import run_dynamics  # noqa: E402
+from otb_diag.pipelines.training_logs.settings import (  # noqa: E402
+    DynamicsSettings,
+    TrainingLogs,
+)
 
 # (label, advantages, group size): the label names the baseline and N for `dynamics`.
 ARMS = (("grpo N=4", None, 4), ("otb N=4", "otb", 4), ("grpo N=16", None, 16))
@@ -131,7 +134,9 @@ def main() -> None:
             runs.append(train_one(folder, advantages, group, seed, args))
             logs.append(folder / "trainer_state.json")
             labels.append(label)
-    result = run_dynamics(logs, labels, args.out / "dynamics", DetectionRule(), args.target)
+    result = run_dynamics(
+        TrainingLogs(logs, labels), args.out / "dynamics", DynamicsSettings(target=args.target)
+    )
     print(result.format())
     record = {
         "steps": args.steps,

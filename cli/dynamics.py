@@ -8,31 +8,18 @@ from pathlib import Path
 from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_DIR, command
 
-from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.knobs import knob
+from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 
 
 @dataclass(frozen=True)
 class DynamicsRun:
-    log: list[Path] = knob(
-        metavar="FILE",
-        help="Training log, repeatable: otb-diag metrics.jsonl, verl metrics (JSONL, or a W&B "
-        "CSV export of one run) or a HF/TRL trainer_state.json.",
-    )
-    label: list[str] | None = knob(
-        None,
-        metavar="NAME",
-        help="Run name, one per --log in order. A registry baseline family (e.g. mean, otb) and "
-        "'N=4' in it fill what the log does not record. Runs sharing a label are one arm's "
-        "seeds in the comparison at equal tokens. Default: the file name.",
-    )
     out: Path = knob(Path("otb-dynamics"), OUT_DIR)
-    target: float | None = knob(None, help="Score whose first crossing gives tokens-to-target.")
     as_json: bool = knob(False, JSON)
 
 
 @command
-def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
+def dynamics(logs: TrainingLogs, run: DynamicsRun, settings: DynamicsSettings) -> None:
     """Detect training collapse in RL logs and measure how early the gradient variance warned.
 
     A collapse is a lasting surge of the gradient norm: the robust z-score of log grad_norm
@@ -55,7 +42,6 @@ def dynamics(run: DynamicsRun, rule: DetectionRule) -> None:
 
         otb-diag dynamics --log verl_run.csv --label "otb N=4" --out dynamics/
     """
-    from otb_diag.pipelines.dynamics import run_dynamics
+    from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
-    result = run_dynamics(run.log, run.label, run.out, rule, run.target)
-    show(result, run.as_json)
+    show(run_dynamics(logs, run.out, settings), run.as_json)

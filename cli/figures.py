@@ -6,20 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.cli.common import show
-from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command
+from otb_diag.cli.options import OUT_DIR, Measuring, command
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.figures.settings import FiguresSettings
 
 
 @dataclass(frozen=True)
-class FiguresRun:
+class FiguresRun(Measuring):
     out: Path = knob(Path("figures"), OUT_DIR)
-    as_json: bool = knob(False, JSON)
-    quiet: bool = knob(False, QUIET)
 
 
-@command
+@command(skip=("inputs.ckpt", "inputs.rollouts"))  # the scenario's own
 def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     """Regenerate every figure from an embedded scenario: fig1–fig5, variance against N, ratio
     to the mean baseline, proxy fidelity, score against tokens sampled. Runs energy,
@@ -37,5 +35,5 @@ def figures(run: FiguresRun, settings: FiguresSettings) -> None:
     """
     from otb_diag.pipelines.figures.recipe import run_figures
 
-    result = run_figures(run.out, settings, progress=not run.quiet)
+    result = run_figures(run.inputs, run.out, settings, progress=not run.quiet)
     show(result, run.as_json, out=str(run.out))

@@ -34,7 +34,8 @@ QUIET = Knob(help="No progress bar.")
 
 @dataclass(frozen=True)
 class Measuring:
-    """What a command measuring rollouts under checkpoints takes beside its settings."""
+    """What a command reading checkpoints and rollouts (or its scenario's) takes beside its
+    settings."""
 
     inputs: Inputs = Inputs()  # --ckpt, --rollouts, --scenario: the entry point resolves them
     as_json: bool = knob(False, JSON)

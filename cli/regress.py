@@ -9,7 +9,7 @@ from otb_diag.cli.common import note, show
 from otb_diag.cli.options import JSON, command
 
 from otb_diag.knobs import knob
-from otb_diag.pipelines.regress.settings import RegressSettings
+from otb_diag.pipelines.regress.settings import RegressInputs, RegressSettings
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class RegressRun:
 
 
 @command
-def regress(settings: RegressSettings, run: RegressRun) -> None:
+def regress(inputs: RegressInputs, settings: RegressSettings, run: RegressRun) -> None:
     """Compare a run's variance numbers with a golden file and exit 1 if any moved.
 
     Deterministic metrics (energies, variance proxies, advantage statistics, sequence energy,
@@ -41,9 +41,7 @@ def regress(settings: RegressSettings, run: RegressRun) -> None:
     """
     from otb_diag.pipelines.regress.check import run_regress
 
-    outcome = run_regress(settings)
-    for line in outcome.notes:
-        note(line)
+    outcome = run_regress(inputs, settings, say=note)
     as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote
     show(outcome, as_json, every=run.every)
     if outcome.exit_code:

@@ -9,28 +9,17 @@ from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_FILE, command
 
 from otb_diag.knobs import knob
+from otb_diag.pipelines.report.settings import ReportInputs
 
 
 @dataclass(frozen=True)
 class ReportRun:
-    run_dirs: list[Path] = knob(
-        argument=True,
-        metavar="RUN_DIR",
-        help="Output directories of energy, variance-compare, dynamics, train (or a regress "
-        "--junit file's directory), or directories holding several.",
-    )
     out: Path = knob(Path("report.html"), OUT_FILE)
-    golden: Path | None = knob(
-        None,
-        metavar="FILE",
-        help="Golden file of `otb-diag regress`: adds the regression status of the "
-        "energy/variance-compare runs (names relative to each RUN_DIR).",
-    )
     as_json: bool = knob(False, JSON)
 
 
 @command
-def report(run: ReportRun) -> None:
+def report(inputs: ReportInputs, run: ReportRun) -> None:
     """Write one HTML page that opens offline: the verdicts first (OTB's mean-equivalent
     group size and token saving per mode, the paper-claim verdict, proxy fidelity, collapse
     and lead time per run, the regression status), then the figures with captions, the
@@ -47,6 +36,6 @@ def report(run: ReportRun) -> None:
 
         otb-diag report runs --out report.html
     """
-    from otb_diag.pipelines.report.recipe import write_report
+    from otb_diag.pipelines.report.recipe import run_report
 
-    show(write_report(run.run_dirs, run.out, run.golden), run.as_json)
+    show(run_report(inputs, run.out), run.as_json)

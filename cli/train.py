@@ -6,26 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.cli.common import note, show
-from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, command
+from otb_diag.cli.options import OUT_DIR, Measuring, command
 
-from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 from otb_diag.pipelines.train_settings import TrainSettings
 
 
 @dataclass(frozen=True)
-class TrainRun:
-    ckpt: list[Path] | None = knob(None, CKPT)
-    max_new_tokens: int | None = knob(
-        None, help="Longest response sampled. Default: the scenario's (default 64, long 400)."
-    )
+class TrainRun(Measuring):
     out: Path = knob(Path("otb-train"), OUT_DIR)
-    as_json: bool = knob(False, JSON)
-    quiet: bool = knob(False, QUIET)
-    scenario: str = scenario_knob()
 
 
-@command
+@command(skip=("inputs.rollouts",))  # it samples its own
 def train(run: TrainRun, settings: TrainSettings) -> None:
     """Policy-gradient RL on a lab task from a lab checkpoint: the scenario's prompts (default:
     copy / reverse / sort digits; long: running sums with a scratchpad) with fresh digits.
@@ -46,13 +38,5 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
     """
     from otb_diag.pipelines.rl_training import run_train
 
-    result = run_train(
-        run.ckpt,
-        run.out,
-        settings,
-        scenario=run.scenario,
-        max_new_tokens=run.max_new_tokens,
-        progress=not run.quiet,
-        say=note,
-    )
+    result = run_train(run.inputs, run.out, settings, progress=not run.quiet, say=note)
     show(result, run.as_json)

@@ -10,19 +10,20 @@ from pathlib import Path
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from otb_diag.dynamics.detection_rule import DetectionRule
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
-from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy import recipe as energy_recipe
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.figures.recipe import run_figures
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.inputs import Inputs
-from otb_diag.pipelines.report.recipe import write_report
+from otb_diag.pipelines.report.recipe import run_report
+from otb_diag.pipelines.report.settings import ReportInputs
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.report import ReportResult
+from otb_diag.pipelines.training_logs.recipe import run_dynamics
+from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 
 runner = CliRunner()
 
@@ -77,9 +78,9 @@ def run_variance(rollouts: Path, out: Path, seed: int = 0, args: list[str] = VAR
     assert code == 0, output
 
 
-def figures(out: Path, **settings: object) -> FiguresResult:
-    """`run_figures` with `FiguresSettings(**settings)`, without progress bars."""
-    return run_figures(out, FiguresSettings(**settings), progress=False)
+def figures(out: Path, scenario: str = "default", **settings: object) -> FiguresResult:
+    """`run_figures` of `scenario` with `FiguresSettings(**settings)`, without progress bars."""
+    return run_figures(Inputs(scenario=scenario), out, FiguresSettings(**settings), progress=False)
 
 
 def energy(
@@ -98,11 +99,13 @@ def energy(
 
 def report(dirs: list[Path], out: Path, golden: Path | None = None) -> ReportResult:
     """The report page of the runs under `dirs` written to `out` (`otb-diag report`)."""
-    return write_report(dirs, out, golden)
+    return run_report(ReportInputs(dirs, golden), out)
 
 
 def dynamics(
     logs: list[Path], out: Path, labels: list[str] | None = None, target: float | None = None
 ) -> DynamicsResult:
     """`otb-diag dynamics` of `logs` (labelled `labels`) under the default detection rule."""
-    return run_dynamics(logs, labels, out, DetectionRule(), target)
+    result = run_dynamics(TrainingLogs(logs, labels), out, DynamicsSettings(target=target))
+    assert result is not None  # one process: rank 0
+    return result

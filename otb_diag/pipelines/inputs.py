@@ -53,6 +53,13 @@ class Inputs:
     def checkpoint_dirs(self, say: Say) -> list[Path]:
         return checkpoint_dirs(self.ckpt, self.scenario, say)
 
+    def refuse(self, names: tuple[str, ...], why: str) -> None:
+        """An `InputError` for the first of `names` (`ckpt`, `rollouts`) that was given to a
+        command that takes none, saying `why`."""
+        for name in names:
+            if getattr(self, name):
+                raise InputError(f"--{name} given, but {why}: give none", field=f"--{name}")
+
 
 def _or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
     """`value`, or the embedded default with a note saying it was used. `default` is called

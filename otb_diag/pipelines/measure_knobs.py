@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from otb_diag.knobs import Knob, knob, optional_tuple
+from otb_diag.knobs import Knob, comma_list, joined, knob, optional_tuple
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +29,6 @@ ZERO_TAIL = Knob(
     help="verl's OTB option: a strictly longest member gets B_t = 0 beyond the second-longest "
     "length.",
 )
-BASELINES_DEFAULT = "Default: the registry's defaults (an unknown name lists every registered one)."
 
 
 def _auto_help(what: str, cpu_size: str) -> Any:
@@ -45,6 +44,20 @@ def _auto_help(what: str, cpu_size: str) -> Any:
         )
 
     return text
+
+
+def baselines_knob(detail: str) -> Any:
+    """The `--baselines` field of a measuring command (`energy`, `variance-compare`): registry
+    names, comma-separated, the registry's defaults when omitted; `detail` ends the help's first
+    sentence with what this command asks of the list (an example, a name it must hold)."""
+    return knob(
+        factory=default_baselines,
+        cli=str,
+        parse=comma_list,
+        show=joined,
+        help=f"Comma-separated registry baselines{detail}. Default: the registry's defaults (an "
+        "unknown name lists every registered one).",
+    )
 
 
 # The statistics pass's two sizes, as a field of each measuring command's settings (`energy`,

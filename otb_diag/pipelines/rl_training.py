@@ -79,7 +79,7 @@ from otb_diag.maths.variance.step_split import (
     step_split,
     without_rounding,
 )
-from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
+from otb_diag.pipelines.inputs import Inputs, Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.train import TrainResult, TrainTotals
 from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -116,12 +116,22 @@ _SUMMARY_KEYS = ("mean_reward", "grad_norm", "entropy", "mean_response_length")
 
 
 def scenario_settings(scenario: str, **overrides: Any) -> TrainSettings:
-    """Settings whose prompt cells and response budget are those of an embedded scenario's
-    rollouts (`default`: copy/reverse/sort of 3-36 digits, 64 tokens; `long`: sums of 3-52
-    digits, 400 tokens); `overrides` set the other knobs (None keeps a default)."""
+    """`TrainSettings` with `overrides` (None keeps a default), `for_scenario`."""
+    given = TrainSettings(**{k: v for k, v in overrides.items() if v is not None})
+    return for_scenario(given, scenario)
+
+
+def for_scenario(settings: TrainSettings, scenario: str) -> TrainSettings:
+    """`settings` whose prompt cells and response budget, where they are None, are those of an
+    embedded scenario's rollouts (`default`: copy/reverse/sort of 3-36 digits, 64 tokens;
+    `long`: sums of 3-52 digits, 400 tokens)."""
     lab = SCENARIOS[check_scenario(scenario)]
-    base = {"prompt_cells": lab.rollout_prompts, "max_new_tokens": lab.max_new_tokens}
-    return TrainSettings(**base | {k: v for k, v in overrides.items() if v is not None})
+    cells, budget = settings.prompt_cells, settings.max_new_tokens
+    return dataclasses.replace(
+        settings,
+        prompt_cells=lab.rollout_prompts if cells is None else cells,
+        max_new_tokens=lab.max_new_tokens if budget is None else budget,
+    )
 
 
 def _check_settings(settings: TrainSettings) -> None:
@@ -205,25 +215,21 @@ def _json_line(metrics: dict[str, Any]) -> str:
 
 
 def run_train(
-    ckpt: list[Path] | None,
+    inputs: Inputs,
     out: Path,
     settings: TrainSettings = TrainSettings(),
     *,
-    scenario: str = "default",
-    max_new_tokens: int | None = None,
     progress: bool = True,
     say: Say = silent,
 ) -> TrainResult:
-    """`otb-diag train` as given: the scenario's prompt cells and response budget
-    (`max_new_tokens`, when given, in its place), from the one checkpoint of `ckpt` or the
-    scenario's final one (said through `say`); then `train`."""
-    lab = scenario_settings(scenario, max_new_tokens=max_new_tokens)
-    settings = dataclasses.replace(
-        settings, prompt_cells=lab.prompt_cells, max_new_tokens=lab.max_new_tokens
-    )
-    given = one_checkpoint(ckpt, "training starts from one checkpoint")
-    start = checkpoint_or_default(given, scenario, say)
-    return train(start, out, settings, progress=progress)
+    """`otb-diag train` as given: `settings` with the scenario's prompt cells and response
+    budget where they leave them (`for_scenario`), from the one checkpoint of `inputs.ckpt` or
+    the scenario's final one (said through `say`); then `train`. It samples its own rollouts:
+    `inputs.rollouts` is refused."""
+    inputs.refuse(("rollouts",), "train samples its own")
+    given = one_checkpoint(inputs.ckpt, "training starts from one checkpoint")
+    start = checkpoint_or_default(given, inputs.scenario, say)
+    return train(start, out, for_scenario(settings, inputs.scenario), progress=progress)
 
 
 def train(

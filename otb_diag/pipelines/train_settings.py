@@ -1,25 +1,18 @@
 """Every knob of `otb-diag train`, declared once (the command line is built from them; no torch
-at import: the registries and the lab's defaults are read when a settings object is made)."""
+at import: the registries are read when the help is shown)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from otb_diag.knobs import internal, knob
 from otb_diag.pipelines.measure_knobs import aggregation_names, baseline_names
 
 
-def _lab() -> Any:
-    """The default lab's configuration (`prompt_cells` and `max_new_tokens` come from it)."""
-    from otb_diag.lab.build import LabConfig
-
-    return LabConfig
-
-
 @dataclass(frozen=True)
 class TrainSettings:
-    """Every knob of `otb-diag train` (the CLI's options, with the same defaults)."""
+    """Every knob of `otb-diag train` (the CLI's options, with the same defaults). None in
+    `max_new_tokens` and `prompt_cells` is the scenario's (`rl_training.py:for_scenario`)."""
 
     baseline: str = knob(
         "otb", help=lambda: f"Any registry baseline: {', '.join(baseline_names())}."
@@ -36,7 +29,9 @@ class TrainSettings:
     lr: float = knob(1e-4, help="AdamW learning rate (no weight decay).")
     max_grad_norm: float = knob(1.0, help="Clip the gradient norm to this (0: off).")
     temperature: float = knob(1.0, help="Sampling temperature τ.")
-    max_new_tokens: int = internal(factory=lambda: _lab().max_new_tokens)  # the scenario's
+    max_new_tokens: int | None = knob(
+        None, help="Longest response sampled. Default: the scenario's (default 64, long 400)."
+    )
     save_every: int = knob(10, help="Save checkpoint-<step> every this many steps (0: last only).")
     seed: int = knob(0, help="Seed of prompts and sampling: same seed, same run.")
-    prompt_cells: tuple[tuple[str, int], ...] = internal(factory=lambda: _lab().rollout_prompts)
+    prompt_cells: tuple[tuple[str, int], ...] | None = internal(None)  # (op, digits) drawn

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run
 from otb_diag.io.training_logs import read_training_log
-from otb_diag.pipelines.dynamics import default_names
 from otb_diag.pipelines.inspect.recipe import FIELDS
+from otb_diag.pipelines.training_logs.recipe import default_names
 from otb_diag.plots.dynamics import fig1_grad_norm_and_score
 
 runner = CliRunner()

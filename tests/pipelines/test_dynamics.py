@@ -429,7 +429,8 @@ def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
     """Four logs, two labels: runs `label#k`, one arm per label with its tokens to the target
     (hand-computed from the planted score) and collapse verdict per run, in collapse.json,
     comparison.csv, the printed report and the comparison figure."""
-    from otb_diag.pipelines.dynamics import run_dynamics
+    from otb_diag.pipelines.training_logs.recipe import run_dynamics
+    from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 
     logs = []
     for k, (collapse, tokens_per_point) in enumerate([(150, 1000), (None, 2000), (None, 1000)]):
@@ -440,7 +441,9 @@ def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
         ours = ours.drop(columns=["variance_proxy_kind", "baseline", "group_size"])
         logs.append(write_jsonl(tmp_path / f"run{k}.jsonl", ours.to_dict("records")))
     labels = ["otb N=4", "otb N=4", "grpo N=16"]
-    result = run_dynamics(logs, labels, tmp_path / "out", DetectionRule(), 0.505)
+    result = run_dynamics(
+        TrainingLogs(logs, labels), tmp_path / "out", DynamicsSettings(target=0.505)
+    )
     assert [r.run for r in result.runs] == ["otb N=4#1", "otb N=4#2", "grpo N=16"]
     otb, grpo = result.arms
     # The 5-point trailing mean of 0.01·p first reaches 0.505 at point 53: 54 points' tokens.

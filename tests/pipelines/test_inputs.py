@@ -102,11 +102,23 @@ def test_train_starts_from_the_one_checkpoint_or_the_scenarios(
     started: list[Path] = []
     monkeypatch.setattr(rl_training, "train", lambda start, *_, **__: started.append(start))
     said: list[str] = []
-    rl_training.run_train(None, tmp_path, progress=False, say=said.append)
+    rl_training.run_train(Inputs(), tmp_path, progress=False, say=said.append)
     assert started == [default_checkpoint()]
     assert said == [f"no --ckpt given: using the embedded default {default_checkpoint()}"]
     with pytest.raises(InputError, match="training starts from one checkpoint"):
-        rl_training.run_train([tmp_path, tmp_path / "b"], tmp_path, say=said.append)
+        rl_training.run_train(Inputs(ckpt=[tmp_path, tmp_path / "b"]), tmp_path, say=said.append)
+
+
+def test_train_and_figures_refuse_the_files_they_do_not_read(tmp_path: Path) -> None:
+    """train samples its own rollouts and figures runs on the scenario's own files: the API
+    (the command line offers neither option) is told so before anything runs."""
+    from otb_diag.pipelines.figures.recipe import run_figures
+
+    with pytest.raises(InputError, match="--rollouts given, but train samples its own"):
+        rl_training.run_train(Inputs(rollouts=tmp_path), tmp_path / "out")
+    with pytest.raises(InputError, match="--ckpt given, but figures runs on the scenario's own"):
+        run_figures(Inputs(ckpt=[tmp_path]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_lab_build_refuses_an_unknown_scenario_before_building(tmp_path: Path) -> None:

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from small_runs import dynamics
+from small_runs import dynamics, report
 
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
-from otb_diag.pipelines.report.recipe import write_report
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
 
@@ -152,7 +151,7 @@ def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
     """`report` on the real run's dynamics directory: its first verdicts are the pooled
     sentences, one per estimator, before the collapse verdict."""
     dynamics([SMOLLM2_RUN], tmp_path / "dyn", ["smollm2"])
-    result = write_report([tmp_path / "dyn"], tmp_path / "report.html")
+    result = report([tmp_path / "dyn"], tmp_path / "report.html")
     first, second, third = result.verdicts[:3]
     assert first.topic == second.topic == "prompts per step over training (dyn: smollm2)"
     assert first.sentence.startswith("At step 40, under grpo at N = 4, |G|² is not resolved")

@@ -89,9 +89,7 @@ def _result(m: Measured, settings: EnergySettings, out: Path) -> EnergyResult:
     energies = seqs.loc[~empty, "energy"]
     return EnergyResult(
         mode="model" if m.results[0].checkpoint else "model-free",
-        inputs=RunInputs.of(
-            m.rollouts.record, [r.checkpoint for r in m.results if r.checkpoint]
-        ),
+        inputs=RunInputs.of(m.rollouts.record, [r.checkpoint for r in m.results if r.checkpoint]),
         settings=replace(m.settings, tir=m.tir),
         totals=EnergyTotals(
             responses=len(seqs),

@@ -6,16 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otb_diag.io.load_options import LoadOptions
-from otb_diag.knobs import comma_list, internal, joined, knob
+from otb_diag.knobs import internal, knob
 from otb_diag.pipelines.measure_knobs import (
-    BASELINES_DEFAULT,
     REWARD_COLUMNS,
     STEPS,
     TEMPERATURE,
     ZERO_TAIL,
+    baselines_knob,
     batch_tokens_knob,
     chunk_size_knob,
-    default_baselines,
 )
 
 SYMBOLS = {"eps": "ε"}  # how the help writes a baseline's option
@@ -43,13 +42,7 @@ def _trainer_help() -> str:
 class EnergySettings:
     """Every knob of `otb-diag energy` (the CLI's options, with the same defaults)."""
 
-    baselines: tuple[str, ...] = knob(
-        factory=default_baselines,
-        cli=str,
-        parse=comma_list,
-        show=joined,
-        help=f"Comma-separated registry baselines, e.g. none,mean,otb,otb-loo. {BASELINES_DEFAULT}",
-    )
+    baselines: tuple[str, ...] = baselines_knob(", e.g. none,mean,otb,otb-loo")
     temperature: float | None = knob(None, TEMPERATURE)  # overrides the rollouts' own τ
     batch_tokens: int | None = batch_tokens_knob()  # None: auto (`measure_knobs.planned`)
     chunk_size: int | None = chunk_size_knob()

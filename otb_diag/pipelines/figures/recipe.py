@@ -19,14 +19,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from otb_diag.dynamics.collapse import DetectionRule
 from otb_diag.dynamics.lr_sweep import choose_lr, stability
 from otb_diag.io.atomic import write_json
 from otb_diag.io.scenarios import check_scenario, default_checkpoints
 from otb_diag.io.scenarios import default_rollouts as scenario_rollouts
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.estimators.registry import baseline_names
-from otb_diag.pipelines.dynamics import run_dynamics
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
@@ -34,6 +32,8 @@ from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.results.figures import CollapseSteps, FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
+from otb_diag.pipelines.training_logs.recipe import run_dynamics
+from otb_diag.pipelines.training_logs.settings import TrainingLogs
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 from otb_diag.plots.registry import figures_of
 
@@ -93,11 +93,17 @@ class FigurePlan:
 
 
 def run_figures(
-    out: Path, settings: FiguresSettings = FiguresSettings(), *, progress: bool = True
+    inputs: Inputs,
+    out: Path,
+    settings: FiguresSettings = FiguresSettings(),
+    *,
+    progress: bool = True,
 ) -> FiguresResult:
-    """Regenerate every figure of `settings.scenario` into `out`; returns (and writes as
+    """Regenerate every figure of the scenario of `inputs` (its own checkpoints and rollouts:
+    another --ckpt or --rollouts is refused) into `out`; returns (and writes as
     `figures.json`) the result: what made each file. `settings.jobs` trainings run at once."""
-    quick, seed, scenario = settings.quick, settings.seed, settings.scenario
+    inputs.refuse(("ckpt", "rollouts"), "figures runs on the scenario's own")
+    quick, seed, scenario = settings.quick, settings.seed, inputs.scenario
     plan = FigurePlan.make(quick, check_scenario(scenario))
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)
@@ -120,17 +126,11 @@ def run_figures(
     timings["variance_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    compared, sweep = _trainings(plan, start, runs, settings, kept, progress)
+    compared, sweep = _trainings(plan, start, runs, scenario, settings, kept, progress)
     timings["train_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    report = run_dynamics(
-        [j.out / "metrics.jsonl" for j in compared],
-        [j.label for j in compared],
-        runs / "dynamics",
-        DetectionRule(),
-        target=None,
-    )
+    report = run_dynamics(_logs(compared), runs / "dynamics")
     kept.keep(
         runs / "dynamics",
         _kept("dynamics"),
@@ -215,6 +215,7 @@ def _trainings(
     plan: FigurePlan,
     start: Path,
     runs: Path,
+    scenario: str,
     settings: FiguresSettings,
     kept: _Kept,
     progress: bool,
@@ -229,7 +230,7 @@ def _trainings(
             start,
             runs / name,
             scenario_settings(
-                settings.scenario,
+                scenario,
                 baseline=baseline,
                 group_size=n,
                 steps=plan.train_steps,
@@ -261,6 +262,11 @@ def _trainings(
     return compared, sweep
 
 
+def _logs(jobs: list[TrainingJob]) -> TrainingLogs:
+    """The trainings' logs for `dynamics`, each labelled as its job."""
+    return TrainingLogs([j.out / "metrics.jsonl" for j in jobs], [j.label for j in jobs])
+
+
 def _shown(path: Path) -> str:
     """`path` relative to the working directory when inside it (as a user types it; the
     record then holds no machine's absolute path), else as it is."""
@@ -272,13 +278,7 @@ def _shown(path: Path) -> str:
 
 def _sweep_verdicts(sweep_jobs: list[TrainingJob], out: Path) -> Sweep:
     """Dynamics on the sweep's runs, each run's stability and the chosen rate."""
-    report = run_dynamics(
-        [j.out / "metrics.jsonl" for j in sweep_jobs],
-        [j.label for j in sweep_jobs],
-        out,
-        DetectionRule(),
-        target=None,
-    )
+    report = run_dynamics(_logs(sweep_jobs), out)
     verdicts = []
     for j, run in zip(sweep_jobs, report.runs, strict=True):
         scores = read_training_log(j.out / "metrics.jsonl").frame["score"].to_numpy(dtype=float)

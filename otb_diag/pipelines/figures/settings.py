@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
 
 
 @dataclass(frozen=True)
 class FiguresSettings:
-    """Which scenario's figures, how thoroughly, with which seed, how many trainings at once."""
+    """How thoroughly, with which seed, how many trainings at once (the scenario: `Inputs`)."""
 
     quick: bool = knob(False, help="Fewer steps and draws (a CI smoke run).")
     seed: int = knob(0, help="Seed of every run.")
-    scenario: str = scenario_knob()
     jobs: int = knob(1, help="Trainings run at once (processes of one thread each).")

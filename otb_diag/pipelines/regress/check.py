@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.regress import recipe as lib
 from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
-from otb_diag.pipelines.regress.settings import RegressSettings
+from otb_diag.pipelines.regress.settings import RegressInputs, RegressSettings
 
 EXIT_REGRESSION = 1
 NO_COMMON_NAME = (
@@ -21,11 +22,10 @@ NO_COMMON_NAME = (
 @dataclass(frozen=True)
 class RegressOutcome:
     """What a regress run found: the compared `rows` (None after `--update`, which compares
-    nothing and says what it wrote in `message`), `notes` for stderr and the exit status."""
+    nothing and says what it wrote in `message`) and the exit status."""
 
     rows: tuple[lib.Row, ...] | None
     message: str = ""
-    notes: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -41,32 +41,39 @@ class RegressOutcome:
         return {"counts": lib.counts(rows), "rows": [r.to_json() for r in rows]}
 
 
-def run_regress(settings: RegressSettings) -> RegressOutcome:
-    """Compare the run under `settings.current` with the golden file, or rewrite it."""
-    metrics = collect_metrics(settings.current)
+def run_regress(
+    inputs: RegressInputs, settings: RegressSettings = RegressSettings(), *, say: Say = silent
+) -> RegressOutcome:
+    """Compare the run under `inputs.current` with the golden file, or rewrite it
+    (`settings.update`); what the user should know beside the outcome goes through `say`."""
+    metrics = collect_metrics(inputs.current)
     if settings.update:
-        return _update(settings, metrics)
+        return _update(inputs, settings, metrics, say)
     rows = tuple(
         lib.compare(
-            lib.load_golden(settings.golden),
+            lib.load_golden(inputs.golden),
             metrics,
             lib.load_tolerances(settings.tolerances) if settings.tolerances is not None else (),
         )
     )
     if settings.junit is not None:
         lib.write_junit(settings.junit, rows)
-    unrelated = rows and all(r.status in ("missing", "extra") for r in rows)
-    return RegressOutcome(rows, notes=(NO_COMMON_NAME,) if unrelated else ())
+    if rows and all(r.status in ("missing", "extra") for r in rows):
+        say(NO_COMMON_NAME)
+    return RegressOutcome(rows)
 
 
-def _update(settings: RegressSettings, metrics: dict[str, Metric]) -> RegressOutcome:
-    notes = ("--update compares nothing: no --junit report written",) if settings.junit else ()
-    golden = settings.golden
+def _update(
+    inputs: RegressInputs, settings: RegressSettings, metrics: dict[str, Metric], say: Say
+) -> RegressOutcome:
+    if settings.junit:
+        say("--update compares nothing: no --junit report written")
+    golden = inputs.golden
     old = lib.load_golden(golden) if golden.exists() else None
-    lib.write_golden(golden, metrics, lib.run_provenance(settings.current))
+    lib.write_golden(golden, metrics, lib.run_provenance(inputs.current))
     if old is None:
-        return RegressOutcome(None, f"created {golden} with {len(metrics)} metrics", notes)
+        return RegressOutcome(None, f"created {golden} with {len(metrics)} metrics")
     changes = lib.golden_changes(old, metrics)
     lines = [lib.format_changes(changes)] if changes else []
     lines.append(f"updated {golden}: {len(metrics)} metrics, {len(changes)} changed")
-    return RegressOutcome(None, "\n".join(lines), notes)
+    return RegressOutcome(None, "\n".join(lines))

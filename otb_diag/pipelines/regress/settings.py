@@ -1,4 +1,5 @@
-"""Every knob of `otb-diag regress`, declared once (the command line is built from them)."""
+"""Every knob of `otb-diag regress`, declared once (the command line is built from them): what it
+compares (`RegressInputs`) and how (`RegressSettings`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,20 @@ def _default_tolerance() -> str:
 
 
 @dataclass(frozen=True)
-class RegressSettings:
-    """Every knob of `otb-diag regress`."""
+class RegressInputs:
+    """What `otb-diag regress` compares: the golden file and the run (or runs) of now."""
 
     golden: Path = knob(help="Golden JSON file (written by --update).")
     current: Path = knob(
         help="Run directory of `otb-diag energy` / `variance-compare`, or a directory holding "
         "several (metric names are prefixed with each run's sub-directory)."
     )
+
+
+@dataclass(frozen=True)
+class RegressSettings:
+    """Every knob of `otb-diag regress` beside its inputs: rewrite or compare, and how."""
+
     update: bool = knob(False, help="Rewrite the golden file from --current; print changes.")
     junit: Path | None = knob(None, help="Also write a JUnit XML report (one testcase per metric).")
     tolerances: Path | None = knob(

@@ -31,6 +31,7 @@ from otb_diag.pipelines.regress.run_metrics import (
 from otb_diag.pipelines.report import html, verdicts
 from otb_diag.pipelines.report.provenance import command, input_files
 from otb_diag.pipelines.report.sections import TABLES, Run, figures
+from otb_diag.pipelines.report.settings import ReportInputs
 from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
 from otb_diag.pipelines.results.schema import plain
 
@@ -138,10 +139,11 @@ def _page(
     return html.page("otb-diag report", subtitle, "\n".join(body)), runs, found, absent
 
 
-def write_report(dirs: Sequence[Path], out: Path, golden: Path | None = None) -> ReportResult:
-    """Write the page to `out`; returns the result: `out` (resolved), `runs` (command, label,
+def run_report(inputs: ReportInputs, out: Path) -> ReportResult:
+    """Write the page for the runs under `inputs.run_dirs` (compared with `inputs.golden` when
+    given) to the file `out`; returns the result: `out` (resolved), `runs` (command, label,
     directory), `verdicts` (topic, sentence) and `absent` (what no run measured)."""
-    page, runs, found, absent = _page(dirs, golden)
+    page, runs, found, absent = _page(inputs.run_dirs, inputs.golden)
     write_text(out, page)
     return ReportResult(
         out=str(out.resolve()),

@@ -10,15 +10,14 @@ from otb_diag.errors import InputError
 from otb_diag.io.load_options import LoadOptions
 from otb_diag.knobs import comma_ints, comma_list, internal, joined, knob
 from otb_diag.pipelines.measure_knobs import (
-    BASELINES_DEFAULT,
     REWARD_COLUMNS,
     STEPS,
     TEMPERATURE,
     ZERO_TAIL,
     aggregation_names,
+    baselines_knob,
     batch_tokens_knob,
     chunk_size_knob,
-    default_baselines,
 )
 
 
@@ -79,13 +78,7 @@ class VarianceSettings:
         "parameters, JL-projected by forward- or reverse-mode autodiff; its cost estimate is "
         "printed first).",
     )
-    baselines: tuple[str, ...] = knob(
-        factory=default_baselines,
-        cli=str,
-        parse=comma_list,
-        show=joined,
-        help=f"Comma-separated registry baselines; must include none and mean. {BASELINES_DEFAULT}",
-    )
+    baselines: tuple[str, ...] = baselines_knob("; must include none and mean")
     aggregations: tuple[str, ...] = knob(
         factory=_default_aggregations,
         cli=str,

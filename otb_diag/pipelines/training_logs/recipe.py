@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from otb_diag.dynamics.collapse import DetectionRule, RunDynamics, analyse_run
+from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import write_json, write_with
+from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
@@ -28,6 +28,8 @@ from otb_diag.pipelines.results.dynamics import (
     DynamicsRun,
     PooledBudget,
 )
+from otb_diag.pipelines.shell import run_recipe
+from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 from otb_diag.plots.figure_data import DynamicsFigures
 from otb_diag.plots.registry import save_figures
 
@@ -74,18 +76,31 @@ def _seed_names(labels: list[str]) -> list[str]:
 
 
 def run_dynamics(
-    logs: list[Path], names: list[str] | None, out: Path, rule: DetectionRule, target: float | None
-) -> DynamicsResult:
-    """Read every log, analyse it, write the table, collapse.json and the figures; returns the
-    result (collapse.json is its `to_json()`). `names`: one label per log, the runs sharing one
-    being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run."""
-    labels = names or default_names(logs)
-    if len(labels) != len(logs):
+    inputs: TrainingLogs, out: Path, settings: DynamicsSettings = DynamicsSettings()
+) -> DynamicsResult | None:
+    """Read every log of `inputs`, analyse it, write the table, the figures and collapse.json
+    into `out` (all together, in the shell's staging folder); returns the result (collapse.json
+    is its `to_json()`; None on a torchrun rank but 0). `inputs.labels`: one per log, the runs
+    sharing one being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run."""
+    labels = inputs.labels or default_names(inputs.logs)
+    if len(labels) != len(inputs.logs):
         raise InputError(
-            f"{len(labels)} --label for {len(logs)} --log: give one label per log, or none",
+            f"{len(labels)} --label for {len(inputs.logs)} --log: give one label per log, or none",
             field="--label",
         )
-    names = _seed_names(labels)
+    return run_recipe(
+        lambda stage: _analyse(inputs.logs, labels, settings, out, stage.into or out),
+        out=out,
+        record="collapse.json",
+    )
+
+
+def _analyse(
+    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, into: Path
+) -> DynamicsResult:
+    """`run_dynamics` on the logs with their `labels`, writing into the folder `into` (the
+    staging folder of `out`, the result's `outputs`)."""
+    rule, target, names = settings.rule, settings.target, _seed_names(labels)
     tables, runs, budgets = [], [], []
     for path, name, label in zip(logs, names, labels, strict=True):
         log = read_training_log(path)
@@ -115,14 +130,13 @@ def run_dynamics(
         outputs=str(out.resolve()),
         arms=arms,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    write_with(out / "dynamics.csv", lambda p: table.to_csv(p, index=False))
-    write_json(out / "collapse.json", result.to_json())
+    write_with(into / "dynamics.csv", lambda p: table.to_csv(p, index=False))
     budget = pd.concat(budgets, ignore_index=True)
     if len(budget):  # a log held the split: the pooled noise scale over training
-        write_with(out / "budget.csv", lambda p: budget.to_csv(p, index=False))
+        write_with(into / "budget.csv", lambda p: budget.to_csv(p, index=False))
     if arms:  # several runs: the comparison at equal tokens, its table and figure
-        write_with(out / "comparison.csv", lambda p: _comparison_table(arms).to_csv(p, index=False))
+        comparison = _comparison_table(arms)
+        write_with(into / "comparison.csv", lambda p: comparison.to_csv(p, index=False))
     data = DynamicsFigures(
         table,
         runs,
@@ -132,7 +146,7 @@ def run_dynamics(
         arms=arms or None,
         arm_of=dict(zip(names, labels, strict=True)) if arms else None,
     )
-    save_figures("dynamics", data, out)
+    save_figures("dynamics", data, into)
     return result
 
 
