@@ -159,7 +159,7 @@ def test_energy_over_chunks_of_parquet_equals_jsonl(
     jsonl = run(write_jsonl(tmp_path / "r.jsonl", records), tmp_path / "a")
     parquet = run(write_parquet(tmp_path / "r.parquet", records), tmp_path / "b")
     assert parquet.consistency == jsonl.consistency
-    clamped = parquet.consistency["clamped"]
+    clamped = parquet.consistency.clamped
     assert clamped == {"logprobs": 6, "sum_pi2": 6}  # rows 1, 6, 11, ... of 30
     assert parquet.energy == jsonl.energy and parquet.proxies == jsonl.proxies
     pd.testing.assert_frame_equal(
