@@ -100,11 +100,11 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     Example: otb-diag rollouts sample --ckpt ./checkpoint-200 --prompts prompts.jsonl --n 64
     --max-new-tokens 128 --verifier math --out pools/
     """
+    from otb_diag.pipelines.inputs import SampleInputs
     from otb_diag.pipelines.sample.recipe import run_sample
 
     result = run_sample(
-        run.ckpt,
-        run.prompts,
+        SampleInputs(run.prompts, run.ckpt),
         run.out,
         settings,
         resume=run.resume,
