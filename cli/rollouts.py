@@ -9,10 +9,10 @@ import typer
 from otb_diag.cli.common import note, show
 from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, ROLLOUTS, command, register
 
-from otb_diag.io.load_options import LoadOptions
 from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
-from otb_diag.pipelines.measure_knobs import REWARD_COLUMNS, STEPS
+from otb_diag.pipelines.inputs import Inputs, SampleInputs, one_rollouts
+from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.sample.settings import SampleSettings
 
 app = typer.Typer(
@@ -34,13 +34,14 @@ class InspectRun:
     rollouts: Path | None = knob(None, ROLLOUTS)
     ckpt: list[Path] | None = knob(None, CKPT)
     as_json: bool = knob(False, JSON)
-    load: LoadOptions = LoadOptions()  # --trust-remote-code and --chat-template
-    steps: str | None = knob(None, STEPS)
-    reward_columns: tuple[str, ...] | None = knob(None, REWARD_COLUMNS)
+    settings: InspectSettings = InspectSettings()  # of its load options: a tokenizer's
     scenario: str = scenario_knob()
 
 
-@command(skip=("load.device", "load.dtype", "load.allow_pickle", "load.device_map"))
+SKIPPED = ("device", "dtype", "allow_pickle", "device_map")
+
+
+@command(skip=tuple(f"settings.load.{name}" for name in SKIPPED))
 def inspect(run: InspectRun) -> None:
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
@@ -52,19 +53,11 @@ def inspect(run: InspectRun) -> None:
 
     (the same: otb-diag rollouts inspect --rollouts rollouts.jsonl --ckpt ./checkpoint-200 --json)
     """
-    from otb_diag.pipelines.inspect.recipe import inspect_rollouts
+    from otb_diag.pipelines.inspect.recipe import run_inspect
 
-    result = inspect_rollouts(
-        run.file,
-        run.ckpt,
-        rollouts_alias=run.rollouts,
-        scenario=run.scenario,
-        trust_remote_code=run.load.trust_remote_code,
-        chat_template=run.load.chat_template,
-        steps=run.steps,
-        reward_columns=list(run.reward_columns) if run.reward_columns else None,
-        say=note,
-    )
+    rollouts = one_rollouts(run.file, run.rollouts)
+    inputs = Inputs(ckpt=run.ckpt, rollouts=rollouts, scenario=run.scenario)
+    result = run_inspect(inputs, run.settings, say=note)
     if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
         show(result, run.as_json)
 
@@ -100,7 +93,6 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     Example: otb-diag rollouts sample --ckpt ./checkpoint-200 --prompts prompts.jsonl --n 64
     --max-new-tokens 128 --verifier math --out pools/
     """
-    from otb_diag.pipelines.inputs import SampleInputs
     from otb_diag.pipelines.sample.recipe import run_sample
 
     result = run_sample(
