@@ -37,6 +37,12 @@ class InspectRun:
     settings: InspectSettings = InspectSettings()  # of its load options: a tokenizer's
     scenario: str = scenario_knob()
 
+    @property
+    def inputs(self) -> Inputs:
+        """The files given, the positional rollouts and --rollouts read as one option."""
+        rollouts = one_rollouts(self.file, self.rollouts)
+        return Inputs(ckpt=self.ckpt, rollouts=rollouts, scenario=self.scenario)
+
 
 SKIPPED = ("device", "dtype", "allow_pickle", "device_map")
 
@@ -55,9 +61,7 @@ def inspect(run: InspectRun) -> None:
     """
     from otb_diag.pipelines.inspect.recipe import run_inspect
 
-    rollouts = one_rollouts(run.file, run.rollouts)
-    inputs = Inputs(ckpt=run.ckpt, rollouts=rollouts, scenario=run.scenario)
-    result = run_inspect(inputs, run.settings, say=note)
+    result = run_inspect(run.inputs, run.settings, say=note)
     if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
         show(result, run.as_json)
 
@@ -78,6 +82,10 @@ class SampleRun:
     quiet: bool = knob(False, QUIET)
     as_json: bool = knob(False, JSON)
 
+    @property
+    def inputs(self) -> SampleInputs:
+        return SampleInputs(self.prompts, self.ckpt)
+
 
 @command(skip=("load.chat_template", "load.device_map"))
 def sample(run: SampleRun, settings: SampleSettings) -> None:
@@ -96,7 +104,7 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     from otb_diag.pipelines.sample.recipe import run_sample
 
     result = run_sample(
-        SampleInputs(run.prompts, run.ckpt),
+        run.inputs,
         run.out,
         settings,
         resume=run.resume,
