@@ -9,10 +9,10 @@ import typer
 from otb_diag.cli.common import note, show
 from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, ROLLOUTS, command, register
 
-from otb_diag.io.load_options import LoadOptions
 from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
-from otb_diag.pipelines.measure_knobs import REWARD_COLUMNS, STEPS
+from otb_diag.pipelines.inputs import Inputs, SampleInputs, one_rollouts
+from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.sample.settings import SampleSettings
 
 app = typer.Typer(
@@ -34,13 +34,20 @@ class InspectRun:
     rollouts: Path | None = knob(None, ROLLOUTS)
     ckpt: list[Path] | None = knob(None, CKPT)
     as_json: bool = knob(False, JSON)
-    load: LoadOptions = LoadOptions()  # --trust-remote-code and --chat-template
-    steps: str | None = knob(None, STEPS)
-    reward_columns: tuple[str, ...] | None = knob(None, REWARD_COLUMNS)
+    settings: InspectSettings = InspectSettings()  # of its load options: a tokenizer's
     scenario: str = scenario_knob()
 
+    @property
+    def inputs(self) -> Inputs:
+        """The files given, the positional rollouts and --rollouts read as one option."""
+        rollouts = one_rollouts(self.file, self.rollouts)
+        return Inputs(ckpt=self.ckpt, rollouts=rollouts, scenario=self.scenario)
 
-@command(skip=("load.device", "load.dtype", "load.allow_pickle", "load.device_map"))
+
+SKIPPED = ("device", "dtype", "allow_pickle", "device_map")
+
+
+@command(skip=tuple(f"settings.load.{name}" for name in SKIPPED))
 def inspect(run: InspectRun) -> None:
     """What to check first in a rollouts file: rows, groups and their sizes, response lengths,
     rewards, the share of groups whose rewards are all equal (no signal under a group baseline)
@@ -52,19 +59,9 @@ def inspect(run: InspectRun) -> None:
 
     (the same: otb-diag rollouts inspect --rollouts rollouts.jsonl --ckpt ./checkpoint-200 --json)
     """
-    from otb_diag.pipelines.inspect.recipe import inspect_rollouts
+    from otb_diag.pipelines.inspect.recipe import run_inspect
 
-    result = inspect_rollouts(
-        run.file,
-        run.ckpt,
-        rollouts_alias=run.rollouts,
-        scenario=run.scenario,
-        trust_remote_code=run.load.trust_remote_code,
-        chat_template=run.load.chat_template,
-        steps=run.steps,
-        reward_columns=list(run.reward_columns) if run.reward_columns else None,
-        say=note,
-    )
+    result = run_inspect(run.inputs, run.settings, say=note)
     if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
         show(result, run.as_json)
 
@@ -85,6 +82,10 @@ class SampleRun:
     quiet: bool = knob(False, QUIET)
     as_json: bool = knob(False, JSON)
 
+    @property
+    def inputs(self) -> SampleInputs:
+        return SampleInputs(self.prompts, self.ckpt)
+
 
 @command(skip=("load.chat_template", "load.device_map"))
 def sample(run: SampleRun, settings: SampleSettings) -> None:
@@ -103,8 +104,7 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     from otb_diag.pipelines.sample.recipe import run_sample
 
     result = run_sample(
-        run.ckpt,
-        run.prompts,
+        run.inputs,
         run.out,
         settings,
         resume=run.resume,

@@ -111,3 +111,40 @@ def test_pipelines_read_like_the_algorithm() -> None:
                 wrapped.append(f"{module}:{node.lineno}")
     assert not long, long
     assert not wrapped, wrapped
+
+
+# What asks which rank this is (`Dist`'s attributes) or moves objects between ranks (its
+# methods, when called), and the torchrun names that hand a `Dist` out. A recipe shards its work
+# through `runtime/sharded.py`.
+RANK_ATTRIBUTES = {"rank", "is_main", "world_size"}
+RANK_METHODS = {"on_main", "checked", "gather", "all_gather", "share"}
+TORCHRUN_ALLOWED = {"agreed", "DistributedError"}  # a phase; the error a lost rank raises
+RANKS_KNOWN_IN = {
+    "otb_diag.pipelines.shell",  # the one shell: session, rank 0's staging folder
+}
+
+
+def test_no_rank_call_in_pipelines_below_the_shell() -> None:
+    """Under pipelines/, only the recipe shell (`pipelines/shell.py:run_recipe`) knows there
+    are ranks: no other module asks which rank it runs on, or gathers, shares or checks across
+    ranks (`Dist`'s attributes), or takes a `Dist`; each shards its work through
+    `runtime/sharded.py` and gets what rank 0 alone holds as a value (None elsewhere)."""
+    found = []
+    for module, path in sources():
+        if not module.startswith("otb_diag.pipelines") or module.startswith(tuple(RANKS_KNOWN_IN)):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in RANK_ATTRIBUTES:
+                found.append(f"{module}:{node.lineno} .{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in RANK_METHODS
+            ):
+                found.append(f"{module}:{node.lineno} .{node.func.attr}()")
+            elif isinstance(node, ast.ImportFrom) and node.module == "otb_diag.runtime.torchrun":
+                names = {a.name for a in node.names} - TORCHRUN_ALLOWED
+                found += [f"{module}:{node.lineno} imports {n}" for n in sorted(names)]
+            elif isinstance(node, ast.Name) and node.id == "Dist":
+                found.append(f"{module}:{node.lineno} Dist")
+    assert not found, found

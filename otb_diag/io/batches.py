@@ -43,12 +43,21 @@ def rollouts_batch(
 def checkpoint_batch(
     path: Path, rollouts: Rollouts, options: LoadOptions
 ) -> tuple[Checkpoint, ResponseBatch, int]:
+    """`checkpoint_rollouts`, its rows padded into one batch."""
+    ckpt, tokenized, issues = checkpoint_rollouts(path, rollouts, options)
+    return ckpt, make_batch(tokenized), issues
+
+
+def checkpoint_rollouts(
+    path: Path, rollouts: Rollouts, options: LoadOptions
+) -> tuple[Checkpoint, Rollouts, int]:
     """Load the checkpoint, tokenize the rollouts with its tokenizer, check every id against its
-    vocabulary; returns the checkpoint, the batch and the number of rows whose text does not
-    round-trip through the tokenizer."""
+    vocabulary; returns the checkpoint, the tokenized rollouts (whose rows, or any share of
+    them, `otb_diag/io/rollouts/to_batch.py:make_batch` pads into a batch) and the number of
+    rows whose text does not round-trip through the tokenizer."""
     ckpt = options.load(path)
     tokenized, issues = tokenize_rollouts(
         rollouts, ckpt.tokenizer, chat_template=options.chat_template
     )
     check_vocab(tokenized, ckpt.vocab_size)
-    return ckpt, make_batch(tokenized), len(issues)
+    return ckpt, tokenized, len(issues)

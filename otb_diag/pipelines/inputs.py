@@ -61,6 +61,20 @@ class Inputs:
                 raise InputError(f"--{name} given, but {why}: give none", field=f"--{name}")
 
 
+@dataclass(frozen=True)
+class SampleInputs:
+    """The files `rollouts sample` was given: the prompts, and the checkpoint to sample from
+    (--ckpt: one path, or the command line's list, holding at most one; the embedded default
+    checkpoint when none)."""
+
+    prompts: Path
+    ckpt: Path | list[Path] | None = None
+
+    def checkpoint(self, say: Say) -> Path:
+        one = one_checkpoint(self.ckpt, "sample draws from one policy")
+        return checkpoint_or_default(one, "default", say)
+
+
 def _or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
     """`value`, or the embedded default with a note saying it was used. `default` is called
     only then: finding a scenario's files fails when it is not shipped, which must not matter

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.load_options import LoadOptions
@@ -23,7 +23,7 @@ class Recorded(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
-R = TypeVar("R", bound=Recorded)
+R = TypeVar("R")  # a `Recorded` where the command writes a folder
 
 
 @dataclass(frozen=True)
@@ -76,5 +76,5 @@ def run_recipe(
         with staged_output(out) as stage:
             result = body(Stage(stage, progress, say))
             if result is not None and record is not None:
-                write_json(stage / record, result.to_json())
+                write_json(stage / record, cast(Recorded, result).to_json())
         return result

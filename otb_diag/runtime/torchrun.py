@@ -3,14 +3,15 @@
 `torchrun --nproc-per-node N --no-python otb-diag energy ...` starts N copies of the command with
 `WORLD_SIZE`, `RANK`, `LOCAL_RANK` and the rendezvous address in their environment. Each copy
 calls `session()`; with `WORLD_SIZE` > 1 it joins the process group, measures its share of the
-groups (`shard_by_tokens`) and hands its results to rank 0 (`Dist.gather`), which alone writes
-files and prints. Without torchrun `session()` is a world of one and nothing is initialised.
+groups (`shard_by_tokens`, through `sharded.py`) and hands its results to rank 0 (`Dist.gather`),
+which alone writes files and prints. Without torchrun `session()` is a world of one and nothing
+is initialised.
 
 Failure handling, so that one rank's problem never leaves the others hanging:
 - a phase of a command is a function decorated with `@agreed` (or one call `Dist.checked(fn)`):
   it runs on every rank, then the ranks agree on the outcome: if any rank raised, every rank
   raises the first failing rank's error (the CLI prints it on rank 0 only). The science inside
-  a phase never sees ranks; `Dist.share` and `Dist.gather` are the only sharding and gathering.
+  a phase never sees ranks; `sharded.py:Shards.run` is the one way work is shared and gathered.
 - every collective has a timeout (`OTB_DIAG_DIST_TIMEOUT_S`, default 1800 s), and a lost peer
   (a killed rank) surfaces as `DistributedError`, not a hang;
 - SIGTERM (what torchrun sends to the survivors when a rank dies) raises `SystemExit`, so the

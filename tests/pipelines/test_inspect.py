@@ -196,7 +196,8 @@ def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
     """Text-only rows tokenized by the embedded checkpoint (its tokenizer, since none is given):
     every text that does not survive the round trip is in the result, and it says them in one
     line, their count and the first, however many rows fail."""
-    from otb_diag.pipelines.inspect.recipe import inspect_rollouts
+    from otb_diag.pipelines.inputs import Inputs
+    from otb_diag.pipelines.inspect.recipe import run_inspect
 
     bad = 12
     rows = [{"group": "g", "prompt": "C:12=", "response": "12", "reward": 1.0}]
@@ -204,7 +205,7 @@ def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     said: list[str] = []
-    result = inspect_rollouts(path, say=said.append)
+    result = run_inspect(Inputs(rollouts=path), say=said.append)
     assert result is not None and result.rows == bad + 1
     assert said[0].startswith("no checkpoint given: using the embedded default")
     assert len(result.round_trip_issues) == bad

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.pipelines.inputs import SampleInputs
 from otb_diag.pipelines.results.sample import SampleResult
 from otb_diag.pipelines.sample.recipe import SampleSettings, plan_batches, run_sample
 from otb_diag.policy.forward_pass import stats_for_sequences
@@ -116,15 +117,19 @@ def test_resumed_run_writes_exactly_the_uninterrupted_pools(ckpt, tmp_path: Path
     settings = SampleSettings(
         n=6, sampling=Sampling(max_new_tokens=16), verifier="exact", batch_tokens=100
     )
-    whole = run_sample(ckpt.path, prompts, tmp_path / "whole", settings, progress=False)
+    whole = run_sample(
+        SampleInputs(prompts, ckpt.path), tmp_path / "whole", settings, progress=False
+    )
     assert whole is not None and whole.batches > 3
     partial = run_sample(
-        ckpt.path, prompts, tmp_path / "cut", settings, progress=False, stop_after=2
+        SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False, stop_after=2
     )
     assert partial is None and not (tmp_path / "cut/rollouts.jsonl").exists()
     with pytest.raises(Exception, match="--resume"):
-        run_sample(ckpt.path, prompts, tmp_path / "cut", settings, progress=False)
-    run_sample(ckpt.path, prompts, tmp_path / "cut", settings, progress=False, resume=True)
+        run_sample(SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False)
+    run_sample(
+        SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False, resume=True
+    )
     a = (tmp_path / "whole/rollouts.jsonl").read_text()
     assert a == (tmp_path / "cut/rollouts.jsonl").read_text()
     assert not (tmp_path / "cut/.sample-parts").exists()
@@ -140,12 +145,16 @@ def test_resume_with_other_settings_is_refused(ckpt, tmp_path: Path) -> None:
     settings = SampleSettings(
         n=4, sampling=Sampling(max_new_tokens=8), verifier="exact", batch_tokens=60
     )
-    run_sample(ckpt.path, prompts, tmp_path / "o", settings, progress=False, stop_after=1)
+    run_sample(
+        SampleInputs(prompts, ckpt.path), tmp_path / "o", settings, progress=False, stop_after=1
+    )
     other = SampleSettings(
         n=4, sampling=Sampling(max_new_tokens=8), verifier="exact", batch_tokens=60, seed=1
     )
     with pytest.raises(Exception, match="seed"):
-        run_sample(ckpt.path, prompts, tmp_path / "o", other, progress=False, resume=True)
+        run_sample(
+            SampleInputs(prompts, ckpt.path), tmp_path / "o", other, progress=False, resume=True
+        )
 
 
 def test_cli_writes_pools_that_inspect_reads_with_top_k_flagged(tmp_path: Path) -> None:

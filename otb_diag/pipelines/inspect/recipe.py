@@ -1,6 +1,6 @@
 """What `otb-diag rollouts inspect` reports: the first things to check in rollouts.
 
-`inspect_rollouts`, the command's entry point, resolves its inputs (the embedded scenario's
+`run_inspect`, the command's entry point, resolves its inputs (the embedded scenario's
 rollouts and checkpoint when none are given, said through `say`), streams the rollout files
 through the index pass (`otb_diag/io/rollouts/stream.py:index_rollouts`, one row at a time:
 memory is set by a row and the index, not the files), tokenizes text-only rows and checks ids
@@ -26,18 +26,19 @@ from otb_diag.io.rollouts.tokenize import (
     tokenize_rollouts,
 )
 from otb_diag.pipelines.inputs import (
+    Inputs,
     Say,
     checkpoint_or_default,
     one_checkpoint,
-    one_rollouts,
     rollouts_or_default,
     silent,
 )
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
+from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.results.inspect import InspectResult
-from otb_diag.runtime.torchrun import session
+from otb_diag.pipelines.shell import Stage, run_recipe
 
-__all__ = ["FIELDS", "inspect_rollouts", "summarize"]  # FIELDS: where it was
+__all__ = ["FIELDS", "run_inspect", "summarize"]  # FIELDS: where it was
 # Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
 TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
 
@@ -59,48 +60,35 @@ class Inspected:
     untemplated: int
 
 
-def inspect_rollouts(
-    rollouts: Path | None,
-    ckpt: Path | list[Path] | None = None,
-    *,
-    rollouts_alias: Path | None = None,
-    scenario: str = "default",
-    trust_remote_code: bool = False,
-    chat_template: bool = False,
-    steps: str | None = None,
-    reward_columns: list[str] | None = None,
-    say: Say = silent,
+def run_inspect(
+    inputs: Inputs, settings: InspectSettings = InspectSettings(), *, say: Say = silent
 ) -> InspectResult | None:
-    """Stream the rollouts (a file, a directory or a glob; rows with a step in `steps`, "A-B";
-    the scenario's embedded rollouts when None) once: validate every row, fill in missing ids
-    with the tokenizer of `ckpt` (loaded on the first row without ids, or up front when a
-    checkpoint is given or the rollouts are the embedded ones; the scenario's checkpoint when
-    None), check the ids against its vocabulary, and summarize. Says which defaults it used,
-    how many prompts were tokenized without a chat template, and the rows whose text does not
-    round-trip (also in the result's `round_trip_issues`). `rollouts_alias` is the command
-    line's --rollouts, an alias of the positional path (both, differing, are an `InputError`);
-    `ckpt` is one path, or the --ckpt list, which must hold at most one.
+    """Stream the rollouts of `inputs` (a file, a directory or a glob; rows with a step in
+    `settings.steps`, "A-B"; the scenario's embedded rollouts when none) once: validate every
+    row, fill in missing ids with the tokenizer of its checkpoint (loaded on the first row
+    without ids, or up front when a checkpoint is given or the rollouts are the embedded ones;
+    the scenario's checkpoint when none; --ckpt must name at most one), check the ids against
+    its vocabulary, and summarize. Says which defaults it used, how many prompts were tokenized
+    without a chat template, and the rows whose text does not round-trip (also in the result's
+    `round_trip_issues`).
 
     Under torchrun rank 0 reads the rollouts and the other ranks wait for its outcome (its error
     stops them too); they return None, and the output is one process's.
     """
-    rollouts = one_rollouts(rollouts, rollouts_alias)
-    ckpt = one_checkpoint(ckpt, "inspect reads one tokenizer")
-    path = rollouts_or_default(rollouts, scenario, say, "rollouts file")
+    ckpt = one_checkpoint(inputs.ckpt, "inspect reads one tokenizer")
+    path = rollouts_or_default(inputs.rollouts, inputs.scenario, say, "rollouts file")
+    always_tokenizer = ckpt is not None or inputs.rollouts is None
 
-    def tokenizer() -> tuple[TextTokenizer, int]:
-        from otb_diag.io.checkpoint import load_tokenizer  # torch: only when rows need it
+    def inspect(stage: Stage) -> Inspected:
+        def tokenizer() -> tuple[TextTokenizer, int]:
+            from otb_diag.io.checkpoint import load_tokenizer  # torch: only when rows need it
 
-        ckpt_dir = checkpoint_or_default(ckpt, scenario, say, "checkpoint")
-        return load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
+            ckpt_dir = checkpoint_or_default(ckpt, inputs.scenario, stage.say, "checkpoint")
+            return load_tokenizer(ckpt_dir, trust_remote_code=settings.load.trust_remote_code)
 
-    always_tokenizer = ckpt is not None or rollouts is None
-    with session("cpu") as d:
-        found = d.on_main(
-            lambda: _inspect(
-                path, tokenizer, always_tokenizer, steps, reward_columns, chat_template
-            )
-        )
+        return _inspect(path, tokenizer, always_tokenizer, settings)
+
+    found = run_recipe(inspect, every_rank=False, progress=False, say=say)
     if found is None:
         return None
     if found.untemplated:
@@ -123,13 +111,9 @@ def round_trip_line(issues: list[str]) -> str:
 
 
 def _inspect(
-    path: Path,
-    load_tokenizer: TokenizerLoader,
-    always_tokenizer: bool,
-    steps: str | None,
-    reward_columns: list[str] | None,
-    chat_template: bool,
+    path: Path, load_tokenizer: TokenizerLoader, always_tokenizer: bool, settings: InspectSettings
 ) -> Inspected:
+    chat_template = settings.load.chat_template
     tokenizer: tuple[TextTokenizer, int] | None = None
     facts = RowFacts()
     issues: list[RoundTripIssue] = []
@@ -152,6 +136,7 @@ def _inspect(
             r = one.responses[0]
         facts.add(r, f)
 
-    index = index_rollouts(path, steps=steps, reward_columns=reward_columns, on_row=add)
+    reward_columns = list(settings.reward_columns) if settings.reward_columns else None
+    index = index_rollouts(path, steps=settings.steps, reward_columns=reward_columns, on_row=add)
     summary = facts.summary(index.shell, [str(issue) for issue in issues])
     return Inspected(summary, untemplated)

@@ -16,13 +16,14 @@ format (docs/sampling.md).
    the parts go.
 
 Under torchrun (`otb_diag/runtime/torchrun.py`) every rank reads the prompts, loads the model and
-makes the same plan; the batches still to sample are split across the ranks by their padded size
-(`Dist.share`), so each prompt's responses come from the same batches, seeds and padding as
-in one process and the pools are byte-identical to its. A rank writes only the parts of its own
-batches (a part is named by its batch), and scores them with the verifier; rank 0 waits for all
-(each step is an `@agreed` phase: an error on any rank stops every rank with it), reads every
-part and writes `rollouts.jsonl` and `manifest.json` as one process would. OUT must be on a
-filesystem that every rank sees (any folder, on one node).
+makes the same plan; the batches still to sample, as rank 0 finds them, are split across the
+ranks by their padded size (`otb_diag/runtime/sharded.py:shard`), so each prompt's responses come
+from the same batches, seeds and padding as in one process and the pools are byte-identical to
+its. A rank writes only the parts of its own batches (a part is named by its batch), and scores
+a share of them with the verifier; rank 0 waits for all (each step is a phase every rank agrees
+on: an error on any rank stops every rank with it), reads every part and writes
+`rollouts.jsonl` and `manifest.json` as one process would. OUT must be on a filesystem that every
+rank sees (any folder, on one node).
 """
 
 from __future__ import annotations
@@ -37,20 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
-from otb_diag.io.atomic import staged_output, write_json, write_jsonl
+from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
-from otb_diag.pipelines.inputs import Say, checkpoint_or_default, one_checkpoint, silent
+from otb_diag.pipelines.inputs import SampleInputs, Say, silent
 from otb_diag.pipelines.results.sample import MANIFEST, ROLLOUTS, SampleResult
 from otb_diag.pipelines.results.schema import Distributed
 from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
 from otb_diag.pipelines.sample.verifiers import (
     Verifier,
 )
+from otb_diag.pipelines.shell import Stage, run_recipe
 from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import row_seed, sample_batch
-from otb_diag.runtime.devices import resolve_device
-from otb_diag.runtime.torchrun import Dist, agreed, session
+from otb_diag.runtime.sharded import Part, shard
+from otb_diag.runtime.torchrun import agreed
 
 PARTS = ".sample-parts"
 
@@ -76,8 +78,7 @@ def plan_batches(
 
 
 def run_sample(
-    ckpt: Path | list[Path] | None,
-    prompts_path: Path,
+    inputs: SampleInputs,
     out: Path,
     settings: SampleSettings,
     *,
@@ -86,77 +87,71 @@ def run_sample(
     stop_after: int | None = None,
     say: Say = silent,
 ) -> SampleResult | None:
-    """Sample the pools into `out` from `ckpt` (one path, or the --ckpt list holding at most one;
-    the embedded default checkpoint, said through `say`, when None; see the module docstring);
-    returns the result, manifest.json's content (None on the ranks other than 0 under torchrun,
-    and when stopped by `stop_after`).
+    """Sample the pools of `inputs` (the prompts, from its checkpoint: the embedded default,
+    said through `say`, when none; see the module docstring) into `out`; returns the result,
+    manifest.json's content (None on the ranks other than 0 under torchrun, and when stopped by
+    `stop_after`).
 
     stop_after: sample at most this many batches, then stop without writing the pools (the
     state a kill leaves; for tests). Raises `InputError` for bad input, before writing."""
     verifier = settings.check()
-    ckpt = checkpoint_or_default(
-        one_checkpoint(ckpt, "sample draws from one policy"), "default", say
+    ckpt = inputs.checkpoint(say)
+    result = run_recipe(
+        lambda stage: _run(
+            ckpt, inputs.prompts, out, stage, settings, verifier, resume, stop_after
+        ),
+        out=out,
+        load=settings.load,
+        record=MANIFEST,
+        progress=progress,
+        say=say,
     )
-    with session(resolve_device(settings.load.device).type) as d:
-        if d.world_size > 1 and settings.load.device_map is not None:
-            raise InputError(
-                "--device-map spreads one model over the GPUs of one process; under torchrun "
-                "every rank loads a whole model on its own GPU.",
-                field="device-map",
-                hint="Use one or the other.",
-            )
-        return _run(
-            d, ckpt, prompts_path, out, settings, verifier, resume, progress, stop_after, say
-        )
+    if result is not None:  # the pools are in `out`: their parts go
+        shutil.rmtree(out / PARTS, ignore_errors=True)
+    return result
 
 
 def _run(
-    d: Dist,
     ckpt: Path,
     prompts_path: Path,
     out: Path,
+    stage: Stage,
     settings: SampleSettings,
     verifier: Verifier,
     resume: bool,
-    progress: bool,
     stop_after: int | None,
-    say: Say,
 ) -> SampleResult | None:
     started = time.perf_counter()
     parts = out / PARTS
-    # Every rank checks OUT before rank 0 creates the parts folder (a phase waits for all).
+    # Every rank checks OUT before the parts folder is created (a phase waits for all).
     prompts = _read_and_check(prompts_path, out, settings, verifier, resume)
     job = _prepare(ckpt, prompts, prompts_path, settings)
-    if not settings.sampling.from_policy and d.is_main:
-        say(
+    if not settings.sampling.from_policy:
+        stage.say(
             "note: --top-k/--top-p truncate the policy; logprobs and sum_pi2 are those of the "
             "untruncated softmax(z/τ), and the variance theory assumes samples from it "
             "(manifest: from_policy false)"
         )
-    d.on_main(lambda: _open_parts(parts, job.identity))
-    # What is left to sample, as rank 0 sees it (every rank must split the same list).
-    todo = d.all_gather(
-        [k for k, _ in enumerate(job.batches) if not _part(parts, k).is_file()]
-        if d.is_main
-        else None
-    )[0]
+    _open_parts(parts, job.identity)
+    # What is left to sample (the plan is rank 0's view of the parts: every rank splits it).
+    todo = [k for k in range(len(job.batches)) if not _part(parts, k).is_file()]
     if stop_after is not None:
         todo = [k for k in todo if k < stop_after]
-    mine = [todo[t] for t in d.share([job.costs[k] for k in todo])]
-    tokens = _sample_parts(
-        d, job.model, job.prompt_ids, job.batches, mine, settings, parts, job.eos_ids,
-        job.pad_id, progress,
-    )  # fmt: skip
-    tokens_per_rank = d.all_gather(tokens)
+    everything = range(len(job.batches))
+    shards = shard([(k, job.costs[k]) for k in todo], [(k, job.costs[k]) for k in everything])
+    tokens_per_rank = shards.run(
+        lambda mine: _sample_parts(job, mine, settings, parts, stage.progress, shards.ranks),
+        lambda sampled: [tokens for _, tokens in sampled],
+    )
     if stop_after is not None and stop_after < len(job.batches):
         return None
     # Each rank scores a share of all the batches (its own sampled ones on a fresh run).
-    rewards = _score(parts, d.share(job.costs), job, verifier, settings, prompts_path)
-    gathered = d.gather(rewards)
-    return d.on_main(
-        lambda: _assemble(
-            out, prompts_path, job, gathered or [], settings, tokens_per_rank, started, d
-        )
+    return shards.run(
+        lambda mine: _score(parts, mine, job, verifier, settings, prompts_path),
+        lambda scored: _assemble(
+            stage, parts, prompts_path, job, scored, settings, tokens_per_rank or [], started
+        ),
+        r=1,
     )
 
 
@@ -205,7 +200,6 @@ def _prepare(
     )
 
 
-@agreed
 def _score(
     parts: Path,
     batches: list[int],
@@ -220,19 +214,19 @@ def _score(
 
 
 def _assemble(
-    out: Path,
+    stage: Stage,
+    parts: Path,
     prompts_path: Path,
     job: _Job,
-    gathered: list[dict[tuple[int, int], float]],
+    scored: list[Part[int, dict[tuple[int, int], float]]],
     settings: SampleSettings,
     tokens_per_rank: list[int],
     started: float,
-    d: Dist,
 ) -> SampleResult:
-    """Rank 0: every part read back in order, the rows with their rewards, and rollouts.jsonl
-    and manifest.json moved into `out` together; the parts go. Returns the manifest's result."""
-    all_rewards = {k: v for share in gathered for k, v in share.items()}
-    parts = out / PARTS
+    """Rank 0: every part read back in order, the rows with the ranks' rewards (by prompt and
+    sample), rollouts.jsonl written into the stage (manifest.json beside it, and both moved
+    into OUT together, by the shell). Returns the manifest's result."""
+    all_rewards = {k: v for _, share in scored for k, v in share.items()}
     samples = _read_parts(parts, range(len(job.batches)))
     rows = _rows(job.prompts, job.prompt_ids, samples, all_rewards, job.tokenizer, settings)
     result = SampleResult(
@@ -248,13 +242,11 @@ def _assemble(
         generated_tokens=sum(len(r["response_ids"]) for r in rows),
         seconds=time.perf_counter() - started,
         sampled_tokens_this_run=sum(tokens_per_rank),
-        distributed=Distributed(world_size=d.world_size, rank_tokens=tokens_per_rank),
+        distributed=Distributed(world_size=len(tokens_per_rank), rank_tokens=tokens_per_rank),
         versions=library_versions(),
     )
-    with staged_output(out) as stage:
-        write_jsonl(stage / ROLLOUTS, rows)
-        write_json(stage / MANIFEST, result.to_json())
-    shutil.rmtree(parts, ignore_errors=True)
+    assert stage.into is not None  # sample writes a folder
+    write_jsonl(stage.into / ROLLOUTS, rows)
     return result
 
 
@@ -320,9 +312,11 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
     return ids
 
 
+@agreed
 def _open_parts(parts: Path, identity: dict[str, Any]) -> None:
     """Create the parts folder with its plan, or check a resumed one was made by the same
-    settings, prompts and checkpoint."""
+    settings, prompts and checkpoint. Every rank does (one phase): the plan is written
+    atomically, with the same content by each."""
     plan = parts / "plan.json"
     if plan.is_file():
         before = json.loads(plan.read_text(encoding="utf-8"))
@@ -342,44 +336,41 @@ def _part(parts: Path, k: int) -> Path:
     return parts / f"part-{k:06d}.jsonl"
 
 
-@agreed
 def _sample_parts(
-    d: Dist,
-    model: Any,
-    prompt_ids: list[list[int]],
-    batches: list[list[tuple[int, int]]],
+    job: _Job,
     mine: list[int],
     settings: SampleSettings,
     parts: Path,
-    eos_ids: list[int],
-    pad_id: int,
     progress: bool,
+    ranks: int,
 ) -> int:
-    """Sample the batches `mine` (this rank's share of those without a part file), one part
-    each; returns the tokens generated. Only rank 0 shows a bar: the responses of every rank,
-    counted from the parts on disk (so its rate and ETA are the job's), and its own tokens/s."""
+    """Sample the batches `mine` (this rank's share of those without a part file, of `ranks`),
+    one part each; returns the tokens generated. Only rank 0 shows a bar (`progress`): the
+    responses of every rank, counted from the parts on disk (so its rate and ETA are the
+    job's), and its own tokens/s."""
     from tqdm.auto import tqdm
 
+    batches = job.batches
     total = sum(len(b) for b in batches)
-    desc = "sampling" if d.world_size == 1 else f"sampling, {d.world_size} ranks"
+    desc = "sampling" if ranks == 1 else f"sampling, {ranks} ranks"
     bar = tqdm(
         total=total,
         initial=_done_rows(parts, batches),
         unit="resp",
         desc=desc,
-        disable=not (progress and d.is_main),
+        disable=not progress,
         dynamic_ncols=True,
     )
     generated, start = 0, time.perf_counter()
     for k in mine:
         pairs = batches[k]
         samples = sample_batch(
-            model,
-            [prompt_ids[i] for i, _ in pairs],
+            job.model,
+            [job.prompt_ids[i] for i, _ in pairs],
             RowNoise([row_seed(settings.seed, i, j) for i, j in pairs]),
             settings.sampling,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
+            eos_ids=job.eos_ids,
+            pad_id=job.pad_id,
         )
         write_jsonl(
             _part(parts, k),
@@ -393,7 +384,7 @@ def _sample_parts(
             bar.update(_done_rows(parts, batches) - bar.n)
             rate = f"{generated / (time.perf_counter() - start):.0f}"
             bar.set_postfix(
-                {"prompt": pairs[-1][0] + 1, "tok/s" if d.world_size == 1 else "rank0 tok/s": rate}
+                {"prompt": pairs[-1][0] + 1, "tok/s" if ranks == 1 else "rank0 tok/s": rate}
             )
     bar.close()
     return generated

@@ -6,19 +6,17 @@ scores in `policy/scores/token_scores.py` (and the `full` engines it dispatches 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from otb_diag.io.atomic import staged_output, write_json, write_with
+from otb_diag.io.atomic import write_with
 from otb_diag.io.checkpoint import checkpoint_record
 from otb_diag.io.loading import RolloutSet, load_rollout_set
 from otb_diag.io.provenance import library_versions
-from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.registry import TRUE_ENERGIES
 from otb_diag.maths.returns import returns_to_go
@@ -41,6 +39,7 @@ from otb_diag.pipelines.results.variance import (
     VarianceResult,
     ZeroTailRow,
 )
+from otb_diag.pipelines.shell import Stage, run_recipe
 from otb_diag.pipelines.variance.measure import Measured, measure
 from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.pipelines.variance.summary import (
@@ -54,8 +53,8 @@ from otb_diag.pipelines.variance.summary import (
 from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.scores.token_scores import proxy_scores
-from otb_diag.runtime.devices import resolve_device
-from otb_diag.runtime.torchrun import Dist, agreed, current, require_groups, session
+from otb_diag.runtime.sharded import shard
+from otb_diag.runtime.torchrun import agreed
 
 
 def run_variance(
@@ -79,60 +78,57 @@ def run_variance(
     rollouts_path = inputs.rollouts_path(say)
     settings.check()  # before the default checkpoint is looked up
     checkpoints = inputs.checkpoint_dirs(say)
-    settings.load.check()
-    notify = say if progress else None
-    with session(resolve_device(settings.load.device).type) as d:
-        if not d.is_main:
-            _run(d, checkpoints, rollouts_path, out, settings, progress, notify)
-            return None
-        with staged_output(out) as stage:
-            staged = _run(d, checkpoints, rollouts_path, stage, settings, progress, notify)
-            assert staged is not None  # rank 0
-            result = replace(staged, out=str(out.resolve()))
-            write_json(stage / "summary.json", result.to_json())
-        return result
+    return run_recipe(
+        lambda stage: _run(checkpoints, rollouts_path, out, stage, settings),
+        out=out,
+        load=settings.load,
+        progress=progress,
+        say=say,
+    )
 
 
 def _run(
-    d: Dist,
     checkpoints: list[Path],
     rollouts_path: Path,
     out: Path,
+    stage: Stage,
     settings: VarianceSettings,
-    progress: bool,
-    notify: Callable[[str], None] | None,
 ) -> VarianceResult | None:
-    """Per checkpoint: measure this rank's share (gathered on rank 0), then in each mode draw
+    """Per checkpoint: measure this rank's share (the pool's on rank 0), then in each mode draw
     the groups over the whole pool and accumulate the tables; rank 0 writes and summarises."""
     started = time.perf_counter()
     loaded = _load(rollouts_path, settings)
-    mine, my_tokens = _my_share(loaded, str(rollouts_path))
-    rank_tokens = d.all_gather(my_tokens)
+    groups = list(loaded.groups.values())
+    sizes = [sum(loaded.sizes[i] for i in rows) for rows in groups]  # whole groups, by tokens
+    shards = shard(list(enumerate(sizes)), what=str(rollouts_path))
+    mine = [loaded.rollouts.responses[i] for g in shards.mine() for i in groups[g]]
     model_modes = [m for m in settings.modes if m != "proxy"]
     # The bar counts tokens: known before the run only when every row of the share has ids.
-    tokenized = all(r.response_ids is not None for r in mine.responses)
+    tokenized = all(r.response_ids is not None for r in mine)
+    my_tokens = sum(sizes[g] for g in shards.mine())
     per_ckpt = (my_tokens if tokenized else 0) * (1 + len(model_modes))
     bar = tqdm(
         total=per_ckpt * len(checkpoints) or None,
         unit="tok",
         unit_scale=True,
         desc="variance",
-        disable=not (progress and d.is_main),
+        disable=not stage.progress,
     )
-    tables, recorded = _Tables(), settings
+    notify = stage.say if stage.progress else None
+    tables, recorded, pooled = _Tables(), settings, False
     for index, path in enumerate(checkpoints):
         t0 = time.perf_counter()
-        ckpt, found = measure(d, path, loaded.rollouts, mine, settings, bar, notify)
+        ckpt, found = measure(path, loaded.rollouts, groups, shards, settings, bar, notify)
         step = ckpt.step if ckpt.step is not None else index
         tables.timings[f"measure_s@{step}"] = time.perf_counter() - t0
-        if found is not None:  # rank 0
-            recorded = found.settings  # auto sizes: the last checkpoint's statistics plan
+        if found is not None:  # the pool's measurements: rank 0's
+            pooled, recorded = True, found.settings  # auto sizes: the last checkpoint's plan
             tables.checkpoints.append(checkpoint_record(ckpt, settings.load.full_hash))
             _compare_modes(tables, step, found, settings)
     bar.close()
-    if not d.is_main:
+    if not pooled:  # the other ranks: their shares were merged on rank 0
         return None
-    return _summary(tables, out, loaded, recorded, len(checkpoints), started, rank_tokens, d)
+    return _summary(tables, out, stage, loaded, recorded, len(checkpoints), started, shards.sizes)
 
 
 @agreed
@@ -143,21 +139,6 @@ def _load(rollouts_path: Path, settings: VarianceSettings) -> RolloutSet:
         steps=settings.steps,
         reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
     )
-
-
-@agreed
-def _my_share(loaded: RolloutSet, what: str) -> tuple[Rollouts, int]:
-    """This rank's groups of the set (whole groups, balanced by tokens) and their tokens."""
-    d = current()
-    groups = loaded.groups
-    require_groups(len(groups), d, what)
-    sizes = [sum(loaded.sizes[i] for i in idx) for idx in groups.values()]
-    share = d.share(sizes)
-    names = list(groups)
-    rows = sorted(i for g in share for i in groups[names[g]])
-    responses = loaded.rollouts.responses
-    mine = replace(loaded.rollouts, responses=[responses[i] for i in rows])
-    return mine, sum(sizes[g] for g in share)
 
 
 @dataclass
@@ -250,15 +231,18 @@ def _compare_modes(tables: _Tables, step: int, found: Measured, settings: Varian
 def _summary(
     tables: _Tables,
     out: Path,
+    stage: Stage,
     loaded: RolloutSet,
     settings: VarianceSettings,
     n_checkpoints: int,
     started: float,
     rank_tokens: list[int],
-    d: Dist,
 ) -> VarianceResult:
     """Rank 0: the tables concatenated (a `step` column only with several checkpoints), every
-    file written into `out`, and the result (summary.json's content)."""
+    file written into the stage (moved into `out` with summary.json), and the result
+    (summary.json's content)."""
+    into = stage.into
+    assert into is not None  # variance-compare writes a folder
 
     def stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
         table = pd.concat(frames, ignore_index=True)
@@ -270,11 +254,11 @@ def _summary(
     noise = noise.drop(columns="step") if n_checkpoints == 1 else noise
     fid = pd.DataFrame(tables.fidelity_rows)
     blocks = stacked(tables.blocks) if tables.blocks else None
-    outputs = _write(out, variance, fid, tables.fidelity_tokens, settings, blocks)
-    outputs += write_noise(out, noise, last_noise)
+    outputs = _write(into, variance, fid, tables.fidelity_tokens, settings, blocks)
+    outputs += write_noise(into, noise, last_noise)
     if tables.zero_tail:
         zero_tail = pd.DataFrame(tables.zero_tail)
-        write_with(out / "zero_tail.csv", lambda p: zero_tail.to_csv(p, index=False))
+        write_with(into / "zero_tail.csv", lambda p: zero_tail.to_csv(p, index=False))
         outputs.append("zero_tail.csv")
     tables.timings["total_s"] = time.perf_counter() - started
     rows = headline(variance)
@@ -287,13 +271,13 @@ def _summary(
         noise_scale=build(Recommendation, recommend(last_noise, settings.current_n)),
         knee=knee_rows(last_noise),
         fidelity=build(list[FidelityRow], tables.fidelity_rows),
-        distributed=Distributed(d.world_size, rank_tokens),
+        distributed=Distributed(len(rank_tokens), rank_tokens),
         full=build(dict[str, FullMode], tables.full),
         zero_tail=[ZeroTailRow(**row) for row in tables.zero_tail],
         timings=tables.timings,
         versions=library_versions(),
         outputs=[*outputs, "summary.json"],
-        out=str(out),  # the staging directory; run_variance puts the final one
+        out=str(out.resolve()),
     )
 
 

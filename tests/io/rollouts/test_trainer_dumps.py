@@ -397,7 +397,7 @@ def test_unexpected_error_is_one_paragraph_and_exit_3(monkeypatch, tmp_path: Pat
     def broken(*args, **kwargs):
         raise ZeroDivisionError("planted")
 
-    monkeypatch.setattr(inspect_pipeline, "inspect_rollouts", broken)
+    monkeypatch.setattr(inspect_pipeline, "run_inspect", broken)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     monkeypatch.setenv(DEBUG_ENV, "")  # restored after the test (--debug sets it)
     result = runner.invoke(app, ["rollouts", "inspect"])
