@@ -35,9 +35,8 @@ def rollouts_batch(
     if ckpt is None:
         return RolloutsBatch(make_batch(rollouts), 0, 0)
     untemplated = 0 if chat_template else prompts_without_template(rollouts, ckpt.tokenizer)
-    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat_template)
-    check_vocab(tokenized, ckpt.vocab_size)
-    return RolloutsBatch(make_batch(tokenized), len(issues), untemplated)
+    tokenized, issues = _tokenized(rollouts, ckpt, chat_template)
+    return RolloutsBatch(make_batch(tokenized), issues, untemplated)
 
 
 def checkpoint_batch(
@@ -56,8 +55,12 @@ def checkpoint_rollouts(
     them, `otb_diag/io/rollouts/to_batch.py:make_batch` pads into a batch) and the number of
     rows whose text does not round-trip through the tokenizer."""
     ckpt = options.load(path)
-    tokenized, issues = tokenize_rollouts(
-        rollouts, ckpt.tokenizer, chat_template=options.chat_template
-    )
+    return ckpt, *_tokenized(rollouts, ckpt, options.chat_template)
+
+
+def _tokenized(rollouts: Rollouts, ckpt: Checkpoint, chat_template: bool) -> tuple[Rollouts, int]:
+    """The rollouts tokenized with the checkpoint's tokenizer, every id checked against its
+    vocabulary, and the number of rows whose text does not round-trip."""
+    tokenized, issues = tokenize_rollouts(rollouts, ckpt.tokenizer, chat_template=chat_template)
     check_vocab(tokenized, ckpt.vocab_size)
-    return ckpt, tokenized, len(issues)
+    return tokenized, len(issues)

@@ -20,11 +20,11 @@ AUTO = "auto"
 _said: set[str] = set()
 
 
-def cuda_count() -> int:
+def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def mps_available() -> bool:
+def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
 
@@ -40,7 +40,7 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def env_local_rank() -> int | None:
+def _env_local_rank() -> int | None:
     """This process's GPU slot under torchrun (`LOCAL_RANK` when `WORLD_SIZE` > 1), else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,12 +54,12 @@ def resolve_device(spec: str, *, local_rank: int | None = None) -> torch.device:
     only under torchrun). Under torchrun (`local_rank` given) a bare `cuda` (or `auto` on a GPU
     machine) means `cuda:<local_rank>`, one GPU per process.
     """
-    local_rank = env_local_rank() if local_rank is None else local_rank
+    local_rank = _env_local_rank() if local_rank is None else local_rank
     text = spec.strip().lower()
     if text == AUTO:
-        if cuda_count():
-            device, why = torch.device("cuda"), f"{cuda_count()} CUDA device(s) visible"
-        elif mps_available():
+        if _cuda_count():
+            device, why = torch.device("cuda"), f"{_cuda_count()} CUDA device(s) visible"
+        elif _mps_available():
             device, why = torch.device("mps"), "Apple MPS available, no CUDA"
         else:
             device, why = torch.device("cpu"), "no CUDA or MPS device"
@@ -120,7 +120,7 @@ def _parse_device(text: str, message: str, option: str, hint: str) -> torch.devi
 
 def _check_exists(device: torch.device, spec: str, option: str) -> None:
     if device.type == "cuda":
-        count = cuda_count()
+        count = _cuda_count()
         if count == 0:
             raise InputError(
                 f"--{option} {spec}: this machine has no CUDA device "
@@ -135,7 +135,7 @@ def _check_exists(device: torch.device, spec: str, option: str) -> None:
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).",
                 field=option,
             )
-    elif device.type == "mps" and not mps_available():
+    elif device.type == "mps" and not _mps_available():
         raise InputError(f"--{option} {spec}: MPS is not available here.", field=option)
     elif device.type not in ("cpu", "cuda", "mps"):
         raise InputError(

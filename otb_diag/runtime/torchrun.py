@@ -78,10 +78,6 @@ class Dist:
         _collective(lambda: dist.all_gather_object(out, obj))
         return out
 
-    def share(self, sizes: Sequence[int]) -> list[int]:
-        """This rank's indices of `sizes` (tokens per item), `shard_by_tokens` of the world."""
-        return shard_by_tokens(sizes, self.world_size)[self.rank]
-
     def on_main(self, fn: Callable[[], T]) -> T | None:
         """`fn()` on rank 0 (None elsewhere), with every rank raising its error (`checked`)."""
         return self.checked(lambda: fn() if self.is_main else None)

@@ -50,10 +50,8 @@ def test_every_rank_raises_the_first_failing_ranks_error(monkeypatch) -> None:
     assert halve(8) == 4.0  # nobody failed
 
 
-def test_share_and_on_main() -> None:
-    sizes = [5, 1, 9, 3, 3]
-    shares = [Dist(r, 2).share(sizes) for r in range(2)]
-    assert shares == shard_by_tokens(sizes, 2)
+def test_shards_cover_every_item_once_and_on_main() -> None:
+    shares = shard_by_tokens([5, 1, 9, 3, 3], 2)
     assert sorted(i for s in shares for i in s) == list(range(5))
     assert Dist(0, 1).on_main(lambda: "written") == "written"
     assert Simulated(1, 2, (None, None)).on_main(lambda: "written") is None

@@ -121,13 +121,13 @@ def scan_set(
         opened = open_rollouts(path, reward_columns=reward_columns)
         plain = opened.plain_parquet if columns else None
         part = scan_columns(f, plain) if plain is not None else None
-        scan.add(part if part is not None else scan_rows(f, opened, wanted, on_row))
+        scan.add(part if part is not None else _scan_rows(f, opened, wanted, on_row))
     if wanted is not None and not any(row[4] for row in scan.rows):
         raise InputError(f"no rollout row has a step in {wanted}", path=Path(spec))
     return scan
 
 
-def scan_rows(
+def _scan_rows(
     f: int, opened: RolloutFile, steps: StepRange | None, on_row: OnRow | None = None
 ) -> FileScan:
     """Every row of file `f` decoded and validated, in file order; a row without a step is an

@@ -23,7 +23,7 @@ SKIPPED = (
 )
 
 
-def trainer_of(fmt: str) -> str:
+def _trainer_of(fmt: str) -> str:
     """The trainer a rollout format names ("trl-parquet" -> "trl"; "jsonl" -> "jsonl")."""
     return fmt.split("-")[0]
 
@@ -38,9 +38,9 @@ def audit_share(
     `{"skipped": ...}` when no baseline is known; None without trainer advantages."""
     if batch.trainer_advantage is None:
         return None
-    trainer = trainer_of(rollouts.format)
+    trainer = _trainer_of(rollouts.format)
     documented = trainer_baseline(trainer)
-    recorded = recorded_estimator(rollouts)
+    recorded = _recorded_estimator(rollouts)
     if settings.trainer_baseline is not None:
         baseline, options = resolve_name(settings.trainer_baseline), {}
     elif recorded is not None:
@@ -57,7 +57,7 @@ def audit_share(
     return part
 
 
-def recorded_estimator(rollouts: Rollouts) -> tuple[str, dict[str, Any]] | None:
+def _recorded_estimator(rollouts: Rollouts) -> tuple[str, dict[str, Any]] | None:
     """The estimator the rows record (`advantage_estimator`), one for the whole share; None
     when no row records one. An `InputError` naming the first row that differs from the first
     recording row, or that records none beside rows that do."""
@@ -106,4 +106,4 @@ class AuditParts:
             return {"skipped": SKIPPED}
         if not self.parts:
             return None
-        return {"trainer": trainer_of(fmt), **combine_audits(self.parts)}
+        return {"trainer": _trainer_of(fmt), **combine_audits(self.parts)}

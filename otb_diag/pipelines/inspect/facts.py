@@ -44,7 +44,7 @@ FIELDS = (
 MAX_HISTOGRAM_VALUES = 10
 
 
-def outcome_reward(r: Response) -> float:
+def _outcome_reward(r: Response) -> float:
     """The response's total reward: `reward`, else the sum of its `token_rewards`."""
     return r.reward if r.reward is not None else float(sum(r.token_rewards or ()))
 
@@ -67,7 +67,7 @@ class RowFacts:
         """One more row, of the file at position `file` of the set."""
         key = (file, r.group)
         self.row_group.append(self.group_position.setdefault(key, len(self.group_position)))
-        self.reward.append(outcome_reward(r))
+        self.reward.append(_outcome_reward(r))
         self.tokens.append(-1 if r.response_ids is None else len(r.response_ids))
         self.masked.append(r.mask.count(0) if r.mask is not None else 0)
         self.temperatures.add(r.temperature)

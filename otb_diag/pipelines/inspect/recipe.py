@@ -40,7 +40,7 @@ from otb_diag.pipelines.shell import Stage, run_recipe
 
 __all__ = ["FIELDS", "run_inspect", "summarize"]  # FIELDS: where it was
 # Loads a checkpoint's tokenizer: (tokenizer, vocabulary size).
-TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
+_TokenizerLoader = Callable[[], tuple[TextTokenizer, int]]
 
 
 def summarize(rollouts: Rollouts) -> InspectResult:
@@ -52,7 +52,7 @@ def summarize(rollouts: Rollouts) -> InspectResult:
 
 
 @dataclass(frozen=True)
-class Inspected:
+class _Inspected:
     """What `_inspect` finds: the summary (with the texts that do not round-trip through the
     tokenizer), and the text prompts tokenized without the tokenizer's chat template."""
 
@@ -79,7 +79,7 @@ def run_inspect(
     path = rollouts_or_default(inputs.rollouts, inputs.scenario, say, "rollouts file")
     always_tokenizer = ckpt is not None or inputs.rollouts is None
 
-    def inspect(stage: Stage) -> Inspected:
+    def inspect(stage: Stage) -> _Inspected:
         def tokenizer() -> tuple[TextTokenizer, int]:
             from otb_diag.io.checkpoint import load_tokenizer  # torch: only when rows need it
 
@@ -111,8 +111,8 @@ def round_trip_line(issues: list[str]) -> str:
 
 
 def _inspect(
-    path: Path, load_tokenizer: TokenizerLoader, always_tokenizer: bool, settings: InspectSettings
-) -> Inspected:
+    path: Path, load_tokenizer: _TokenizerLoader, always_tokenizer: bool, settings: InspectSettings
+) -> _Inspected:
     chat_template = settings.load.chat_template
     tokenizer: tuple[TextTokenizer, int] | None = None
     facts = RowFacts()
@@ -139,4 +139,4 @@ def _inspect(
     reward_columns = list(settings.reward_columns) if settings.reward_columns else None
     index = index_rollouts(path, steps=settings.steps, reward_columns=reward_columns, on_row=add)
     summary = facts.summary(index.shell, [str(issue) for issue in issues])
-    return Inspected(summary, untemplated)
+    return _Inspected(summary, untemplated)

@@ -34,13 +34,3 @@ def read_record(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"cannot read the run record: {err}", path=path) from None
-
-
-def read_summary(path: Path) -> Result:
-    """summary.json at `path` (a file, or the run directory holding it) as its result."""
-    path = path / "summary.json" if path.is_dir() else path
-    result = result_from_json(read_record(path), path)
-    if result is None:
-        commands = ", ".join(f"`otb-diag {c}`" for c in RESULTS)
-        raise InputError(f"not a run record written by {commands}", path=path)
-    return result

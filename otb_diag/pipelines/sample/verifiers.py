@@ -66,7 +66,7 @@ def register_verifier(
     return decorator
 
 
-def verifier_names() -> tuple[str, ...]:
+def _verifier_names() -> tuple[str, ...]:
     return tuple(VERIFIERS)
 
 
@@ -120,7 +120,7 @@ def get_verifier(spec: str) -> Verifier:
     if colon and arg.isidentifier() and (name.endswith(".py") or _looks_like_module(name)):
         return Verifier(spec, False, _user_function(name, arg))
     raise InputError(
-        f"unknown verifier '{spec}'; known verifiers: {', '.join(verifier_names())}, or a user "
+        f"unknown verifier '{spec}'; known verifiers: {', '.join(_verifier_names())}, or a user "
         "function as path/to/file.py:fn or module:fn, called as fn(prompt, response, answer)",
         field="verifier",
     )
@@ -167,7 +167,7 @@ def _user_function(where: str, fn_name: str) -> Callable[..., Any]:
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 
 
-def parse_number(text: str) -> float | None:
+def _parse_number(text: str) -> float | None:
     """The number written in `text` (thousands commas allowed), else None."""
     text = text.strip().rstrip(".").replace("$", "")
     if not _NUMBER.fullmatch(text):
@@ -175,7 +175,7 @@ def parse_number(text: str) -> float | None:
     return float(text.replace(",", ""))
 
 
-def last_number(text: str) -> float | None:
+def _last_number(text: str) -> float | None:
     """The last number written in `text` (`-3`, `1,234.5`, `.5`), else None."""
     found = _NUMBER.findall(text)
     return float(found[-1].replace(",", "")) if found else None
@@ -235,10 +235,10 @@ def contains(prompt: str, response: str, answer: str | None, arg: str | None) ->
 )
 def last_number_verifier(prompt: str, response: str, answer: str | None, arg: str | None) -> float:
     tol = _tolerance(arg) if arg else 1e-6
-    expected = parse_number(answer or "")
+    expected = _parse_number(answer or "")
     if expected is None:
         raise ValueError(f"the answer {answer!r} is not a number")
-    found = last_number(response)
+    found = _last_number(response)
     return float(found is not None and _same(found, expected, tol))
 
 
@@ -255,7 +255,7 @@ def boxed(prompt: str, response: str, answer: str | None, arg: str | None) -> fl
     expected = inner if inner is not None else expected
     if found.strip() == expected:
         return 1.0
-    a, b = parse_number(found), parse_number(expected)
+    a, b = _parse_number(found), _parse_number(expected)
     return float(a is not None and b is not None and _same(a, b, 1e-6))
 
 
