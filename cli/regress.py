@@ -39,7 +39,7 @@ def regress(inputs: RegressInputs, settings: RegressSettings, run: RegressRun) -
 
         otb-diag regress --golden golden.json --current runs --junit report.xml
     """
-    from otb_diag.pipelines.regress.check import run_regress
+    from otb_diag.pipelines.regress.recipe import run_regress
 
     outcome = run_regress(inputs, settings, say=note)
     as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote

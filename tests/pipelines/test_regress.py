@@ -28,8 +28,8 @@ from torch import Tensor
 from typer.testing import CliRunner
 
 from otb_diag.maths.estimators import registry
-from otb_diag.pipelines.regress import recipe as regress
-from otb_diag.pipelines.regress.recipe import DEFAULT_TOLERANCE, Tolerance, compare
+from otb_diag.pipelines.regress import golden as regress
+from otb_diag.pipelines.regress.golden import DEFAULT_TOLERANCE, Tolerance, compare
 from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
 
 runner = CliRunner()

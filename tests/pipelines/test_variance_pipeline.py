@@ -201,7 +201,7 @@ PAPER_READING = (
 def test_paper_claim_gives_both_readings_each_named() -> None:
     """Planted headline rows: N′ = 10.8 at N = 4 is a 63 % saving at equal variance, beside
     the paper's > 65 % at equal score (another quantity), and N = 4 ≈ N = 32 not reproduced."""
-    from otb_diag.pipelines.variance.summary import paper_claim
+    from otb_diag.pipelines.variance.conclusions import paper_claim
 
     [v] = paper_claim([claim_row(2, 3.0, "within"), claim_row(4, 10.8, "within")], 16)
     assert (v.mode, v.verdict, v.equivalent_mean_group_size) == ("head", "not reproduced", 10.8)
@@ -214,7 +214,7 @@ def test_paper_claim_gives_both_readings_each_named() -> None:
 
 
 def test_paper_claim_reproduced_and_undecided() -> None:
-    from otb_diag.pipelines.variance.summary import paper_claim
+    from otb_diag.pipelines.variance.conclusions import paper_claim
 
     # N′ = 40 measured: a 90 % saving at equal variance, N = 4 ≈ N = 32 reproduced
     [v] = paper_claim([claim_row(4, 40.0, "within")], 64)

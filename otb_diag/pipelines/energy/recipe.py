@@ -1,5 +1,5 @@
 """`otb-diag energy` end to end: load, measure, tabulate, plot, write. The maths lives in
-`maths/energy/tables.py` and below, the chunked measuring loop in `stream.py`; every output is
+`maths/energy/tables.py` and below, the chunked measuring loop in `measure.py`; every output is
 staged and moved into `--out` only once all of them are written, so a bad input, a failed rank
 or Ctrl-C never leaves a half-written output directory."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
+from otb_diag.pipelines.energy.measure import Measured, measure_and_write
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
-from otb_diag.pipelines.energy.stream import Measured, measure_and_write
 from otb_diag.pipelines.inputs import Inputs, Say, silent
 from otb_diag.pipelines.results.energy import (
     AdvantageAudit,

@@ -10,7 +10,7 @@ from otb_diag.knobs import knob
 
 
 def _default_tolerance() -> str:
-    from otb_diag.pipelines.regress.recipe import DEFAULT_TOLERANCE
+    from otb_diag.pipelines.regress.golden import DEFAULT_TOLERANCE
 
     return str(DEFAULT_TOLERANCE)
 

@@ -20,7 +20,7 @@ from typing import Any
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_text
 from otb_diag.io.provenance import file_sha256
-from otb_diag.pipelines.regress import recipe as regress
+from otb_diag.pipelines.regress import golden as regress
 from otb_diag.pipelines.regress.run_metrics import (
     RECORD_FILES,
     RUN_COMMANDS,

@@ -213,7 +213,7 @@ class ParameterBlock:
 
 @dataclass(frozen=True)
 class FullMode:
-    """How a full-mode measurement was made (`pipelines/variance/summary.py:full_record`):
+    """How a full-mode measurement was made (`pipelines/variance/conclusions.py:full_record`):
     engine, where ‖s_t‖² and the sequence's ‖Σ_t s_t‖² came from, the cost plan
     (`policy/scores/cost.py:FullPlan.as_dict`), the blocks and the measured projection error
     (`maths/variance/blocks.py:projection_error`; empty when not measured)."""

@@ -40,9 +40,7 @@ from otb_diag.pipelines.results.variance import (
     ZeroTailRow,
 )
 from otb_diag.pipelines.shell import Stage, run_recipe
-from otb_diag.pipelines.variance.measure import Measured, measure
-from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
-from otb_diag.pipelines.variance.summary import (
+from otb_diag.pipelines.variance.conclusions import (
     fidelity_rows,
     full_record,
     headline,
@@ -50,6 +48,8 @@ from otb_diag.pipelines.variance.summary import (
     paper_claim,
     write_noise,
 )
+from otb_diag.pipelines.variance.measure import Measured, measure
+from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
 from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.scores.token_scores import proxy_scores

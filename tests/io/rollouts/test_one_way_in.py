@@ -136,7 +136,7 @@ VARIANCE_PATH = [
     "otb_diag.io.batches",
     "otb_diag.io.rollouts.tokenize",
     "otb_diag.io.rollouts.to_batch",
-    "otb_diag.pipelines.variance.summary",
+    "otb_diag.pipelines.variance.conclusions",
 ]
 
 
@@ -200,7 +200,7 @@ def test_variance_compare_follows_the_rollouts_path_once(tmp_path: Path) -> None
 ENERGY_PATH = [
     "otb_diag.pipelines.energy.recipe",
     "otb_diag.pipelines.energy.settings",
-    "otb_diag.pipelines.energy.stream",
+    "otb_diag.pipelines.energy.measure",
     *LOAD_PATH,
     "otb_diag.io.batches",
     "otb_diag.io.rollouts.tokenize",
@@ -215,7 +215,7 @@ def test_energy_follows_the_rollouts_path_once(tmp_path: Path) -> None:
     enters each module of the rollouts' path once, in the order ARCHITECTURE.md writes down."""
     from tiny import save_checkpoint
 
-    from otb_diag.pipelines.energy import stream as energy_stream
+    from otb_diag.pipelines.energy import measure as energy_stream
     from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
     from otb_diag.pipelines.inputs import Inputs
 
@@ -269,7 +269,7 @@ def test_energy_returns_to_no_module(
     index pass (JSON Lines), or a plain Parquet file indexed from its columns and its rows
     decoded only when its chunks are read (the rows' modules are then entered later, once), or
     a directory of both: no module of the rollouts' path is entered again after another one."""
-    from otb_diag.pipelines.energy import stream as energy_stream
+    from otb_diag.pipelines.energy import measure as energy_stream
     from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
     from otb_diag.pipelines.inputs import Inputs
 

@@ -23,7 +23,7 @@ from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.io.rollouts.readers import open_rollouts
 from otb_diag.io.rollouts.scan import scan_columns
 from otb_diag.io.rollouts.stream import index_rollouts, stream_chunks
-from otb_diag.pipelines.energy import stream as energy_stream
+from otb_diag.pipelines.energy import measure as energy_stream
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
 from otb_diag.pipelines.inputs import Inputs
 from otb_diag.pipelines.results.energy import EnergyResult
