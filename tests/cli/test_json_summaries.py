@@ -15,6 +15,7 @@ from otb_diag.pipelines.report.html import text as escaped
 runner = CliRunner()
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_variance_compare_json_is_the_summary(reduced_rollouts: Path, tmp_path: Path) -> None:
     args = ["variance-compare", "--ckpt", str(default_checkpoint()), "--rollouts"]
     args += [str(reduced_rollouts), "--mode", "proxy", "--group-sizes", "2", "--draws", "10"]

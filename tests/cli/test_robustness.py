@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otb_diag.cli.main import app
@@ -60,6 +61,7 @@ def verl_csv_without_proxies(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # fuzzes a whole command with hypothesis (seconds)
 def test_trl_and_verl_logs_without_proxies_give_figures_not_a_traceback(tmp_path: Path) -> None:
     """Measured failure 1: the collapse was found, then matplotlib raised 'Data cannot be
     log-scaled' drawing figure 2 (no variance proxy; zero grad norms)."""
@@ -160,6 +162,7 @@ def assert_clean_exit(result) -> None:
         assert result.stderr.splitlines()[-1].startswith("otb-diag: error: ")
 
 
+@pytest.mark.slow  # fuzzes a whole command with hypothesis (seconds)
 @FUZZ
 @given(rows=training_log())
 def test_fuzzed_training_logs_never_raise(tmp_path: Path, rows: list[dict]) -> None:
@@ -208,6 +211,7 @@ def rollout_rows(draw: st.DrawFn) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # fuzzes a whole command with hypothesis (seconds)
 @FUZZ
 @given(rows=rollout_rows())
 def test_fuzzed_rollout_rows_never_raise(tmp_path: Path, rows: list[dict]) -> None:

@@ -40,6 +40,7 @@ def run_log(seed: int, points: int, surge_at: int | None, lead: int) -> pd.DataF
     surge=st.one_of(st.none(), st.integers(0, 119)),
     lead=st.integers(0, 10),
 )
+@pytest.mark.slow  # replays a whole training log through the watch (seconds)
 def test_watch_matches_the_offline_rule(seed: int, points: int, surge: int | None, lead: int):
     frame = run_log(seed, points, surge, lead)
     rule = DetectionRule()

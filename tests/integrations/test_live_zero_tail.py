@@ -48,6 +48,7 @@ def verl_fields(rows: list[dict]) -> dict:
     }
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_live_metrics_carry_the_zero_tail_split_as_energy_prints_it(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in dumped_step(tmp_path / "fixture.jsonl").open()]
     fields = verl_fields(rows)
@@ -70,6 +71,7 @@ def test_live_metrics_carry_the_zero_tail_split_as_energy_prints_it(tmp_path: Pa
     assert math.isclose(live["otb/groups/mixed_rewards_fraction"], 1 / 3)
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_a_step_whose_every_generation_was_aborted_is_logged_and_read_back(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in dumped_step(tmp_path / "fixture.jsonl").open()]
     for r in rows:

@@ -88,6 +88,7 @@ def data_proto(fields: dict) -> SimpleNamespace:
     )
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_metrics_equal_energy_on_the_dumped_batch(tmp_path: Path) -> None:
     fields = verl_shaped()
     metrics = compute_otb_metrics(data_proto(fields), adv_estimator="optimal_token_baseline")
@@ -155,6 +156,7 @@ def test_bad_batches_get_one_clear_message() -> None:
         compute_otb_metrics(fields, scores=torch.zeros(GROUPS * N - 1, T, 4))
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
     """verl's file logger writes `{"step": n, "data": {...}}` lines; the `otb/` metrics logged
     beside its own come through `dynamics` as columns, a figure and the last values."""
@@ -294,6 +296,7 @@ def _nan_equal(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in b)
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_path: Path) -> None:
     """A verl file log of 5 steps written from `BudgetTracker` (non-finite values left out, as
     JSON cannot hold them): `dynamics` pools the logged split again and gives the tracker's

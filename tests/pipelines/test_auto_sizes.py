@@ -46,6 +46,7 @@ def test_the_help_says_what_auto_means(name: str) -> None:
     assert f"(stats_plan), {STATS_CHUNK} on the CPU" in text
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_variance_compare_plans_the_statistics_pass_and_records_its_sizes(
     tmp_path, monkeypatch
 ) -> None:

@@ -185,6 +185,7 @@ def test_reads_verl_jsonl_file_logger_rows(tmp_path: Path) -> None:
     assert log.frame["baseline"].isna().all()
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_verl_proxy3_beside_the_gradient_norm_is_said_to_mix_units(tmp_path: Path) -> None:
     """proxy3 = (proxy2 − grad_norm²)/(N − 1) subtracts a parameter-space norm from a
     logit-space energy: the run's summary and the printed text say so; proxy2 alone does not."""
@@ -310,6 +311,7 @@ def test_parse_label(label: str, expected: tuple) -> None:
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_cli_writes_every_file(tmp_path: Path) -> None:
     ours = synthetic_run().rename(
         columns={
@@ -425,6 +427,7 @@ def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None
     assert any(len(ln.get_xdata()) == 40 for ln in full)  # the long run's trailing mean
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
     """Four logs, two labels: runs `label#k`, one arm per label with its tokens to the target
     (hand-computed from the planted score) and collapse verdict per run, in collapse.json,

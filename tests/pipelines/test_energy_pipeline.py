@@ -51,6 +51,7 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_energy_writes_every_output(run_dir: Path, rollouts: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = [
@@ -106,6 +107,7 @@ def test_energy_writes_every_output(run_dir: Path, rollouts: Path, tmp_path: Pat
     assert summary["figure_group"] in set(groups["group"])
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_energy_over_a_run_directory_gives_steps(run_dir: Path, rollouts: Path, tmp_path: Path):
     out = tmp_path / "out"
     result = runner.invoke(

@@ -18,6 +18,7 @@ from otb_diag.pipelines.report.sections import Run, energy_tables
 from otb_diag.pipelines.report.verdicts import energy_verdicts
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response(
     tmp_path: Path,
 ) -> None:
@@ -62,6 +63,7 @@ def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response
     assert written["otb"]["zero_tail/proxy2_total_power"] == otb["zero_tail/proxy2_total_power"]
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
     from otb_diag.pipelines.energy.settings import EnergySettings
 
@@ -76,6 +78,7 @@ def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
     assert "OTB/mean" not in result.format()
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_the_report_carries_the_split_the_note_and_the_empty_responses(tmp_path: Path) -> None:
     out = tmp_path / "energy"
     run_energy(Inputs(rollouts=dumped_step(tmp_path / "s.jsonl")), out, model_free=True,

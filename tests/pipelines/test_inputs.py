@@ -59,6 +59,7 @@ def text_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_rollouts(tmp_path_factory.mktemp("data") / "text.jsonl", prompt_ids=False)
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_energy_says_when_prompts_miss_the_chat_template(
     templated: Path, text_rollouts: Path, tmp_path: Path
 ) -> None:
@@ -72,6 +73,7 @@ def test_energy_says_when_prompts_miss_the_chat_template(
     ]
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_model_free_energy_says_it_ignores_the_checkpoint(templated: Path, tmp_path: Path) -> None:
     rollouts = write_rollouts(tmp_path / "ids.jsonl", prompt_ids=True)
     said: list[str] = []

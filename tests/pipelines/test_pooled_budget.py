@@ -56,6 +56,7 @@ def trainer_state(path: Path, entries: list[dict]) -> Path:
     return path / "trainer_state.json"
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
     entries = logged_steps(60, 2, 0.5)
     state = trainer_state(tmp_path / "run", entries)
@@ -82,6 +83,7 @@ def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
     assert run.budget[0].sentence in result.format()
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
     """A strong signal over 60 split steps is resolved: the sentence names the knee and its
     interval; a zero-mean signal is not: the sentence says so with its steps and prompts."""
@@ -97,6 +99,7 @@ def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
     assert "|G|² is not resolved after 60 steps (480 prompts)" in none.sentence
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
     tmp_path: Path,
 ) -> None:
@@ -118,6 +121,7 @@ def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
 SMOLLM2_RUN = Path(__file__).parent / "smollm2_trl_state.json"
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> None:
     """Every split step's window pool, pooled again from the log, equals what `attach` logged
     live (exactly: the same floats, the same order); the answer is docs/live.md's: OTB's |G|²
@@ -147,6 +151,7 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
     assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
     """`report` on the real run's dynamics directory: its first verdicts are the pooled
     sentences, one per estimator, before the collapse verdict."""

@@ -78,6 +78,7 @@ def flip_largest_advantage(fn: registry.BaselineFn) -> registry.BaselineFn:
     return flipped
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_a_flipped_advantage_fails(
     runs: Path, reduced_rollouts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,6 +117,7 @@ def test_a_shifted_variance_fails(runs: Path, tmp_path: Path) -> None:
     assert all("/otb/" in name for name in failing)
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_a_reseeded_variance_run_passes(runs: Path, reduced_rollouts: Path, tmp_path: Path) -> None:
     run_variance(reduced_rollouts, tmp_path / "variance", seed=1)
     copy_run(runs, tmp_path, "energy")
@@ -166,6 +168,7 @@ def test_junit_report_counts_failures(runs: Path, tmp_path: Path) -> None:
     assert failures["energy/proxies/otb/made_up"].get("message", "").startswith("missing:")
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_update_writes_atomically_and_reports_changes(
     runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,6 +167,7 @@ def test_sections_come_in_order_and_verdicts_are_read_from_the_runs(
     assert "Absent" not in verdicts
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_provenance_command_reproduces_the_energy_run(report: Path, all_runs: Path) -> None:
     """The page's energy command, rerun into another directory, writes the same numbers."""
     page = report.read_text(encoding="utf-8")
@@ -203,6 +204,7 @@ def test_dynamics_only(dynamics_dir: Path, tmp_path: Path) -> None:
     assert "no energy run" in text and "no variance-compare run" in text
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_variance_without_full_mode(reduced_rollouts: Path, tmp_path: Path) -> None:
     run_variance(
         reduced_rollouts,

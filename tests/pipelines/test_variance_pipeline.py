@@ -80,6 +80,7 @@ def run(inputs, out: Path, *extra: str):
     )
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = run(inputs, out, "--mode", "proxy,head,full", "--group-sizes", "2,4,8")
@@ -244,6 +245,7 @@ def test_paper_claim_reproduced_and_undecided() -> None:
 BLOCK_COLUMNS = ["block", *COLUMNS, "draws", "groups", "constant_groups", "equivalent_range"]
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_full_mode_by_block_in_forward_mode(inputs, tmp_path: Path) -> None:
     """`--by-block --engine jvp`: variance_blocks.csv (columns as documented; blocks sum to the
     total), a fidelity row per block, and the summary's account of the engine and its error."""
@@ -277,6 +279,7 @@ def test_full_mode_over_budget_is_refused(inputs, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "field 'budget'" in bad.stderr
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_a_step_range_of_a_dump_directory(inputs, tmp_path: Path) -> None:
     """`--rollouts DIR --steps A-B` (verl's rollout_data_dir, one file per step): only the pools
     of those steps are measured; group ids repeated across files stay apart."""

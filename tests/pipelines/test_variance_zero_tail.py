@@ -41,6 +41,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "checkpoint-3", path
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_otb_with_and_without_the_zero_tail_side_by_side(inputs, tmp_path: Path) -> None:
     ckpt, rollouts = inputs
     out = tmp_path / "vc"

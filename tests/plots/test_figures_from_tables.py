@@ -277,6 +277,7 @@ BOUNDS = st.one_of(
         min_size=1, max_size=8,
     )
 )  # fmt: skip
+@pytest.mark.slow  # renders whole figures to PNG and PDF (seconds)
 def test_figures_with_intervals_draw_any_bounds(rows) -> None:
     """A figure never fails a command: the knee figure and the variance figure draw arbitrary
     finite, infinite and NaN points and bounds (matplotlib refuses a negative error bar), and

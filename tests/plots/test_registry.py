@@ -95,6 +95,7 @@ class FakeFigures:
     name: str | None = None
 
 
+@pytest.mark.slow  # renders whole figures to PNG and PDF (seconds)
 def test_save_figures_draws_what_the_data_allows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -261,6 +261,7 @@ def test_no_module_is_returned_to(tmp_path: Path, kind: str) -> None:
     assert [m for m in path if m in entries] == entries  # the order of the one path
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 @pytest.mark.parametrize("kind", ["plain-jsonl", "plain-parquet", "two-files"])
 def test_energy_returns_to_no_module(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch

@@ -148,6 +148,7 @@ def run(rollouts: Path, out: Path) -> EnergyResult:
     return result
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_energy_over_chunks_of_parquet_equals_jsonl(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,6 +214,7 @@ def count_opens(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     [("parquet", False), ("parquet", True), ("both", False), ("both", True)],
     ids=["parquet-columns", "parquet-rows", "both-columns", "both-rows"],
 )
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_each_file_is_opened_once_per_pass(
     kind: str, validate: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

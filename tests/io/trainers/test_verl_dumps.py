@@ -145,6 +145,7 @@ def test_v1_dump_reads_as_the_v0_groups(tmp_path: Path) -> None:
     assert members(v1) == members(v0)  # V1's sort by (uid, session) is the sampling order
 
 
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_every_command_reads_v1_groups_whole(tmp_path: Path) -> None:
     """`rollouts inspect` counts one group per prompt and no singletons; `energy --model-free`
     gives the V0 dump's numbers."""
