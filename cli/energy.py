@@ -10,14 +10,13 @@ from otb_diag.cli.options import OUT_DIR, Measuring, command
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.energy.settings import EnergySettings
+from otb_diag.pipelines.inputs import EnergyInputs
 
 
 @dataclass(frozen=True)
 class EnergyRun(Measuring):
+    inputs: EnergyInputs = EnergyInputs()  # --ckpt, --rollouts, --scenario, --model-free
     out: Path = knob(Path("otb-energy"), OUT_DIR)
-    model_free: bool = knob(
-        False, help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable)."
-    )
 
 
 @command
@@ -38,7 +37,6 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
         run.inputs,
         run.out,
         settings,
-        model_free=run.model_free,
         progress=not run.quiet,
         say=note,
     )

@@ -15,7 +15,7 @@ from otb_diag.pipelines.energy import recipe as energy_recipe
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.figures.recipe import run_figures
 from otb_diag.pipelines.figures.settings import FiguresSettings
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs, Inputs
 from otb_diag.pipelines.report.recipe import run_report
 from otb_diag.pipelines.report.settings import ReportInputs
 from otb_diag.pipelines.results.dynamics import DynamicsResult
@@ -92,9 +92,11 @@ def energy(
 ) -> EnergyResult | None:
     """`run_energy` of `rollouts` under `ckpt` (or `model_free`) with `EnergySettings(**settings)`,
     without progress bars."""
-    given = Inputs(ckpt=None if ckpt is None else [ckpt], rollouts=rollouts)
+    given = EnergyInputs(
+        ckpt=None if ckpt is None else [ckpt], rollouts=rollouts, model_free=model_free
+    )
     measured = EnergySettings(**settings)
-    return energy_recipe.run_energy(given, out, measured, model_free=model_free, progress=False)
+    return energy_recipe.run_energy(given, out, measured, progress=False)
 
 
 def report(dirs: list[Path], out: Path, golden: Path | None = None) -> ReportResult:

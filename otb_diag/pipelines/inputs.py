@@ -62,6 +62,16 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class EnergyInputs(Inputs):
+    """What `energy` reads: `Inputs`, or with `model_free` no checkpoint at all (the rollouts'
+    own logprobs and sum_pi2 stand in for the model's)."""
+
+    model_free: bool = knob(
+        False, help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable)."
+    )
+
+
+@dataclass(frozen=True)
 class SampleInputs:
     """The files `rollouts sample` was given: the prompts, and the checkpoint to sample from
     (--ckpt: one path, or the command line's list, holding at most one; the embedded default

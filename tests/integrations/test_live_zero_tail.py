@@ -18,7 +18,7 @@ from zero_tail_step import dumped_step
 
 from otb_diag.integrations.verl import compute_otb_metrics, dump_batch
 from otb_diag.pipelines.energy.recipe import run_energy
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs
 from otb_diag.plots.dynamics import LIVE_DASHED, LIVE_PANELS, fig_live_otb
 
 
@@ -55,7 +55,9 @@ def test_live_metrics_carry_the_zero_tail_split_as_energy_prints_it(tmp_path: Pa
     live = compute_otb_metrics(fields, adv_estimator=None, temperature=1.0)
     assert live["otb/groups/empty_responses"] == 1.0
     dumped = dump_batch(fields, tmp_path / "dumps", step=22)  # the empty row is written
-    energy = run_energy(Inputs(rollouts=dumped), tmp_path / "e", model_free=True, progress=False)
+    energy = run_energy(
+        EnergyInputs(model_free=True, rollouts=dumped), tmp_path / "e", progress=False
+    )
     assert energy is not None and energy.totals.empty_responses == 1
     otb, mean = energy.proxies["otb"], energy.proxies["mean"]
     for p in ("proxy2_total_power", "token_total_power"):
@@ -82,7 +84,9 @@ def test_a_step_whose_every_generation_was_aborted_is_logged_and_read_back(tmp_p
     assert live["otb/proxy/otb/proxy2_total_power"] == 0.0
     assert live["otb/energy/sequence_mean"] == 0.0
     dumped = dump_batch(fields, tmp_path / "dumps", step=1)
-    energy = run_energy(Inputs(rollouts=dumped), tmp_path / "e", model_free=True, progress=False)
+    energy = run_energy(
+        EnergyInputs(model_free=True, rollouts=dumped), tmp_path / "e", progress=False
+    )
     assert energy is not None and energy.totals.empty_responses == 12
     assert energy.totals.generated_tokens == 0
     assert "12 responses with no generated token" in energy.format()

@@ -12,7 +12,7 @@ import pytest
 from zero_tail_step import LONGEST, SECOND, W_BODY, W_TAIL, dumped_step
 
 from otb_diag.pipelines.energy.recipe import run_energy
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs
 from otb_diag.pipelines.regress.run_metrics import find_runs
 from otb_diag.pipelines.report.sections import Run, energy_tables
 from otb_diag.pipelines.report.verdicts import energy_verdicts
@@ -24,7 +24,7 @@ def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response
 ) -> None:
     rollouts = dumped_step(tmp_path / "step_000022.jsonl")
     out = tmp_path / "energy"
-    result = run_energy(Inputs(rollouts=rollouts), out, model_free=True, progress=False)
+    result = run_energy(EnergyInputs(rollouts=rollouts, model_free=True), out, progress=False)
     assert result is not None
     rows = 12  # every response counts in the proxies' means, the empty one included (verl)
     otb, mean = result.proxies["otb"], result.proxies["mean"]
@@ -70,7 +70,7 @@ def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
     rollouts = dumped_step(tmp_path / "step.jsonl")
     settings = EnergySettings(handle_zero_tail=False)
     result = run_energy(
-        Inputs(rollouts=rollouts), tmp_path / "e", settings, model_free=True, progress=False
+        EnergyInputs(rollouts=rollouts, model_free=True), tmp_path / "e", settings, progress=False
     )
     assert result is not None
     assert result.proxies["otb"]["zero_tail/proxy2_total_power"] == 0.0
@@ -81,8 +81,8 @@ def test_without_the_zero_tail_otbs_tail_part_is_zero(tmp_path: Path) -> None:
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_the_report_carries_the_split_the_note_and_the_empty_responses(tmp_path: Path) -> None:
     out = tmp_path / "energy"
-    run_energy(Inputs(rollouts=dumped_step(tmp_path / "s.jsonl")), out, model_free=True,
-               progress=False)  # fmt: skip
+    given = EnergyInputs(rollouts=dumped_step(tmp_path / "s.jsonl"), model_free=True)
+    run_energy(given, out, progress=False)
     ((_, _, result),) = find_runs(out)  # summary.json read back, as `report` reads it
     (verdict,) = energy_verdicts(result, "step 22")
     otb, mean = result.proxies["otb"], result.proxies["mean"]

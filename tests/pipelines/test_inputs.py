@@ -14,7 +14,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts
 from otb_diag.pipelines import rl_training
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs, Inputs
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
 
 runner = CliRunner()
@@ -64,7 +64,7 @@ def test_energy_says_when_prompts_miss_the_chat_template(
     templated: Path, text_rollouts: Path, tmp_path: Path
 ) -> None:
     said: list[str] = []
-    given = Inputs(ckpt=[templated], rollouts=text_rollouts)
+    given = EnergyInputs(ckpt=[templated], rollouts=text_rollouts)
     run_energy(given, tmp_path / "out", EnergySettings(), progress=False, say=said.append)
     assert said == [
         "note: 6 prompts were tokenized without the checkpoint's chat template; trainers dump "
@@ -77,8 +77,8 @@ def test_energy_says_when_prompts_miss_the_chat_template(
 def test_model_free_energy_says_it_ignores_the_checkpoint(templated: Path, tmp_path: Path) -> None:
     rollouts = write_rollouts(tmp_path / "ids.jsonl", prompt_ids=True)
     said: list[str] = []
-    given = Inputs(ckpt=[templated], rollouts=rollouts)
-    result = run_energy(given, tmp_path / "out", model_free=True, progress=False, say=said.append)
+    given = EnergyInputs(ckpt=[templated], rollouts=rollouts, model_free=True)
+    result = run_energy(given, tmp_path / "out", progress=False, say=said.append)
     assert said == ["--model-free given: ignoring --ckpt"]
     assert result is not None and result.mode == "model-free"
     args = ["energy", "--model-free", "--ckpt", str(templated), "--rollouts", str(rollouts)]

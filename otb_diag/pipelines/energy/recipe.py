@@ -12,7 +12,7 @@ from otb_diag.io.provenance import library_versions
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
 from otb_diag.pipelines.energy.measure import Measured, measure_and_write
 from otb_diag.pipelines.energy.settings import EnergySettings as EnergySettings
-from otb_diag.pipelines.inputs import Inputs, Say, silent
+from otb_diag.pipelines.inputs import EnergyInputs, Say, silent
 from otb_diag.pipelines.results.energy import (
     AdvantageAudit,
     AuditSkipped,
@@ -26,28 +26,27 @@ from otb_diag.pipelines.shell import Stage, run_recipe
 
 
 def run_energy(
-    inputs: Inputs,
+    inputs: EnergyInputs,
     out: Path,
     settings: EnergySettings = EnergySettings(),
     *,
-    model_free: bool = False,
     progress: bool = True,
     say: Say = silent,
 ) -> EnergyResult | None:
     """Measure the rollouts of `inputs` under each of its checkpoints (model-free, from the
-    rollouts' own logprobs and sum_pi2, with `model_free`), write tokens.parquet, sequences.csv,
-    groups.csv, proxies.json, the figures and summary.json into `out`, and return the result
-    (summary.json is its `to_json()`). An omitted --ckpt or --rollouts is the scenario's, said
-    through `say`, as are prompts tokenized without the chat template.
+    rollouts' own logprobs and sum_pi2, with `inputs.model_free`), write tokens.parquet,
+    sequences.csv, groups.csv, proxies.json, the figures and summary.json into `out`, and return
+    the result (summary.json is its `to_json()`). An omitted --ckpt or --rollouts is the
+    scenario's, said through `say`, as are prompts tokenized without the chat template.
 
     The rollouts stream through in chunks of groups (`io/rollouts/stream.py`), so memory is set
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""
     rollouts_path = inputs.rollouts_path(say)
-    if model_free and inputs.ckpt:
+    if inputs.model_free and inputs.ckpt:
         say("--model-free given: ignoring --ckpt")
-    checkpoints = [] if model_free else inputs.checkpoint_dirs(say)
+    checkpoints = [] if inputs.model_free else inputs.checkpoint_dirs(say)
     result = _measure(checkpoints, rollouts_path, out, settings, progress)
     untemplated = result.totals.prompts_without_chat_template if result is not None else 0
     if untemplated:

@@ -28,7 +28,7 @@ from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.figures.settings import FiguresSettings
 from otb_diag.pipelines.figures.training_pool import TrainingJob, run_trainings
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs, Inputs
 from otb_diag.pipelines.results.figures import CollapseSteps, FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
@@ -113,7 +113,9 @@ def run_figures(
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    run_energy(Inputs(ckpt=checkpoints, rollouts=rollouts), runs / "energy", progress=progress)
+    run_energy(
+        EnergyInputs(ckpt=checkpoints, rollouts=rollouts), runs / "energy", progress=progress
+    )
     kept.keep(
         runs / "energy",
         _kept("energy"),

@@ -217,7 +217,7 @@ def test_energy_follows_the_rollouts_path_once(tmp_path: Path) -> None:
 
     from otb_diag.pipelines.energy import measure as energy_stream
     from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
-    from otb_diag.pipelines.inputs import Inputs
+    from otb_diag.pipelines.inputs import EnergyInputs
 
     save_checkpoint(tmp_path / "checkpoint-3", seed=3)
     run = trl_dump(tmp_path / "run", samples=4)
@@ -225,7 +225,7 @@ def test_energy_follows_the_rollouts_path_once(tmp_path: Path) -> None:
 
     def call() -> None:
         nonlocal result
-        inputs = Inputs(ckpt=[tmp_path / "checkpoint-3"], rollouts=run)
+        inputs = EnergyInputs(ckpt=[tmp_path / "checkpoint-3"], rollouts=run)
         out = tmp_path / "out"
         with unwritten_figures():  # the plots are off the path: rendering them is only time
             result = run_energy(inputs, out, EnergySettings(steps="2"), progress=False)
@@ -272,7 +272,7 @@ def test_energy_returns_to_no_module(
     a directory of both: no module of the rollouts' path is entered again after another one."""
     from otb_diag.pipelines.energy import measure as energy_stream
     from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
-    from otb_diag.pipelines.inputs import Inputs
+    from otb_diag.pipelines.inputs import EnergyInputs
 
     monkeypatch.setattr(energy_stream, "CHUNK_TOKENS", 60)
     spec: Path = tmp_path / "dumps"
@@ -284,7 +284,7 @@ def test_energy_returns_to_no_module(
 
     def call() -> None:
         settings = EnergySettings()
-        run_energy(Inputs(rollouts=spec), tmp_path / "out", settings, model_free=True)
+        run_energy(EnergyInputs(rollouts=spec, model_free=True), tmp_path / "out", settings)
 
     entries = module_entries(call, on_rollouts_path("energy"))
     assert len(entries) == len(set(entries)), entries

@@ -25,7 +25,7 @@ from otb_diag.io.rollouts.scan import scan_columns
 from otb_diag.io.rollouts.stream import index_rollouts, stream_chunks
 from otb_diag.pipelines.energy import measure as energy_stream
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
-from otb_diag.pipelines.inputs import Inputs
+from otb_diag.pipelines.inputs import EnergyInputs
 from otb_diag.pipelines.results.energy import EnergyResult
 
 
@@ -142,8 +142,8 @@ def test_column_scan_leaves_json_lines_and_trainer_dumps_to_the_row_scan(tmp_pat
 
 
 def run(rollouts: Path, out: Path) -> EnergyResult:
-    given = Inputs(rollouts=rollouts)
-    result = run_energy(given, out, EnergySettings(), model_free=True, progress=False)
+    given = EnergyInputs(rollouts=rollouts, model_free=True)
+    result = run_energy(given, out, EnergySettings(), progress=False)
     assert result is not None
     return result
 
