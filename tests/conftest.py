@@ -58,23 +58,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct as a .gguf file (tests/real_model.py): downloaded once, cached."""
     return smollm2_gguf()
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same model converted to a Hugging Face directory: safetensors weights, tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("smollm2-hf")
-    kwargs = {"gguf_file": smollm2.name}
-    model = AutoModelForCausalLM.from_pretrained(smollm2.parent, dtype=torch.float32, **kwargs)
-    # transformers marks a model read from GGUF as quantized and will not save it: copy the
-    # de-quantized float weights into a plain model of the same config.
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(smollm2.parent, **kwargs).save_pretrained(out)
-    return out

@@ -1,22 +1,37 @@
 """A real pretrained chat model end to end: SmolLM2-135M-Instruct (49k vocabulary, tied
-embeddings, a chat template, EOS handling), loaded from its .gguf file and from a converted
-safetensors directory; `rollouts sample` on it, its statistics against an independent forward
-pass and autograd, then `energy`, `variance-compare --mode proxy,head` and `report` on the pools."""
+embeddings, a chat template, EOS handling), loaded from its .gguf file and from a safetensors
+directory converted from it; `rollouts sample` on the .gguf, its statistics against an independent
+forward pass and autograd, then `energy`, `variance-compare` (proxy, head) and `report` on the
+pools. Loading the .gguf is most of the time (its tokenizer is rebuilt from the file's
+vocabulary): it is loaded twice, by the `loaded` fixture and by `rollouts sample`; the other
+commands load the converted directory, the same float32 weights (the first test). Pools are the
+smallest that show each assertion: 3 prompts x 4 responses of at most 16 tokens."""
 
+import copy
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
-from otb_diag.cli.main import app
-from typer.testing import CliRunner
+from small_runs import energy, report
+from transformers import AutoModelForCausalLM
+from unwritten_figures import unwritten_figures
 
 from otb_diag.io.checkpoint import Checkpoint, find_checkpoints, load_checkpoint
+from otb_diag.io.load_options import LoadOptions
+from otb_diag.pipelines.inputs import Inputs, SampleInputs
+from otb_diag.pipelines.sample.recipe import run_sample
+from otb_diag.pipelines.sample.settings import SampleSettings
+from otb_diag.pipelines.variance.recipe import run_variance
+from otb_diag.pipelines.variance.settings import VarianceSettings
 from otb_diag.policy.forward_pass import stats_for_sequences
+from otb_diag.policy.sampling_options import Sampling
 
 pytestmark = pytest.mark.slow
-runner = CliRunner()
 TAU = 0.8
+N, MAX_NEW = 4, 16  # responses per prompt (group size 2 ≤ M/2 for variance-compare), tokens
+FLOAT32 = LoadOptions(dtype="float32")
 PROMPTS = [
     {"prompt": "What is 7 + 5? Answer with the number only.", "answer": "12"},
     {
@@ -28,58 +43,54 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
+def loaded(smollm2: Path) -> Checkpoint:
+    """The .gguf model loaded once (de-quantized to float32) for the tests that read it."""
+    return load_checkpoint(smollm2, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def converted(loaded: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`loaded` saved as a Hugging Face directory: safetensors weights, tokenizer."""
+    out = tmp_path_factory.mktemp("smollm2-hf")
+    # transformers marks a model read from GGUF as quantized and will not save it: copy the
+    # de-quantized float weights into a plain model of the same config (a copy: `loaded` is
+    # shared and keeps its own).
+    config = copy.deepcopy(loaded.model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.model.state_dict())
+    plain.save_pretrained(out, safe_serialization=True)
+    loaded.tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def pools(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("real")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     out = root / "pools"
-    result = runner.invoke(
-        app,
-        [
-            "rollouts",
-            "sample",
-            "--ckpt",
-            str(smollm2),
-            "--prompts",
-            str(prompts),
-            "--n",
-            "8",
-            "--max-new-tokens",
-            "24",
-            "--temperature",
-            str(TAU),
-            "--verifier",
-            "contains",
-            "--dtype",
-            "float32",
-            "--seed",
-            "1",
-            "--out",
-            str(out),
-            "--quiet",
-        ],
+    settings = SampleSettings(
+        n=N,
+        sampling=Sampling(temperature=TAU, max_new_tokens=MAX_NEW),
+        seed=1,
+        verifier="contains",
+        load=FLOAT32,
     )
-    assert result.exit_code == 0, result.output
+    assert run_sample(SampleInputs(prompts, smollm2), out, settings, progress=False) is not None
     return out
-
-
-@pytest.fixture(scope="module")
-def loaded(smollm2: Path) -> Checkpoint:
-    """The .gguf model loaded once (de-quantized to float32) for the tests that read it."""
-    return load_checkpoint(smollm2, dtype="float32")
 
 
 def rows_of(pools: Path) -> list[dict]:
     return [json.loads(line) for line in (pools / "rollouts.jsonl").read_text().splitlines()]
 
 
-def test_gguf_and_converted_safetensors_load_to_the_same_model(
-    smollm2, smollm2_dir, loaded
-) -> None:
+def test_gguf_and_converted_safetensors_load_to_the_same_model(smollm2, converted, loaded) -> None:
     assert find_checkpoints(smollm2) == [smollm2]
     a = loaded
-    b = load_checkpoint(smollm2_dir, dtype="float32")
+    b = load_checkpoint(converted, dtype="float32")
     assert a.vocab_size == b.vocab_size == 49152 and a.model.config.tie_word_embeddings
     ids = torch.tensor([a.tokenizer("The capital of France is")["input_ids"]])
     with torch.no_grad():
@@ -91,7 +102,7 @@ def test_gguf_and_converted_safetensors_load_to_the_same_model(
 def test_sampled_pools_carry_exact_chat_ids_eos_and_truncation(pools, loaded) -> None:
     rows = rows_of(pools)
     tok = loaded.tokenizer
-    assert len(rows) == 24 and len({r["group"] for r in rows}) == 3
+    assert len(rows) == N * len(PROMPTS) and len({r["group"] for r in rows}) == len(PROMPTS)
     text = tok.apply_chat_template(
         [{"role": "user", "content": PROMPTS[0]["prompt"]}],
         add_generation_prompt=True,
@@ -101,10 +112,10 @@ def test_sampled_pools_carry_exact_chat_ids_eos_and_truncation(pools, loaded) ->
     for r in rows:
         ended = r["response_ids"][-1] == tok.eos_token_id
         assert r["truncated"] != ended
-        assert r["truncated"] == (len(r["response_ids"]) == 24) or ended
+        assert r["truncated"] == (len(r["response_ids"]) == MAX_NEW) or ended
         assert r["reward"] == float(PROMPTS[int(r["group"][1:])]["answer"] in r["response"])
     manifest = json.loads((pools / "manifest.json").read_text())
-    assert manifest["settings"]["from_policy"] and manifest["responses"] == 24
+    assert manifest["settings"]["from_policy"] and manifest["responses"] == N * len(PROMPTS)
 
 
 def test_logged_statistics_match_an_independent_forward_and_autograd(pools, loaded) -> None:
@@ -132,64 +143,20 @@ def test_logged_statistics_match_an_independent_forward_and_autograd(pools, load
         assert torch.allclose(stats.w, autograd_w, rtol=1e-4 + 20 * gap, atol=1e-7)
 
 
-def test_energy_variance_compare_and_report_run_on_the_pools(pools, smollm2, tmp_path) -> None:
-    energy = runner.invoke(
-        app,
-        [
-            "energy",
-            "--ckpt",
-            str(smollm2),
-            "--rollouts",
-            str(pools),
-            "--out",
-            str(tmp_path / "energy"),
-            "--dtype",
-            "float32",
-            "--quiet",
-            "--json",
-        ],
-    )
-    assert energy.exit_code == 0, energy.output
-    tokens = __import__("pandas").read_parquet(tmp_path / "energy/tokens.parquet")
+def test_energy_variance_compare_and_report_run_on_the_pools(pools, converted, tmp_path) -> None:
+    # The figures are drawn, not rendered: their files are the commands' own tests' business.
+    with unwritten_figures():
+        energy(pools, tmp_path / "energy", ckpt=converted, load=FLOAT32)
+        settings = VarianceSettings(
+            modes=("proxy", "head"), group_sizes=(2,), draws=20, bootstrap=50, load=FLOAT32
+        )
+        given = Inputs(ckpt=[converted], rollouts=pools)
+        run_variance(given, tmp_path / "variance", settings, progress=False)
+    tokens = pd.read_parquet(tmp_path / "energy/tokens.parquet")
     logged = [lp for r in rows_of(pools) for lp in r["logprobs"]]
     assert len(tokens) == len(logged)
     assert (tokens["logprob"] - torch.tensor(logged).numpy()).abs().max() < 1e-4
-    variance = runner.invoke(
-        app,
-        [
-            "variance-compare",
-            "--ckpt",
-            str(smollm2),
-            "--rollouts",
-            str(pools),
-            "--mode",
-            "proxy,head",
-            "--group-sizes",
-            "2,4",
-            "--draws",
-            "20",
-            "--bootstrap",
-            "50",
-            "--out",
-            str(tmp_path / "variance"),
-            "--dtype",
-            "float32",
-            "--quiet",
-            "--json",
-        ],
-    )
-    assert variance.exit_code == 0, variance.output
-    table = __import__("pandas").read_csv(tmp_path / "variance/variance.csv")
+    table = pd.read_csv(tmp_path / "variance/variance.csv")
     assert set(table["mode"]) == {"proxy", "head"} and (table["variance"] > 0).all()
-    report = runner.invoke(
-        app,
-        [
-            "report",
-            str(tmp_path / "energy"),
-            str(tmp_path / "variance"),
-            "--out",
-            str(tmp_path / "report.html"),
-        ],
-    )
-    assert report.exit_code == 0, report.output
+    report([tmp_path / "energy", tmp_path / "variance"], tmp_path / "report.html")
     assert "OTB" in (tmp_path / "report.html").read_text()
