@@ -21,6 +21,7 @@ import torch
 from launch import torchrun
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 from otb_diag.io.atomic import staged_output
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
@@ -52,7 +53,10 @@ def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
 
 
 def one_process(*args: str | Path) -> None:
-    result = runner.invoke(app, [str(a) for a in args])
+    """`otb-diag ARGS` in this process, its figures drawn, not rendered (the tests compare the
+    outputs' names, the figures' files are tested in tests/cli and tests/plots)."""
+    with unwritten_figures():
+        result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
 
 

@@ -5,8 +5,9 @@ rank pays the start-up (torch, transformers) once, not once a command.
 
 COMMANDS_JSON maps a name to the command's arguments. Inside one `session()` (the commands'
 own `session()` joins the group it opened, runtime/torchrun.py:session), each rank runs every
-command in turn as `otb-diag ARGS` would, its stdout into `OUT/NAME.rank{r}.out`, and writes
-`OUT/rank{r}.json`: every command's exit status and, after the session is left, the names of
+command in turn as `otb-diag ARGS` would, its figures drawn, not rendered (the test compares
+the outputs' names; tests/unwritten_figures.py), its stdout into `OUT/NAME.rank{r}.out`, and
+writes `OUT/rank{r}.json`: every command's exit status and, after the session is left, the names of
 the process's threads (gloo's must be gone with the group)."""
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from otb_diag.cli.main import app
 
 from otb_diag.runtime.torchrun import session
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/, as pytest's `pythonpath`
+from unwritten_figures import unwritten_figures  # noqa: E402
+
 
 def run(args: list[str]) -> int:
     """`otb-diag ARGS` in this process: its exit status."""
@@ -33,7 +37,7 @@ def run(args: list[str]) -> int:
 
 def main(out: Path, commands: dict[str, list[str]]) -> None:
     codes = {}
-    with session() as d:
+    with session() as d, unwritten_figures():
         for name, args in commands.items():
             stdout = out / f"{name}.rank{d.rank}.out"
             with stdout.open("w") as f, contextlib.redirect_stdout(f):
