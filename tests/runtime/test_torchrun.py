@@ -1,10 +1,10 @@
 """torchrun (the tests marked `torchrun`): 2 gloo processes on the CPU write what 1 process
 writes (energy, also over a directory of step files with --steps and the advantage audit;
 variance-compare proxy/head/full; rollouts inspect prints the same; one launch runs them all,
-tests/runtime/torchrun_commands.py), a rank's own bad input
-stops every rank with one paragraph, more ranks than groups is refused. In this process, without
-a launch: `--device-map auto` measures what a plain load measures, `--device auto` in every
---help, device errors, staging clean-up, and the sharding and proxy-combining rules."""
+tests/runtime/torchrun_commands.py), a rank's own bad input stops every rank with one
+paragraph, more ranks than groups is refused. In this process, without a launch:
+`--device-map auto` measures what a plain load measures, `--device auto` in every --help,
+device errors, staging clean-up, and the sharding and proxy-combining rules."""
 
 from __future__ import annotations
 
