@@ -38,6 +38,7 @@ SCRIPT = Path(__file__).with_name("trl_torchrun.py")
 PROCESSES, PER_STEP, ACCUMULATION, STEPS = 2, 2, 3, 2
 ROWS = PROCESSES * PER_STEP * ACCUMULATION  # a step's generation batch
 SPLIT_K = 16  # trl_torchrun.SPLIT_K
+TRAINERS = ("GRPOTrainer", "RLOOTrainer")
 # What the logged entry holds beside the step's metrics: the collapse watch and the split's
 # pools (over steps), the all-parameter estimate of DDP's all-reduce, and where Σπ² came from.
 NOT_STEP_METRICS = (
@@ -48,15 +49,20 @@ NOT_STEP_METRICS = (
 )
 
 
-@pytest.fixture(scope="module", params=["GRPOTrainer", "RLOOTrainer"])
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run's folder, named for the trainer (`SUPPORTED`'s key) it ran."""
-    out = tmp_path_factory.mktemp("two-processes") / request.param
-    kind = ["rloo"] if request.param == "RLOOTrainer" else []
-    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, *kind, script=SCRIPT)
+@pytest.fixture(scope="module")
+def trainings(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both trainers' runs, one after the other in one launch (each process starts once)."""
+    out = tmp_path_factory.mktemp("two-processes")
+    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, *TRAINERS, script=SCRIPT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "switched off" not in result.stderr, result.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module", params=TRAINERS)
+def run(request: pytest.FixtureRequest, trainings: Path) -> Path:
+    """The run's folder, named for the trainer (`SUPPORTED`'s key) it ran."""
+    return trainings / request.param
 
 
 def logged(out: Path) -> list[dict[str, float]]:
@@ -157,8 +163,9 @@ def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: P
     """The split's scores fail on process 1 only, at step 1: it says so once, hands the error
     over at that step's gather, and both processes stop there together (neither waits for the
     other at a later gather); the training runs its steps to the end."""
-    out = tmp_path / "run"
-    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, "fail", script=SCRIPT)
+    args = (PER_STEP, ACCUMULATION, STEPS, "fail", "GRPOTrainer")
+    result = torchrun(PROCESSES, tmp_path, *args, script=SCRIPT)
+    out = tmp_path / "GRPOTrainer"
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("otb-diag live diagnostics switched off") == 1
     assert "switched off at step 1 (process 1): RuntimeError: planted on process 1" in (

@@ -1,16 +1,18 @@
 """A real GRPOTrainer (or RLOOTrainer) under torchrun with `attach`, for
 tests/integrations/test_trl_processes.py:
 
-    torchrun --nproc-per-node 2 -- trl_torchrun.py OUT PER_STEP ACCUMULATION STEPS [rloo] [fail]
+    torchrun --nproc-per-node 2 -- trl_torchrun.py OUT PER_STEP ACCUMULATION STEPS [fail] TRAINER...
 
-`trl_toy.toy_trainer` with `PER_STEP` completions a process and micro-step and `ACCUMULATION`
-micro-steps a step (so a step's generation batch holds PER_STEP · ACCUMULATION rows a process,
-and a group of `trl_toy.GENERATIONS` can straddle two processes), the split at every step and a
-checkpoint after each. Each process writes the rows it generated at each step,
-`OUT/rank{r}-step{s}.json` (completion ids and mask, as `_generate_and_score_completions`
-returned them), and the main process TRL's log, `OUT/log_history.json`. With `fail`, the
-split's scores (formed from the loss forward's hidden states) raise on the last process (as
-a head matmul that runs out of memory there would)."""
+For each TRAINER (`GRPOTrainer`, `RLOOTrainer`), one after the other in one session (each
+process starts once), a training into `OUT/TRAINER`: `trl_toy.toy_trainer` with `PER_STEP`
+completions a process and micro-step and `ACCUMULATION` micro-steps a step (so a step's
+generation batch holds PER_STEP · ACCUMULATION rows a process, and a group of
+`trl_toy.GENERATIONS` can straddle two processes), the split at every step and a checkpoint
+after each. Each process writes the rows it generated at each step,
+`OUT/TRAINER/rank{r}-step{s}.json` (completion ids and mask, as
+`_generate_and_score_completions` returned them), and the main process TRL's log,
+`OUT/TRAINER/log_history.json`. With `fail`, the split's scores (formed from the loss forward's
+hidden states) raise on the last process (as a head matmul that runs out of memory there would)."""
 
 from __future__ import annotations
 
@@ -67,15 +69,11 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
 
 
 if __name__ == "__main__":
-    out, per_step, accumulation, steps, *flags = sys.argv[1:]
+    out, per_step, accumulation, steps, *trainers = sys.argv[1:]
+    fail = trainers[0] == "fail"
     # The library's join and leave (the group accelerate finds and uses): the model stack imported
     # before the group exists, a barrier before it goes (runtime/torchrun.py:session).
     with session():
-        main(
-            Path(out),
-            int(per_step),
-            int(accumulation),
-            int(steps),
-            "rloo" in flags,
-            "fail" in flags,
-        )
+        for trainer in trainers[fail:]:
+            rloo = trainer == "RLOOTrainer"
+            main(Path(out) / trainer, int(per_step), int(accumulation), int(steps), rloo, fail)

@@ -1,9 +1,10 @@
 """torchrun (the tests marked `torchrun`): 2 gloo processes on the CPU write what 1 process
 writes (energy, also over a directory of step files with --steps and the advantage audit;
-variance-compare proxy/head/full; rollouts inspect prints the same), a rank's own bad input
-stops every rank with one paragraph, more ranks than groups is refused. In this process, without
-a launch: `--device-map auto` measures what a plain load measures, `--device auto` in every
---help, device errors, staging clean-up, and the sharding and proxy-combining rules."""
+variance-compare proxy/head/full; rollouts inspect prints the same; one launch runs them all,
+tests/runtime/torchrun_commands.py), a rank's own bad input stops every rank with one
+paragraph, more ranks than groups is refused. In this process, without a launch:
+`--device-map auto` measures what a plain load measures, `--device auto` in every --help,
+device errors, staging clean-up, and the sharding and proxy-combining rules."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from launch import torchrun
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 from otb_diag.io.atomic import staged_output
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS, default_checkpoint
@@ -52,7 +54,10 @@ def reduced(path: Path, groups: int, per_group: int, edit=None) -> Path:
 
 
 def one_process(*args: str | Path) -> None:
-    result = runner.invoke(app, [str(a) for a in args])
+    """`otb-diag ARGS` in this process, its figures drawn, not rendered (the tests compare the
+    outputs' names, the figures' files are tested in tests/cli and tests/plots)."""
+    with unwritten_figures():
+        result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
 
 
@@ -70,13 +75,21 @@ def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) ->
 
 @dataclass(frozen=True)
 class Ranks:
-    """Output folders of each command, run once and shared by the assertions: `one`/`two` are
-    1 process and 2 gloo ranks, on the same reduced rollouts."""
+    """Output of each command, run once and shared by the assertions: `one`/`two` are 1 process
+    and 2 gloo ranks on the same inputs; the 2-rank runs are one launch (`torchrun_commands.py`,
+    each rank starts once), whose stderr, per-rank records (exit status of each command, thread
+    names after the session) and per-rank stdout (`NAME.rank{r}.out`) are in `launch`."""
 
     energy_one: Path
     energy_two: Path
     variance_one: Path
     variance_two: Path
+    steps_one: Path
+    steps_two: Path
+    inspect_one: str
+    sample_two: Path
+    launch: Path
+    stderr: str
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +107,43 @@ def energy_one(tmp_path_factory: pytest.TempPathFactory, inputs: list) -> Path:
     return out
 
 
+def step_args(dumps: Path) -> list[str | Path]:
+    """energy over a directory of step files, `--steps 2-3`, the advantage audit against otb."""
+    args = ["energy", "--ckpt", default_checkpoint(), "--rollouts", dumps, "--steps", "2-3"]
+    return [*args, "--trainer-baseline", "otb", "--quiet"]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Path) -> Ranks:
-    """energy and variance-compare on 2 gloo ranks, and variance-compare in this process."""
+    """In this process: variance-compare, energy over step files, rollouts inspect; then one
+    launch of 2 gloo ranks running those, energy and a fresh `rollouts sample`."""
     base = tmp_path_factory.mktemp("dist")
-    out = Ranks(energy_one, base / "e2", base / "v1", base / "v2")
+    out = Ranks(
+        energy_one, base / "e2", base / "v1", base / "v2", base / "s1", base / "s2",
+        "", base / "sample2", base / "launch", "",
+    )  # fmt: skip
     one_process("variance-compare", *inputs, *VARIANCE, "--out", out.variance_one)
-    for command, extra, folder in (
-        ("energy", [], out.energy_two),
-        ("variance-compare", VARIANCE, out.variance_two),
-    ):
-        result = torchrun(2, command, *inputs, *extra, "--out", folder)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return out
+    dumps = step_files(base / "dumps")
+    one_process(*step_args(dumps), "--out", out.steps_one)
+    inspect = ["rollouts", "inspect", str(inputs[3]), "--json"]
+    one = runner.invoke(app, inspect)
+    assert one.exit_code == 0, one.output
+    commands = {
+        "energy": ["energy", *inputs, "--out", out.energy_two],
+        "variance": ["variance-compare", *inputs, *VARIANCE, "--out", out.variance_two],
+        "steps": [*step_args(dumps), "--out", out.steps_two],
+        "inspect": inspect,
+        "sample": [*sample_args(base), "--verifier", "exact", "--out", out.sample_two],
+    }
+    out.launch.mkdir()
+    listed = base / "commands.json"
+    listed.write_text(json.dumps({k: [str(a) for a in v] for k, v in commands.items()}))
+    result = torchrun(2, out.launch, listed, script=Path(__file__).parent / "torchrun_commands.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in (0, 1):
+        codes = json.loads((out.launch / f"rank{r}.json").read_text())["codes"]
+        assert codes == dict.fromkeys(commands, 0), (r, codes, result.stderr[-3000:])
+    return replace(out, inspect_one=one.stdout, stderr=result.stderr)
 
 
 @pytest.mark.torchrun
@@ -173,17 +210,11 @@ def step_files(folder: Path) -> Path:
 
 
 @pytest.mark.torchrun
-def test_energy_over_step_files_with_steps_and_audit_under_torchrun(tmp_path: Path) -> None:
+def test_energy_over_step_files_with_steps_and_audit_under_torchrun(ranks: Ranks) -> None:
     """A directory of step files, `--steps 2-3` and the advantage audit against `otb` (whose
     baseline needs each rank's w): 2 gloo ranks write what 1 process writes, and the audit
     (its gaps, sizes and worst response) is the same."""
-    dumps = step_files(tmp_path / "dumps")
-    args = ["energy", "--ckpt", default_checkpoint(), "--rollouts", dumps, "--steps", "2-3"]
-    args += ["--trainer-baseline", "otb", "--quiet"]
-    one_process(*args, "--out", tmp_path / "one")
-    result = torchrun(2, *args, "--out", tmp_path / "two")
-    assert result.returncode == 0, result.stderr[-3000:]
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two = ranks.steps_one, ranks.steps_two
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     for name in ("sequences.csv", "groups.csv"):
         assert_frames_close(pd.read_csv(one / name), pd.read_csv(two / name))
@@ -215,41 +246,24 @@ def test_device_map_auto_gives_the_same_energy(
 
 
 @pytest.mark.torchrun
-def test_inspect_under_torchrun_prints_what_one_process_prints(tmp_path: Path) -> None:
-    path = reduced(tmp_path / "r.jsonl", GROUPS, PER_GROUP)
-    one = runner.invoke(app, ["rollouts", "inspect", str(path), "--json"])
-    assert one.exit_code == 0, one.output
-    two = torchrun(2, "rollouts", "inspect", path, "--json")
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert json.loads(two.stdout) == json.loads(one.stdout)
-    assert json.loads(two.stdout)["rows"] == GROUPS * PER_GROUP
-
-
-LEAVE_SESSION = """
-import json, os, sys
-from otb_diag.io.checkpoint import load_checkpoint
-from otb_diag.runtime.torchrun import session
-
-with session("cpu") as d:
-    load_checkpoint(sys.argv[1])
-tasks = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-with open(os.path.join(sys.argv[2], f"rank{d.rank}.json"), "w") as f:  # one file a rank: the
-    json.dump(tasks, f)  # ranks' prints could interleave on the shared stdout
-"""
+def test_inspect_under_torchrun_prints_what_one_process_prints(ranks: Ranks) -> None:
+    two = (ranks.launch / "inspect.rank0.out").read_text()
+    assert json.loads(two) == json.loads(ranks.inspect_one)
+    assert json.loads(two)["rows"] == GROUPS * PER_GROUP
+    assert (ranks.launch / "inspect.rank1.out").read_text() == ""  # rank 0 alone prints
 
 
 @pytest.mark.torchrun
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names from Linux /proc")
-def test_leaving_the_session_stops_gloos_threads(tmp_path: Path) -> None:
+def test_leaving_the_session_stops_gloos_threads(ranks: Ranks) -> None:
     """After `session()` the process group is gone, gloo's threads with it, even when a model was
     loaded inside (transformers then imports torch.distributed.fsdp, whose default argument
     `dist.group.WORLD` would hold a group made before it): threads left for interpreter teardown
-    once aborted a rank in CI after its work was done."""
-    script = tmp_path / "leave.py"
-    script.write_text(LEAVE_SESSION, encoding="utf-8")
-    result = torchrun(2, default_checkpoint(), tmp_path, script=script)
-    assert result.returncode == 0, result.stderr[-3000:]
-    threads = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    once aborted a rank in CI after its work was done. (The ranks' thread names are written by
+    torchrun_commands.py after the session that ran the commands.)"""
+    threads = {
+        r: json.loads((ranks.launch / f"rank{r}.json").read_text())["threads"] for r in (0, 1)
+    }
     assert all(names and not any("gloo" in n for n in names) for names in threads.values()), threads
 
 
@@ -381,6 +395,17 @@ def test_combined_proxies_equal_the_whole_batch() -> None:
 
 
 SAMPLE_PROMPTS = ["C:684=", "R:096=", "S:2753=", "C:12=", "R:31415=", "S:90="]
+
+
+def sample_args(folder: Path) -> list[str | Path]:
+    """`rollouts sample` of 4 responses to each of `SAMPLE_PROMPTS` (written into `folder`)."""
+    prompts = folder / "prompts.jsonl"
+    rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    common = ["rollouts", "sample", "--ckpt", default_checkpoint(), "--prompts", prompts]
+    return [*common, "--n", "4", "--max-new-tokens", "12", "--batch-tokens", "60"]
+
+
 VERIFIER = """
 import os
 
@@ -397,11 +422,7 @@ def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Pa
     """`rollouts sample` on 2 gloo ranks: byte-identical rollouts.jsonl and the same manifest
     as one process; a verifier failing on rank 1 only stops both (exit 2, nothing written, the
     parts kept), and --resume under torchrun, after half the parts are removed, finishes them."""
-    prompts = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    common = ["rollouts", "sample", "--ckpt", default_checkpoint(), "--prompts", prompts]
-    common += ["--n", "4", "--max-new-tokens", "12", "--batch-tokens", "60", "--quiet"]
+    common = [*sample_args(tmp_path), "--quiet"]
     verifier = tmp_path / "verifier.py"  # the same name throughout: --resume checks it
     common += ["--verifier", f"{verifier}:fn"]
     verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
@@ -438,19 +459,9 @@ def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Pa
 
 
 @pytest.mark.torchrun
-def test_sample_two_ranks_fresh_run_splits_the_work(tmp_path: Path) -> None:
-    prompts = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": p, "answer": p[2:-1]} for p in SAMPLE_PROMPTS]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = tmp_path / "two"
-    result = torchrun(
-        2, "rollouts", "sample", "--ckpt", default_checkpoint(), "--prompts", prompts,
-        "--n", "4", "--max-new-tokens", "12", "--batch-tokens", "60", "--verifier", "exact",
-        "--out", out,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
+def test_sample_two_ranks_fresh_run_splits_the_work(ranks: Ranks) -> None:
+    manifest = json.loads((ranks.sample_two / "manifest.json").read_text())
     tokens = manifest["distributed"]["rank_tokens"]
     assert manifest["distributed"]["world_size"] == 2 and min(tokens) > 0
     assert sum(tokens) == manifest["generated_tokens"]
-    assert "sampling, 2 ranks" in result.stderr  # rank 0's bar, said to cover both
+    assert "sampling, 2 ranks" in ranks.stderr  # rank 0's bar, said to cover both
