@@ -3,22 +3,27 @@ rot unnoticed (bench_gpu.py crashed for a release on a renamed engine). Their nu
 judged here: speed targets live in the scripts, measured on a machine that is not under test.
 
 Each script's `main()` runs in this process (a fresh interpreter would pay torch's and
-transformers' imports again, seconds a script); what a script itself runs in a fresh process
-(the peak-memory children, the commands bench_scale measures) still runs in one, once for each
-distinct kind (`ONCE`): the further calls of that kind reuse the first one's number."""
+transformers' imports again, seconds a script). Of the processes a script starts
+(`in_process`), its own peak-memory children run in a fresh process once a script, the further
+ones reusing the first's number; the `otb-diag` commands bench_scale measures run in this
+process by the command line's `app` (the torchrun launcher left out: `energy` under torchrun is
+tested in tests/test_torchrun.py). Figures are drawn, not rendered (`unwritten_figures`)."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from otb_diag.cli.main import app
+from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SMALLEST = {
@@ -32,14 +37,6 @@ SMALLEST = {
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
 }  # fmt: skip
-# A script's function that starts a fresh process, and what picks the path that process runs:
-# bench_full's peak memory of one attention ("bare", chunked, eager) for each of its two
-# lengths, bench_scale's commands (`energy`, `rollouts inspect`) for each of its two file sizes.
-ONCE: dict[str, tuple[str, Callable[..., object]]] = {
-    "bench_full.py": ("peak", lambda name, length, what, vocab: what),
-    "bench_scale.py": ("run", lambda args: args[0]),
-}
-MARKS = {"bench_scale.py": [pytest.mark.torchrun]}  # its energy: 1 process against 2 gloo ranks
 
 
 def script_module(script: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -55,18 +52,26 @@ def script_module(script: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-def once_per_kind(function: Callable, kind: Callable[..., object]) -> Callable:
-    """`function`, run for real on the first call of each kind, its result reused after."""
-    first: dict[object, object] = {}
+def in_process(module: ModuleType) -> Callable[..., subprocess.CompletedProcess]:
+    """`subprocess.run` for `module`: the script's own peak-memory child (`python SCRIPT
+    --_memory ...`) in a fresh process once, its output reused for the further children (a peak
+    measured in this process could be 0 MiB, a ratio's denominator); an `otb-diag` command in
+    this process by its `app` (printing a stand-in peak RSS of 1 GiB, in KiB, where
+    bench_scale's wrapper would print the child's)."""
+    first: list[subprocess.CompletedProcess] = []
 
-    @functools.wraps(function)
-    def wrapper(*args: object) -> object:
-        key = kind(*args)
-        if key not in first:
-            first[key] = function(*args)
-        return first[key]
+    def run(cmd: list, **kwargs: object) -> subprocess.CompletedProcess:
+        cmd = [str(c) for c in cmd]
+        if cmd[1] == module.__file__:
+            first[:] = first or [subprocess.run(cmd, **kwargs)]
+            return first[0]
+        command = cmd[cmd.index(str(module.BIN)) + 1 :]
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, (command, result.output)
+        stdout = str(1 << 20) if "-c" in cmd[:2] else result.stdout
+        return subprocess.CompletedProcess(cmd, 0, stdout)
 
-    return wrapper
+    return run
 
 
 def run_main(
@@ -74,13 +79,14 @@ def run_main(
 ) -> str:
     """What `python bench/SCRIPT ARGS` prints (it must exit 0), run in this process."""
     module = script_module(script, monkeypatch)
-    if script in ONCE:
-        name, kind = ONCE[script]
-        monkeypatch.setattr(module, name, once_per_kind(getattr(module, name), kind))
+    monkeypatch.setattr(
+        module, "subprocess", SimpleNamespace(run=in_process(module)), raising=False
+    )
     monkeypatch.setattr(sys, "argv", [str(BENCH / script), *args])
     threads = torch.get_num_threads()  # bench_sample sets its own
     try:
-        assert module.main() in (None, 0)  # gpu.py returns its exit status
+        with unwritten_figures():
+            assert module.main() in (None, 0)  # gpu.py returns its exit status
     finally:
         torch.set_num_threads(threads)
     return capsys.readouterr().out
@@ -95,9 +101,7 @@ def test_every_script_has_a_smallest_path() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "script", [pytest.param(s, marks=MARKS.get(s, [])) for s in sorted(SMALLEST)]
-)
+@pytest.mark.parametrize("script", sorted(SMALLEST))
 def test_smallest_path_runs_to_its_json_line(
     script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -13,8 +13,10 @@ import pytest
 from otb_diag.cli.main import app
 from small_runs import figures, reduce_rollouts
 from typer.testing import CliRunner
+from unwritten_figures import unwritten_figures
 
 from otb_diag.io.scenarios import default_rollouts
+from otb_diag.pipelines.rl_training import TrainSettings, scenario_settings
 
 # slow: runs whole figure sets (energy, variance-compare, trainings)
 pytestmark = pytest.mark.slow
@@ -29,13 +31,21 @@ EXPECTED = [
 
 @pytest.fixture
 def fewer_rollouts(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
-    """The figure set reads 4 groups x 32 responses of its scenario's rollouts."""
+    """The figure set reads 4 groups x 32 responses of its scenario's rollouts; its trainings
+    sample 2 prompts a step, at most 32 tokens a response."""
 
     def reduced(scenario: str) -> Path:
         path = tmp_path_factory.mktemp("rollouts") / f"{scenario}.jsonl"
         return reduce_rollouts(path, default_rollouts(scenario), groups=4, responses=32)
 
     monkeypatch.setattr("otb_diag.pipelines.figures.recipe.scenario_rollouts", reduced)
+
+    def shorter(scenario: str, **overrides: object) -> TrainSettings:
+        return scenario_settings(
+            scenario, **{**overrides, "prompts_per_step": 2}, max_new_tokens=32
+        )
+
+    monkeypatch.setattr("otb_diag.pipelines.figures.recipe.scenario_settings", shorter)
 
 
 def test_quick_figures_produce_every_file(tmp_path: Path, fewer_rollouts: None) -> None:
@@ -58,8 +68,10 @@ def test_quick_figures_produce_every_file(tmp_path: Path, fewer_rollouts: None) 
 
 def test_quick_long_figures_run_the_sweep(tmp_path: Path, fewer_rollouts: None) -> None:
     """`figures --scenario long --quick`: the sweep runs mean at each rate, the chosen rate is
-    the rule's (`choose_lr`), otb and optseq train at it, and the sweep figure is written."""
-    figures(tmp_path, quick=True, scenario="long")
+    the rule's (`choose_lr`), otb and optseq train at it, and the sweep figure is written (the
+    files are checked, not rendered: `test_quick_figures_produce_every_file` renders them)."""
+    with unwritten_figures():
+        figures(tmp_path, quick=True, scenario="long")
     record = json.loads((tmp_path / "figures.json").read_text())
     assert record["scenario"] == "long"
     sweep = record["sweep"]
