@@ -60,17 +60,13 @@ def run_recipe(
         command writes no folder. A body that returns None on rank 0 (a run stopped early)
         leaves no record.
     every_rank: the body runs on every rank (it shards its work through `runtime/sharded.py`);
-        False: on rank 0 alone, the other ranks waiting for its outcome (its error stops
-        them too)."""
+        False: on rank 0 alone, staged the same way, the other ranks waiting for its outcome
+        (its error stops them too)."""
     if load is not None:
         load.check(launched_world_size())
     device = "cpu" if load is None else resolve_device(load.device).type
-    with session(device) as d:
-        if not every_rank:
-            return d.on_main(lambda: body(Stage(None, progress, say)))
-        if not d.is_main:
-            body(Stage(out, False, silent))
-            return None
+
+    def on_rank_0() -> R | None:
         if out is None:
             return body(Stage(None, progress, say))
         with staged_output(out) as stage:
@@ -78,3 +74,11 @@ def run_recipe(
             if result is not None and record is not None:
                 write_json(stage / record, cast(Recorded, result).to_json())
         return result
+
+    with session(device) as d:
+        if not every_rank:
+            return d.on_main(on_rank_0)
+        if not d.is_main:
+            body(Stage(out, False, silent))
+            return None
+        return on_rank_0()

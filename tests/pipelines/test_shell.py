@@ -47,6 +47,19 @@ def test_a_command_without_a_folder_runs_on_rank_0_alone() -> None:
     assert run_recipe(body, every_rank=False) == Done(0)
 
 
+def test_a_rank_0_body_is_staged_like_every_ranks(tmp_path: Path) -> None:
+    """`every_rank=False` with a folder (dynamics): rank 0's body writes into the staging
+    folder, and its files and the record move into --out together, as with every rank."""
+
+    def body(stage: Stage) -> Done:
+        assert stage.into is not None and stage.into.parent == tmp_path / "out"
+        (stage.into / "dynamics.csv").write_text("a\n1\n")
+        return Done(1)
+
+    assert run_recipe(body, out=tmp_path / "out", record="collapse.json", every_rank=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["collapse.json", "dynamics.csv"]
+
+
 def test_the_load_options_are_checked_before_the_body(tmp_path: Path) -> None:
     def body(stage: Stage) -> Done:
         raise AssertionError("the body ran")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 
@@ -88,10 +89,12 @@ def run_dynamics(
             f"{len(labels)} --label for {len(inputs.logs)} --log: give one label per log, or none",
             field="--label",
         )
+    # Reading logs is one process's work: rank 0 alone, the others wait (under torchrun too).
     return run_recipe(
-        lambda stage: _analyse(inputs.logs, labels, settings, out, stage.into or out),
+        lambda stage: _analyse(inputs.logs, labels, settings, out, cast(Path, stage.into)),
         out=out,
         record="collapse.json",
+        every_rank=False,
     )
 
 
