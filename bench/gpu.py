@@ -271,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     only = set(args.only.split(",")) if args.only else None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    print(f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}"
+          f"{' (tiny shapes)' if args.tiny else ''}")  # fmt: skip
+    # Each row is printed as soon as it is measured, so a run stopped by a time limit keeps
+    # the rows it finished.
+    print(f"{'row':<19} {'shape':<34} {'value':>10} {'target':>10}  met   detail", flush=True)
     rows, models = [], {}
     for row, shape, measure in plan_rows(args.tiny):
         if only is not None and row.name not in only:
@@ -288,15 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         row.detail += f" [{time.perf_counter() - t0:.0f} s]"
         rows.append(row)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    print(f"device: {name}; torch {torch.__version__}, transformers {transformers.__version__}"
-          f"{' (tiny shapes)' if args.tiny else ''}")  # fmt: skip
-    print(f"{'row':<19} {'shape':<34} {'value':>10} {'target':>10}  met   detail")
-    for r in rows:
-        value = "error" if r.value is None else f"{r.value:.2f}"
-        met = {True: "yes", False: "NO", None: "-"}[r.met]
-        print(f"{r.name:<19} {r.shape:<34} {value:>10} {r.sense} {r.target:<7} {met:<5} "
-              f"{r.unit}; {r.error or r.detail}")  # fmt: skip
+        value = "error" if row.value is None else f"{row.value:.2f}"
+        met = {True: "yes", False: "NO", None: "-"}[row.met]
+        print(f"{row.name:<19} {row.shape:<34} {value:>10} {row.sense} {row.target:<7} {met:<5} "
+              f"{row.unit}; {row.error or row.detail}", flush=True)  # fmt: skip
     print(json.dumps({
         "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
         "tiny": args.tiny, "rows": [{**vars(r), "met": r.met} for r in rows],

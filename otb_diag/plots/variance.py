@@ -38,6 +38,22 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _log_y(ax, values: pd.Series) -> None:
+    """A log y axis with plain ticks where `values` has a finite positive entry; else a linear
+    axis and a note, since matplotlib cannot draw a log axis over nothing but zeros or infinities
+    (every variance is 0 when no pool's rewards differ, e.g. a model that never earns a reward;
+    the knee is then infinitely far)."""
+    v = values.to_numpy(dtype=float)
+    if (np.isfinite(v) & (v > 0)).any():
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+        return
+    ax.text(
+        0.5, 0.5, "every value is 0, infinite or undefined:\ndo the pools' rewards differ?",
+        transform=ax.transAxes, ha="center", va="center", fontsize=7,
+    )  # fmt: skip
+
+
 def _rows(table: pd.DataFrame, aggregation: str) -> pd.DataFrame:
     rows = table[table["aggregation"] == aggregation]
     if rows.empty:
@@ -75,8 +91,7 @@ def fig_variance_vs_group_size(
                 curve["group_size"], curve["ci_low"], curve["ci_high"], color=color, alpha=0.15
             )
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+        _log_y(ax, rows["variance"])
         ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.minorticks_off()
         if mark is not None:
@@ -125,8 +140,7 @@ def _grouped_bars(ax, rows: pd.DataFrame, by: str, groups: list, value: str) -> 
             linewidth=0.3,
             label=label,
         )
-    ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
+    _log_y(ax, rows[value])
     ax.set_xticks(np.arange(len(groups)), [str(g) for g in groups])
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
@@ -232,11 +246,10 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
                 label=f"{label} (≥)" if len(bound) else None,
             )  # fmt: skip
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        _log_y(ax, pd.concat([rows["noise_scale_tokens"], rows["noise_scale_tokens_low"]]))
         ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.minorticks_off()
         ax.set_xlabel("group size N (responses per prompt)")
-        _plain_log_ticks(ax.yaxis)
         ax.set_ylabel(r"tokens per step at the knee $B\,N\,\bar L$")
         ax.set_title(f"Cost of a step at the noise scale ({aggregation})")
         notes = []

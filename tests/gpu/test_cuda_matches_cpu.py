@@ -32,6 +32,7 @@ from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 from otb_diag.policy.scores.token_scores import proxy_scores, token_scores
 
@@ -137,7 +138,7 @@ def test_sampled_statistics(build, dtype) -> None:
     vocab = cpu.config.vocab_size
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     never = vocab + 7  # an id never drawn: every row runs to max_new_tokens
-    samples = sample_batch(dev, prompts, [row_seed(0, i, 0) for i in range(3)],
+    samples = sample_batch(dev, prompts, RowNoise([row_seed(0, i, 0) for i in range(3)]),
                            Sampling(0.8, 0, 1.0, 12), eos_ids=[never], pad_id=0)  # fmt: skip
     batch = make_batch(prompts, [s.response_ids for s in samples], [0.8] * 3)
     stats = checkpoint_stats(cpu, batch)

@@ -326,3 +326,33 @@ def test_log_axes_keep_labelled_ticks_over_any_range(span) -> None:
         t.get_text() for t in fig.axes[0].get_yticklabels() if low <= t.get_position()[1] <= high
     ]
     assert len([t for t in labels if t]) >= 2, labels
+
+
+def test_all_zero_variances_draw_on_a_linear_axis_with_a_note() -> None:
+    """Pools whose rewards never differ give every baseline a variance of 0 and an infinite knee
+    (SmolLM2 sampled on 2 prompts did): the figures draw a linear axis and say why, where a log
+    axis of zeros or infinities made matplotlib raise and the command exit 3."""
+    table = pd.DataFrame(
+        {
+            "aggregation": "token-sum", "baseline": ["mean", "otb", "mean", "otb"],
+            "group_size": [2, 2, 4, 4], "variance": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+            "equivalent_mean_group_size": math.nan, "ratio_to_mean": math.nan,
+            "noise_scale_tokens": math.inf, "noise_scale_tokens_low": math.inf,
+            "noise_scale_tokens_high": math.inf, "grad_sq_resolved": False,
+        }
+    )  # fmt: skip
+    blocks = table.assign(block="head")
+    for fig in (
+        plots_variance.fig_variance_vs_group_size(table),
+        plots_variance.fig_ratio_to_mean(table),
+        plots_variance.fig_variance_by_block(blocks),
+        plots_variance.fig_knee_tokens(table),
+    ):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        assert ax.get_yscale() == "linear"
+        assert any("every value is 0, infinite" in t.get_text() for t in ax.texts)
+    positive = plots_variance.fig_variance_vs_group_size(
+        table.assign(variance=[1.0, 0.5, 0.5, 0.2])
+    )
+    assert positive.axes[0].get_yscale() == "log"

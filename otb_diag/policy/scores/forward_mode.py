@@ -13,7 +13,9 @@ log-softmax runs in fp32 from the final hidden states through the output layer i
 tokens (never `[B, L, V]`), the tangents in the parameters' dtype (bf16 models: bf16 tangents,
 fp32 log-softmax and accumulation). `scaled_dot_product_attention` has no forward-AD formula,
 so the pass switches the model to the query-chunked eager attention of `chunked_attention.py`
-(eager attention for a model that cannot switch) and back.
+(eager attention for a model that cannot switch) and back. A low-precision `nn.LayerNorm` runs
+as its formula during the pass (`composite_layer_norms`): CUDA's fused layer norm gave a bf16
+GPT-2 body an fp32 tangent that the next bf16 product refused.
 
 Autograd's convention for an `nn.Embedding` with a `padding_idx` (Gemma's 0, OPT's 1): its
 lookup gives that row no gradient. Forward mode follows it by zeroing the row's tangent, exact
@@ -179,6 +181,49 @@ def switchable(model: nn.Module) -> bool:
     return getattr(type(model), "_can_set_attn_implementation", lambda: False)()
 
 
+@contextlib.contextmanager
+def composite_layer_norms(model: nn.Module) -> Iterator[None]:
+    """Run every `nn.LayerNorm` of `model` whose weight is not fp32 as its formula
+    (`_layer_norm_formula`), restoring its own forward afterwards.
+
+    Why: on an H100 (torch 2.11, CUDA), forward mode through a bf16 GPT-2 body stopped at the
+    first product after `ln_1` with "expected mat1 and mat2 to have the same dtype, but got:
+    float != BFloat16", where the CPU ran: the fused kernel's jvp leaves the tangent in fp32. The
+    formula's tangent follows its primal's dtype. fp32 norms keep the fused kernel (same numbers
+    as before, bit for bit). A module that accelerate wrapped (`_old_forward`) has that replaced,
+    so its device hooks still run."""
+    patched = []
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm) and module.weight is not None:
+            if module.weight.dtype == torch.float32:
+                continue
+            name = "_old_forward" if hasattr(module, "_old_forward") else "forward"
+            patched.append((module, name, module.__dict__.get(name)))
+            setattr(module, name, _layer_norm_formula.__get__(module))
+    try:
+        yield
+    finally:
+        for module, name, before in patched:
+            if before is None:
+                delattr(module, name)  # back to the class's forward
+            else:
+                setattr(module, name, before)
+
+
+def _layer_norm_formula(self: nn.LayerNorm, x: Tensor) -> Tensor:
+    """`(x − μ) / √(σ² + ε) · γ + β` over the normalized dims, in fp32 at least, cast back to x's
+    dtype (what the fused kernel computes; σ² is the biased variance, as in `F.layer_norm`)."""
+    dims = tuple(range(-len(self.normalized_shape), 0))
+    wide = torch.promote_types(x.dtype, torch.float32)
+    x_wide = x.to(wide)
+    centred = x_wide - x_wide.mean(dims, keepdim=True)
+    y = centred * torch.rsqrt(centred.square().mean(dims, keepdim=True) + self.eps)
+    y = y * self.weight.to(wide)
+    if self.bias is not None:
+        y = y + self.bias.to(wide)
+    return y.to(x.dtype)
+
+
 def forward_scores(
     model: nn.Module,
     batch: ResponseBatch,
@@ -213,7 +258,13 @@ def forward_scores(
     planned = chunked_attention.scores_per_chunk(
         attention_scores or chunked_attention.SCORES_PER_CHUNK
     )
-    with torch.no_grad(), eval_mode(model), forward_mode_attention(model, attention), planned:
+    with (
+        torch.no_grad(),
+        eval_mode(model),
+        forward_mode_attention(model, attention),
+        composite_layer_norms(model),
+        planned,
+    ):
         for group in pack_by_tokens(packed, batch_tokens):
             inputs, out_rows, cols = _padded(batch, group, device)
             for block in blocks:

@@ -35,7 +35,7 @@ from otb_diag.policy.scores.directions import (
     select_parameters,
     unit_pieces,
 )
-from otb_diag.policy.scores.forward_mode import TargetLogProb
+from otb_diag.policy.scores.forward_mode import TargetLogProb, composite_layer_norms
 from otb_diag.policy.scores.token_scores import token_scores
 
 SMALL = {"vocab_size": V, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -210,6 +210,48 @@ def test_bf16_forward_mode_tracks_fp32() -> None:
     assert_close_to_norm(a.proj, b.proj, rel=5e-2)
     r = token_scores(model16, batch, "full", 8, seed=0, engine="vjp")
     assert_close_to_norm(r.proj, b.proj, rel=5e-2)
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (3, 4, 6)])
+def test_composite_layer_norm_is_the_fused_kernel(shape) -> None:
+    """The formula a bf16 `nn.LayerNorm` runs as in forward mode equals `F.layer_norm` (float64
+    weights and inputs, over one and two normalized dims, with and without a bias), and its
+    tangent under `torch.func.jvp` is the fused kernel's and keeps a bf16 input's dtype."""
+    torch.manual_seed(0)
+    normalized = shape[1:]
+    for bias in (True, False):
+        norm = nn.LayerNorm(normalized, eps=1e-5, bias=bias).double()
+        with torch.no_grad():
+            norm.weight.normal_()
+            if bias:
+                norm.bias.normal_()
+        x, dx = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+        fused = torch.func.jvp(norm, (x,), (dx,))
+        with composite_layer_norms(norm):  # any norm but an fp32 one is replaced
+            assert "forward" in vars(norm)
+            composite = torch.func.jvp(norm, (x,), (dx,))
+        assert "forward" not in vars(norm)  # the class's forward again
+        for got, want in zip(composite, fused, strict=True):
+            assert_close_to_norm(got, want, rel=1e-12)
+    norm16 = nn.LayerNorm(normalized).to(torch.bfloat16)
+    x16 = torch.randn(shape, dtype=torch.bfloat16)
+    with composite_layer_norms(norm16):
+        out, tangent = torch.func.jvp(norm16, (x16,), (torch.randn_like(x16),))
+    assert out.dtype == tangent.dtype == torch.bfloat16
+
+
+def test_composite_layer_norms_leave_fp32_and_restore_a_wrapped_forward() -> None:
+    """fp32 norms keep the fused kernel; a norm whose forward was already replaced (accelerate's
+    device hooks keep the original in `_old_forward`) gets that back afterwards."""
+    model = gpt2()
+    with composite_layer_norms(model):
+        assert not any("forward" in vars(m) for m in model.modules() if isinstance(m, nn.LayerNorm))
+    norm = nn.LayerNorm(4).to(torch.bfloat16)
+    original = norm.forward
+    norm._old_forward = original
+    with composite_layer_norms(norm):
+        assert norm._old_forward is not original
+    assert norm._old_forward is original
 
 
 @pytest.mark.slow  # averaged over many seeds
