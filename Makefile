@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
+# pytest-xdist workers for `make test` / `make test-fast` (CI has 2 cores; each worker runs torch
+# on one thread, tests/conftest.py). JOBS=0 runs the suite in this one process, at torch's
+# default threads.
+JOBS   ?= 2
 
 .PHONY: setup setup-verl demo test test-fast lint bench bench-gpu clean
 
@@ -37,11 +41,11 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS)
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow and not torchrun and not external"
+	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow and not torchrun and not external"
 
 bench: setup
 	$(BIN)/python bench/bench_stats.py

@@ -19,6 +19,15 @@ settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` runs two pytest-xdist workers on CI's 2 cores: each keeps torch (and the
+    processes its tests start) to one intra-op thread, since two processes of 2 threads each on
+    2 cores ran 13x slower than one thread each. A plain `pytest` keeps torch's default."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
 @pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=["threads=1", "threads=2"])
 def torch_threads(request: pytest.FixtureRequest):
     """Run a numerically sensitive test under 1 and 2 intra-op threads: float32 reductions

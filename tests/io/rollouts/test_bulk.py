@@ -45,7 +45,7 @@ def test_bulk_check_agrees_with_the_per_entry_check(check: Any, values: list[Any
 @pytest.mark.parametrize(
     ("check", "values"),
     [(c, v) for c in _BULK for v in ([0, 1, 1], [1.0, 0.0], [])],
-    ids=str,
+    ids=lambda x: x.__name__ if callable(x) else str(x),  # the same ids in every xdist worker
 )
 def test_bulk_check_takes_the_common_case(check: Any, values: list[Any]) -> None:
     """Clean lists do not fall back to the loop (that is the point of the fast path)."""
