@@ -6,10 +6,13 @@ The session fixtures `reduced_rollouts` and `runs` are small real runs shared by
 read run outputs (regress, report)."""
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import settings
 from real_model import smollm2_gguf
 from small_runs import reduce_rollouts, run_energy, run_variance
@@ -40,19 +43,39 @@ def torch_threads(request: pytest.FixtureRequest):
     torch.set_num_threads(before)
 
 
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """`build(folder)` run once per pytest session, also across the xdist workers of `make
+    test`: the first worker to ask builds it under a lock in the session's shared temporary
+    folder, the others wait and read it (a read-only input, so one copy serves every worker)."""
+    base = factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 groups x 12 responses of the embedded rollouts (tests/small_runs.py)."""
-    return reduce_rollouts(tmp_path_factory.mktemp("reduced") / "rollouts.jsonl")
+    folder = built_once(
+        tmp_path_factory, "reduced", lambda f: reduce_rollouts(f / "rollouts.jsonl")
+    )
+    return folder / "rollouts.jsonl"
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Path:
     """energy/ and variance/ run directories of the reduced default (seed 0); read-only."""
-    root = tmp_path_factory.mktemp("runs")
-    run_energy(reduced_rollouts, root / "energy")
-    run_variance(reduced_rollouts, root / "variance")
-    return root
+
+    def build(root: Path) -> None:
+        run_energy(reduced_rollouts, root / "energy")
+        run_variance(reduced_rollouts, root / "variance")
+
+    return built_once(tmp_path_factory, "runs", build)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

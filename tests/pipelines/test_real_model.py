@@ -1,11 +1,12 @@
 """A real pretrained chat model end to end: SmolLM2-135M-Instruct (49k vocabulary, tied
 embeddings, a chat template, EOS handling), loaded from its .gguf file and from a safetensors
-directory converted from it; `rollouts sample` on the .gguf, its statistics against an independent
-forward pass and autograd, then `energy`, `variance-compare` (proxy, head) and `report` on the
-pools. Loading the .gguf is most of the time (its tokenizer is rebuilt from the file's
-vocabulary): it is loaded twice, by the `loaded` fixture and by `rollouts sample`; the other
-commands load the converted directory, the same float32 weights (the first test). Pools are the
-smallest that show each assertion: 3 prompts x 4 responses of at most 16 tokens."""
+directory converted from it; `rollouts sample`, its statistics against an independent forward pass
+and autograd, then `energy`, `variance-compare` (proxy, head) and `report` on the pools. Loading
+the .gguf is most of the time (its tokenizer is rebuilt from the file's vocabulary): it is loaded
+once, by the `loaded` fixture; the commands load the converted directory, the same float32
+weights and chat template (the first test) and the same tokenizer (the sampled prompt ids are
+checked against the .gguf's own tokenizer). Pools are the smallest that show each assertion:
+3 prompts x 4 responses of at most 16 tokens."""
 
 import copy
 import json
@@ -66,7 +67,7 @@ def converted(loaded: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="module")
-def pools(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pools(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("real")
     prompts = root / "prompts.jsonl"
@@ -79,7 +80,7 @@ def pools(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         verifier="contains",
         load=FLOAT32,
     )
-    assert run_sample(SampleInputs(prompts, smollm2), out, settings, progress=False) is not None
+    assert run_sample(SampleInputs(prompts, converted), out, settings, progress=False) is not None
     return out
 
 

@@ -2,7 +2,8 @@
 writes (energy, also over a directory of step files with --steps and the advantage audit;
 variance-compare proxy/head/full; rollouts inspect prints the same; one launch runs them all,
 tests/runtime/torchrun_commands.py), a rank's own bad input stops every rank with one
-paragraph, more ranks than groups is refused. In this process, without a launch:
+paragraph, more ranks than groups is refused (both in that launch too). In this process, without a
+launch:
 `--device-map auto` measures what a plain load measures, `--device auto` in every --help,
 device errors, staging clean-up, and the sharding and proxy-combining rules."""
 
@@ -77,8 +78,9 @@ def assert_frames_close(a: pd.DataFrame, b: pd.DataFrame, rtol: float = 1e-4) ->
 class Ranks:
     """Output of each command, run once and shared by the assertions: `one`/`two` are 1 process
     and 2 gloo ranks on the same inputs; the 2-rank runs are one launch (`torchrun_commands.py`,
-    each rank starts once), whose stderr, per-rank records (exit status of each command, thread
-    names after the session) and per-rank stdout (`NAME.rank{r}.out`) are in `launch`."""
+    each rank starts once), whose per-rank records (exit status of each command, thread names
+    after the session) and per-rank stdout and stderr (`NAME.rank{r}.out`, `.err`) are in
+    `launch`; `bad` and `refused` are the `--out` of the two commands that must fail."""
 
     energy_one: Path
     energy_two: Path
@@ -89,7 +91,12 @@ class Ranks:
     inspect_one: str
     sample_two: Path
     launch: Path
-    stderr: str
+    bad: Path
+    refused: Path
+
+    def err(self, name: str) -> tuple[str, str]:
+        """What command `name` wrote to stderr on rank 0 and on rank 1."""
+        return tuple((self.launch / f"{name}.rank{r}.err").read_text() for r in (0, 1))
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +123,13 @@ def step_args(dumps: Path) -> list[str | Path]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Path) -> Ranks:
     """In this process: variance-compare, energy over step files, rollouts inspect; then one
-    launch of 2 gloo ranks running those, energy and a fresh `rollouts sample`."""
+    launch of 2 gloo ranks running those, energy, a fresh `rollouts sample`, and last two energy
+    runs that must fail: an id outside the vocabulary in the last group (only the rank holding
+    it finds it: the vocabulary is checked per share) and one group for 2 ranks."""
     base = tmp_path_factory.mktemp("dist")
     out = Ranks(
         energy_one, base / "e2", base / "v1", base / "v2", base / "s1", base / "s2",
-        "", base / "sample2", base / "launch", "",
+        "", base / "sample2", base / "launch", base / "bad", base / "refused",
     )  # fmt: skip
     one_process("variance-compare", *inputs, *VARIANCE, "--out", out.variance_one)
     dumps = step_files(base / "dumps")
@@ -134,7 +143,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Pa
         "steps": [*step_args(dumps), "--out", out.steps_two],
         "inspect": inspect,
         "sample": [*sample_args(base), "--verifier", "exact", "--out", out.sample_two],
+        "bad": ["energy", *energy_on(bad_rollouts(base / "bad.jsonl")), "--out", out.bad],
+        "refused": ["energy", *energy_on(reduced(base / "one.jsonl", 1, 2)), "--out", out.refused],
     }
+    failing = {"bad": 2, "refused": 2}
     out.launch.mkdir()
     listed = base / "commands.json"
     listed.write_text(json.dumps({k: [str(a) for a in v] for k, v in commands.items()}))
@@ -142,8 +154,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Pa
     assert result.returncode == 0, result.stderr[-3000:]
     for r in (0, 1):
         codes = json.loads((out.launch / f"rank{r}.json").read_text())["codes"]
-        assert codes == dict.fromkeys(commands, 0), (r, codes, result.stderr[-3000:])
-    return replace(out, inspect_one=one.stdout, stderr=result.stderr)
+        assert codes == {**dict.fromkeys(commands, 0), **failing}, (r, codes, result.stderr[-3000:])
+    return replace(out, inspect_one=one.stdout)
 
 
 @pytest.mark.torchrun
@@ -267,33 +279,34 @@ def test_leaving_the_session_stops_gloos_threads(ranks: Ranks) -> None:
     assert all(names and not any("gloo" in n for n in names) for names in threads.values()), threads
 
 
-@pytest.mark.torchrun
-def test_a_ranks_own_bad_input_stops_every_rank(tmp_path: Path) -> None:
-    """An id outside the vocabulary in the last group: only the rank holding it finds it (the
-    vocabulary is checked per share); every rank stops, rank 0 prints the paragraph once."""
+def energy_on(rollouts: Path) -> list[str | Path]:
+    return ["--ckpt", default_checkpoint(), "--rollouts", rollouts]
+
+
+def bad_rollouts(path: Path) -> Path:
+    """2 groups of 2, the last response's ids outside the embedded vocabulary."""
 
     def plant(rows: list[dict]) -> None:
         rows[-1]["response_ids"] = [10_000] * len(rows[-1]["response_ids"])
 
-    path = reduced(tmp_path / "bad.jsonl", 2, 2, plant)
-    out = tmp_path / "out"
-    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
-    assert result.returncode != 0
-    assert result.stderr.count("otb-diag: error:") == 1
-    assert "outside the checkpoint's vocabulary" in result.stderr
-    assert "]: Traceback" not in result.stderr  # none from a rank (torchrun prints its own)
-    assert not out.exists()
+    return reduced(path, 2, 2, plant)
 
 
 @pytest.mark.torchrun
-def test_more_ranks_than_groups_is_refused(tmp_path: Path) -> None:
-    path = reduced(tmp_path / "one_group.jsonl", 1, 2)
-    out = tmp_path / "out"
-    result = torchrun(2, "energy", "--ckpt", default_checkpoint(), "--rollouts", path, "--out", out)
-    assert result.returncode != 0
-    assert result.stderr.count("otb-diag: error:") == 1
-    assert "2 ranks but only 1 group(s)" in result.stderr
-    assert not out.exists()
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("bad", "outside the checkpoint's vocabulary"), ("refused", "2 ranks but only 1 group(s)")],
+)
+def test_a_ranks_own_bad_input_or_too_few_groups_stops_every_rank(
+    ranks: Ranks, name: str, words: str
+) -> None:
+    """Both ranks exit 2 (the launch's records), rank 0 prints the paragraph once and rank 1
+    nothing, no traceback, no output folder."""
+    rank0, rank1 = ranks.err(name)
+    assert rank0.count("otb-diag: error:") == 1 and words in rank0
+    assert "otb-diag: error:" not in rank1
+    assert "Traceback" not in rank0 + rank1
+    assert not getattr(ranks, name).exists()
 
 
 @pytest.mark.parametrize("command", ["energy", "variance-compare"])
@@ -464,4 +477,4 @@ def test_sample_two_ranks_fresh_run_splits_the_work(ranks: Ranks) -> None:
     tokens = manifest["distributed"]["rank_tokens"]
     assert manifest["distributed"]["world_size"] == 2 and min(tokens) > 0
     assert sum(tokens) == manifest["generated_tokens"]
-    assert "sampling, 2 ranks" in ranks.stderr  # rank 0's bar, said to cover both
+    assert "sampling, 2 ranks" in ranks.err("sample")[0]  # rank 0's bar, said to cover both

@@ -6,9 +6,11 @@ rank pays the start-up (torch, transformers) once, not once a command.
 COMMANDS_JSON maps a name to the command's arguments. Inside one `session()` (the commands'
 own `session()` joins the group it opened, runtime/torchrun.py:session), each rank runs every
 command in turn as `otb-diag ARGS` would, its figures drawn, not rendered (the test compares
-the outputs' names; tests/unwritten_figures.py), its stdout into `OUT/NAME.rank{r}.out`, and
-writes `OUT/rank{r}.json`: every command's exit status and, after the session is left, the names of
-the process's threads (gloo's must be gone with the group)."""
+the outputs' names; tests/unwritten_figures.py), its stdout into `OUT/NAME.rank{r}.out` and its
+stderr into `OUT/NAME.rank{r}.err`, and writes `OUT/rank{r}.json`: every command's exit status
+and, after the session is left, the names of the process's threads (gloo's must be gone with the
+group). A command may fail (bad input, exit 2): the ranks stop it together and go on to the
+next."""
 
 from __future__ import annotations
 
@@ -39,8 +41,13 @@ def main(out: Path, commands: dict[str, list[str]]) -> None:
     codes = {}
     with session() as d, unwritten_figures():
         for name, args in commands.items():
-            stdout = out / f"{name}.rank{d.rank}.out"
-            with stdout.open("w") as f, contextlib.redirect_stdout(f):
+            stdout, stderr = (out / f"{name}.rank{d.rank}.{s}" for s in ("out", "err"))
+            with (
+                stdout.open("w") as o,
+                stderr.open("w") as e,
+                contextlib.redirect_stdout(o),
+                contextlib.redirect_stderr(e),
+            ):
                 codes[name] = run(args)
     tasks = Path("/proc/self/task")  # Linux only: the test reading them skips elsewhere
     ids = os.listdir(tasks) if tasks.is_dir() else []
