@@ -7,7 +7,7 @@ read run outputs (regress, report)."""
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from filelock import FileLock
 from hypothesis import settings
 from real_model import smollm2_gguf
 from small_runs import reduce_rollouts, run_energy, run_variance
+from unwritten_figures import unwritten_figures
 
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", max_examples=500, deadline=None)
@@ -56,6 +57,18 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
             build(folder)
             (folder / ".built").touch()
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _figures_drawn_not_rendered(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test's figures are drawn, their files written empty (tests/unwritten_figures.py):
+    rendering PNG and PDF is most of a small run's time. A test marked `renders` (it reads the
+    images, their fonts or their bytes) gets them rendered."""
+    if request.node.get_closest_marker("renders"):
+        yield
+        return
+    with unwritten_figures():
+        yield
 
 
 @pytest.fixture(scope="session")

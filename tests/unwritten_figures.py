@@ -8,14 +8,26 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import matplotlib as mpl
 import pytest
 from matplotlib.figure import Figure
 
 
+def _drawn(fig: Figure, path: str | Path, **_: object) -> None:
+    """`savefig` without the image: the figure is laid out (`draw_without_rendering`: ticks,
+    scales, text, and the tight bounding box where `savefig.bbox` asks for it; a figure
+    matplotlib cannot draw still raises, as a log axis of zeros did) and an empty file takes the
+    image's place."""
+    fig.draw_without_rendering()
+    if mpl.rcParams["savefig.bbox"] == "tight":  # as savefig would: every artist's extent
+        fig.get_tightbbox()
+    Path(path).write_bytes(b"")
+
+
 @contextlib.contextmanager
 def unwritten_figures() -> Iterator[None]:
-    """Within: every figure's `savefig` writes an empty file where the figure would be, so a
-    command's outputs are all there, drawn, and none is rendered."""
+    """Within: every figure's `savefig` draws it and writes an empty file where the figure would
+    be, so a command's outputs are all there, drawn, and none is rendered."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Figure, "savefig", lambda _, path, **__: Path(path).write_bytes(b""))
+        patch.setattr(Figure, "savefig", _drawn)
         yield

@@ -62,6 +62,7 @@ def verl_csv_without_proxies(path: Path) -> Path:
 
 
 @pytest.mark.slow  # fuzzes a whole command with hypothesis (seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_trl_and_verl_logs_without_proxies_give_figures_not_a_traceback(tmp_path: Path) -> None:
     """Measured failure 1: the collapse was found, then matplotlib raised 'Data cannot be
     log-scaled' drawing figure 2 (no variance proxy; zero grad norms)."""

@@ -280,6 +280,7 @@ def test_bad_input_is_refused_before_anything_changes(
     assert vars(trainer).keys() == before.keys()  # no hook installed
 
 
+@pytest.mark.renders  # reads the rendered figures
 def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
     out, _ = live_run
     state = out / f"checkpoint-{STEPS}" / "trainer_state.json"

@@ -157,6 +157,7 @@ def test_bad_batches_get_one_clear_message() -> None:
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_dynamics_reads_otb_metrics_from_a_verl_metric_file(tmp_path: Path) -> None:
     """verl's file logger writes `{"step": n, "data": {...}}` lines; the `otb/` metrics logged
     beside its own come through `dynamics` as columns, a figure and the last values."""
@@ -297,6 +298,7 @@ def _nan_equal(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_dynamics_pools_the_split_of_a_verl_metric_file_as_the_tracker_did(tmp_path: Path) -> None:
     """A verl file log of 5 steps written from `BudgetTracker` (non-finite values left out, as
     JSON cannot hold them): `dynamics` pools the logged split again and gives the tracker's

@@ -312,6 +312,7 @@ def test_parse_label(label: str, expected: tuple) -> None:
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_cli_writes_every_file(tmp_path: Path) -> None:
     ours = synthetic_run().rename(
         columns={
@@ -428,6 +429,7 @@ def test_fig1_keeps_the_per_step_score_of_a_run_too_short_for_the_mean() -> None
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_runs_sharing_a_label_are_one_arms_seeds(tmp_path: Path) -> None:
     """Four logs, two labels: runs `label#k`, one arm per label with its tokens to the target
     (hand-computed from the planted score) and collapse verdict per run, in collapse.json,

@@ -48,6 +48,7 @@ def fewer_rollouts(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Tem
     monkeypatch.setattr("otb_diag.pipelines.figures.recipe.scenario_settings", shorter)
 
 
+@pytest.mark.renders  # reads the rendered figures
 def test_quick_figures_produce_every_file(tmp_path: Path, fewer_rollouts: None) -> None:
     args = ["figures", "--quick", "--out", str(tmp_path), "--quiet", "--json"]
     result = CliRunner().invoke(app, args)

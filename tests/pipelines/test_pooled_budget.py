@@ -57,6 +57,7 @@ def trainer_state(path: Path, entries: list[dict]) -> Path:
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+@pytest.mark.renders  # reads the rendered figures
 def test_dynamics_gives_the_live_pooled_numbers_back(tmp_path: Path) -> None:
     entries = logged_steps(60, 2, 0.5)
     state = trainer_state(tmp_path / "run", entries)

@@ -254,6 +254,7 @@ def test_score_vs_tokens_draws_each_run_and_the_target() -> None:
     assert ax.get_title() == "Score against tokens sampled (target 0.5)"
 
 
+@pytest.mark.renders  # reads the rendered figures
 def test_save_figure_writes_png_and_pdf(tmp_path: Path) -> None:
     table, runs = dynamics_table()
     fig = plots_dynamics.fig1_grad_norm_and_score(table, runs)

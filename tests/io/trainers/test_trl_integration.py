@@ -132,6 +132,7 @@ def test_energy_audits_trl_advantages(trl_run: Path, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.renders  # reads the rendered figures
 def test_dynamics_reads_trainer_state(trl_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "dynamics"
     state = trl_run / "checkpoint-3" / "trainer_state.json"
