@@ -24,7 +24,7 @@ from otb_diag.integrations.ddp_noise import _register
 from otb_diag.maths.variance.two_batch import two_batch_noise
 
 PLAIN_DDP = """
-import contextlib, copy, json, sys
+import contextlib, copy, json, os, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from otb_diag.integrations.ddp_noise import DdpNoise
@@ -74,7 +74,11 @@ with session():
         })
         for m in (plain, hooked):
             m.zero_grad()
-    json.dump(out, open(f"{sys.argv[1]}/rank{rank}.json", "w"))
+    with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+# Written and left: skip the interpreter's teardown, where a rank sometimes aborted
+# ("terminate called without an active exception"; docs/live.md, known issue).
+os._exit(0)
 """
 
 
@@ -104,7 +108,7 @@ def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(tmp_path
 
 
 TRL_DDP = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
 from transformers import TrainerCallback
@@ -159,6 +163,7 @@ with session():  # the group accelerate finds and uses; left together (runtime/t
             logged = [e for e in trainer.state.log_history if "otb/split/params/total" in e]
             record = {"logged": logged, "by_hand": hand.steps, "world": dist.get_world_size()}
             (out / f"rank{rank}.json").write_text(json.dumps(record))
+os._exit(0)  # written and left: no interpreter teardown (docs/live.md, known issue)
 """
 
 
