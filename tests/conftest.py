@@ -63,7 +63,9 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
 def _figures_drawn_not_rendered(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test's figures are drawn, their files written empty (tests/unwritten_figures.py):
     rendering PNG and PDF is most of a small run's time. A test marked `renders` (it reads the
-    images, their fonts or their bytes) gets them rendered."""
+    images, their fonts or their bytes) gets them rendered. Module and session fixtures are set
+    up before this one, so a fixture that runs a command wraps it in `unwritten_figures` itself
+    (or renders, where a test reads its images: `runs`, which the report embeds)."""
     if request.node.get_closest_marker("renders"):
         yield
         return

@@ -11,7 +11,6 @@ import pytest
 from otb_diag.cli.main import app
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
-from unwritten_figures import unwritten_figures
 
 from otb_diag.io.scenarios import default_checkpoint, default_checkpoints, default_rollouts
 from otb_diag.lab.build import LONG
@@ -92,16 +91,15 @@ def test_variance_compare_long_gives_a_measured_verdict(tmp_path: Path) -> None:
     kept = {rows[0]["group"], rows[-1]["group"]}  # 3 and 52 digits
     subset = tmp_path / "two-groups.jsonl"
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows if r["group"] in kept))
-    with unwritten_figures():  # the verdict is read, not the figures
-        result = CliRunner().invoke(
-            app,
-            [
-                "variance-compare", "--scenario", "long", "--rollouts", str(subset), "--mode",
-                "proxy", "--draws", "20", "--bootstrap", "50", "--baselines", "none,mean,otb",
-                "--aggregations", "token-sum", "--out", str(tmp_path / "out"), "--quiet",
-                "--json",
-            ],
-        )  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "variance-compare", "--scenario", "long", "--rollouts", str(subset), "--mode",
+            "proxy", "--draws", "20", "--bootstrap", "50", "--baselines", "none,mean,otb",
+            "--aggregations", "token-sum", "--out", str(tmp_path / "out"), "--quiet",
+            "--json",
+        ],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (draws,) = summary["draws"].values()

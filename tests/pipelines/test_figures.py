@@ -13,7 +13,6 @@ import pytest
 from otb_diag.cli.main import app
 from small_runs import figures, reduce_rollouts
 from typer.testing import CliRunner
-from unwritten_figures import unwritten_figures
 
 from otb_diag.io.scenarios import default_rollouts
 from otb_diag.pipelines.rl_training import TrainSettings, scenario_settings
@@ -71,8 +70,7 @@ def test_quick_long_figures_run_the_sweep(tmp_path: Path, fewer_rollouts: None) 
     """`figures --scenario long --quick`: the sweep runs mean at each rate, the chosen rate is
     the rule's (`choose_lr`), otb and optseq train at it, and the sweep figure is written (the
     files are checked, not rendered: `test_quick_figures_produce_every_file` renders them)."""
-    with unwritten_figures():
-        figures(tmp_path, quick=True, scenario="long")
+    figures(tmp_path, quick=True, scenario="long")
     record = json.loads((tmp_path / "figures.json").read_text())
     assert record["scenario"] == "long"
     sweep = record["sweep"]

@@ -17,7 +17,6 @@ import pytest
 import torch
 from small_runs import energy, report
 from transformers import AutoModelForCausalLM
-from unwritten_figures import unwritten_figures
 
 from otb_diag.io.checkpoint import Checkpoint, find_checkpoints, load_checkpoint
 from otb_diag.io.load_options import LoadOptions
@@ -145,14 +144,12 @@ def test_logged_statistics_match_an_independent_forward_and_autograd(pools, load
 
 
 def test_energy_variance_compare_and_report_run_on_the_pools(pools, converted, tmp_path) -> None:
-    # The figures are drawn, not rendered: their files are the commands' own tests' business.
-    with unwritten_figures():
-        energy(pools, tmp_path / "energy", ckpt=converted, load=FLOAT32)
-        settings = VarianceSettings(
-            modes=("proxy", "head"), group_sizes=(2,), draws=20, bootstrap=50, load=FLOAT32
-        )
-        given = Inputs(ckpt=[converted], rollouts=pools)
-        run_variance(given, tmp_path / "variance", settings, progress=False)
+    energy(pools, tmp_path / "energy", ckpt=converted, load=FLOAT32)
+    settings = VarianceSettings(
+        modes=("proxy", "head"), group_sizes=(2,), draws=20, bootstrap=50, load=FLOAT32
+    )
+    given = Inputs(ckpt=[converted], rollouts=pools)
+    run_variance(given, tmp_path / "variance", settings, progress=False)
     tokens = pd.read_parquet(tmp_path / "energy/tokens.parquet")
     logged = [lp for r in rows_of(pools) for lp in r["logprobs"]]
     assert len(tokens) == len(logged)

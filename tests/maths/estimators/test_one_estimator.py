@@ -21,7 +21,6 @@ import pandas as pd
 import pytest
 import torch
 from small_runs import invoke
-from unwritten_figures import unwritten_figures
 
 from otb_diag.errors import InputError
 from otb_diag.io.checkpoint import load_checkpoint
@@ -148,21 +147,19 @@ def test_a_registered_energy_baseline_runs_in_energy_and_variance_compare(
 ) -> None:
     ckpt = default_checkpoint()
     names = f"none,mean,otb,{sqrt_otb}"
-    with unwritten_figures():  # the numbers are read, not the figures
-        code, out = invoke(
-            "energy", "--ckpt", ckpt, "--rollouts", reduced_rollouts, "--out", tmp_path / "e",
-            "--baselines", names, "--quiet",
-        )  # fmt: skip
+    code, out = invoke(
+        "energy", "--ckpt", ckpt, "--rollouts", reduced_rollouts, "--out", tmp_path / "e",
+        "--baselines", names, "--quiet",
+    )  # fmt: skip
     assert code == 0, out
     tokens = pd.read_parquet(tmp_path / "e" / "tokens.parquet")
     assert tokens[f"adv_{sqrt_otb}"].abs().sum() > 0
     assert not np.allclose(tokens[f"adv_{sqrt_otb}"], tokens["adv_otb"])
-    with unwritten_figures():
-        code, out = invoke(
-            "variance-compare", "--ckpt", ckpt, "--rollouts", reduced_rollouts,
-            "--out", tmp_path / "v", "--baselines", names, "--mode", "proxy",
-            "--group-sizes", "2,4", "--draws", "20", "--bootstrap", "50", "--quiet",
-        )  # fmt: skip
+    code, out = invoke(
+        "variance-compare", "--ckpt", ckpt, "--rollouts", reduced_rollouts,
+        "--out", tmp_path / "v", "--baselines", names, "--mode", "proxy",
+        "--group-sizes", "2,4", "--draws", "20", "--bootstrap", "50", "--quiet",
+    )  # fmt: skip
     assert code == 0, out
     table = pd.read_csv(tmp_path / "v" / "variance.csv")
     assert (table.loc[table["baseline"] == sqrt_otb, "variance"] > 0).all()
@@ -175,12 +172,11 @@ def test_api_and_cli_measure_the_same_baselines_by_default(
     defaults = registry.baseline_names(defaults_only=True)
     assert VarianceSettings().baselines == EnergySettings().baselines == defaults
     assert defaults == ("none", "mean", "grpo", "rloo", "optseq", "otb")
-    with unwritten_figures():
-        code, out = invoke(
-            "variance-compare", "--ckpt", default_checkpoint(), "--rollouts", reduced_rollouts,
-            "--out", tmp_path / "v", "--mode", "proxy", "--group-sizes", "2", "--draws", "5",
-            "--bootstrap", "10", "--quiet",
-        )  # fmt: skip
+    code, out = invoke(
+        "variance-compare", "--ckpt", default_checkpoint(), "--rollouts", reduced_rollouts,
+        "--out", tmp_path / "v", "--mode", "proxy", "--group-sizes", "2", "--draws", "5",
+        "--bootstrap", "10", "--quiet",
+    )  # fmt: skip
     assert code == 0, out
     summary = json.loads((tmp_path / "v" / "summary.json").read_text())
     assert tuple(summary["settings"]["baselines"]) == defaults
