@@ -9,8 +9,9 @@ import typer
 from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
 
-from otb_diag.io.scenarios import scenario_knob
 from otb_diag.knobs import knob
+from otb_diag.pipelines.inputs import LabInputs
+from otb_diag.pipelines.lab_build import LabSettings
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -22,14 +23,13 @@ app = typer.Typer(
 @dataclass(frozen=True)
 class BuildRun:
     out: Path = knob(spec=OUT_DIR)
-    seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
+    inputs: LabInputs = LabInputs()  # --scenario
     quiet: bool = knob(False, QUIET)
-    scenario: str = scenario_knob()
     as_json: bool = knob(False, JSON)
 
 
 @command
-def build(run: BuildRun) -> None:
+def build(run: BuildRun, settings: LabSettings) -> None:
     """Rebuild a toy lab deterministically: a character-level tokenizer, a small GPT-2-style
     model trained by SFT on the scenario's task, checkpoints along the run, and rollouts sampled
     from the final checkpoint and scored by the verifier. The default scenario: copy / reverse /
@@ -41,9 +41,11 @@ def build(run: BuildRun) -> None:
 
     Example: otb-diag lab build --scenario long --out ./long-lab --seed 0
     """
-    from otb_diag.lab.build import build_scenario
+    from otb_diag.pipelines.lab_build import run_lab_build
 
-    show(build_scenario(run.out, run.seed, run.scenario, progress=not run.quiet), run.as_json)
+    built = run_lab_build(run.inputs, run.out, settings, progress=not run.quiet)
+    if built is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
+        show(built, run.as_json)
 
 
 register(app, "build", build)

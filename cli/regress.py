@@ -42,6 +42,8 @@ def regress(inputs: RegressInputs, settings: RegressSettings, run: RegressRun) -
     from otb_diag.pipelines.regress.recipe import run_regress
 
     outcome = run_regress(inputs, settings, say=note)
+    if outcome is None:  # a rank other than 0 under torchrun: rank 0 prints
+        return
     as_json = run.as_json and outcome.rows is not None  # --update prints what it wrote
     show(outcome, as_json, every=run.every)
     if outcome.exit_code:

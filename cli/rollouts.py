@@ -78,7 +78,6 @@ class SampleRun:
     )
     out: Path = knob(spec=OUT_DIR)
     ckpt: list[Path] | None = knob(None, CKPT)
-    resume: bool = knob(False, help="Finish a killed run into the same --out.")
     quiet: bool = knob(False, QUIET)
     as_json: bool = knob(False, JSON)
 
@@ -103,14 +102,7 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     """
     from otb_diag.pipelines.sample.recipe import run_sample
 
-    result = run_sample(
-        run.inputs,
-        run.out,
-        settings,
-        resume=run.resume,
-        progress=not run.quiet,
-        say=note,
-    )
+    result = run_sample(run.inputs, run.out, settings, progress=not run.quiet, say=note)
     if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
         show(result, run.as_json, out=run.out)
 

@@ -39,4 +39,5 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
     from otb_diag.pipelines.rl_training import run_train
 
     result = run_train(run.inputs, run.out, settings, progress=not run.quiet, say=note)
-    show(result, run.as_json)
+    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
+        show(result, run.as_json)

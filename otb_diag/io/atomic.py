@@ -76,7 +76,8 @@ STAGING_PREFIX = ".otb-diag-staging-"
 @contextlib.contextmanager
 def staged_output(out: str | Path) -> Iterator[Path]:
     """A hidden staging directory inside `out` for all of a run's files: on success each moves
-    into `out` (`os.replace`, a rename each) and the staging directory goes; on any failure or
+    into `out` (`os.replace`, a rename each; a folder replaces the one of that name whole) and
+    the staging directory goes; on any failure or
     interruption (Ctrl-C, SIGTERM from torchrun when another rank died) it goes with everything
     in it, and `out` too if this run created it and nothing else is in it. So `out` holds either
     every output of the run or none, never some of them.
@@ -92,7 +93,10 @@ def staged_output(out: str | Path) -> Iterator[Path]:
     try:
         yield stage
         for item in sorted(stage.iterdir()):
-            os.replace(item, out / item.name)
+            target = out / item.name
+            if item.is_dir() and target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)  # a folder the run writes replaces the last run's whole
+            os.replace(item, target)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if not existed and not any(out.iterdir()):

@@ -38,7 +38,6 @@ from transformers import (
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.checkpoint import no_transformers_progress_bars
 from otb_diag.io.scenarios import SCENARIOS as SCENARIO_NAMES
-from otb_diag.io.scenarios import check_scenario
 from otb_diag.lab.model import build_model, n_params
 from otb_diag.lab.rollouts import (
     rollout_rows,
@@ -47,7 +46,6 @@ from otb_diag.lab.rollouts import (
     sample_tool_responses,
 )
 from otb_diag.lab.sft import train
-from otb_diag.lab.summary import BuiltLab
 from otb_diag.lab.task import (
     MAX_DIGITS,
     MIN_DIGITS,
@@ -218,15 +216,6 @@ def _group_stats(rows: list[dict]) -> dict:
             "max": max(lengths),
         },
     }
-
-
-def build_scenario(
-    out_dir: Path, seed: int = 0, scenario: str = SCENARIO_NAMES[0], *, progress: bool = True
-) -> BuiltLab:
-    """`otb-diag lab build`: the lab of the embedded `scenario` (an unknown name is an
-    `InputError` listing them), built by `build_lab` into `out_dir`."""
-    config = SCENARIOS[check_scenario(scenario)]
-    return BuiltLab(build_lab(out_dir, seed=seed, config=config, progress=progress), out_dir)
 
 
 def build_lab(

@@ -72,6 +72,13 @@ class EnergyInputs(Inputs):
 
 
 @dataclass(frozen=True)
+class LabInputs:
+    """What `lab build` builds from: the embedded --scenario (its task, model and SFT run)."""
+
+    scenario: str = scenario_knob()
+
+
+@dataclass(frozen=True)
 class SampleInputs:
     """The files `rollouts sample` was given: the prompts, and the checkpoint to sample from
     (--ckpt: one path, or the command line's list, holding at most one; the embedded default

@@ -81,6 +81,7 @@ from otb_diag.maths.variance.step_split import (
 )
 from otb_diag.pipelines.inputs import Inputs, Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.train import TrainResult, TrainTotals
+from otb_diag.pipelines.shell import run_recipe
 from otb_diag.pipelines.train_settings import TrainSettings as TrainSettings  # re-exported
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import token_scores
@@ -221,15 +222,26 @@ def run_train(
     *,
     progress: bool = True,
     say: Say = silent,
-) -> TrainResult:
+) -> TrainResult | None:
     """`otb-diag train` as given: `settings` with the scenario's prompt cells and response
     budget where they leave them (`for_scenario`), from the one checkpoint of `inputs.ckpt` or
-    the scenario's final one (said through `say`); then `train`. It samples its own rollouts:
-    `inputs.rollouts` is refused."""
+    the scenario's final one (said through `say`); then `train`, in the recipe shell (None on
+    the ranks other than 0 under torchrun). It samples its own rollouts: `inputs.rollouts` is
+    refused."""
     inputs.refuse(("rollouts",), "train samples its own")
     given = one_checkpoint(inputs.ckpt, "training starts from one checkpoint")
     start = checkpoint_or_default(given, inputs.scenario, say)
-    return train(start, out, for_scenario(settings, inputs.scenario), progress=progress)
+    settings = for_scenario(settings, inputs.scenario)
+    # Unstaged: metrics.jsonl and the checkpoints are kept by a run stopped halfway. `train`
+    # writes train.json last itself (the figures' trainings call it directly).
+    return run_recipe(
+        lambda stage: train(start, out, settings, progress=stage.progress),
+        out=out,
+        record=None,
+        progress=progress,
+        every_rank=False,
+        staged=False,
+    )
 
 
 def train(

@@ -5,7 +5,8 @@ every rank, and what only rank 0 holds (a merge, the result) is None on the othe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
@@ -47,6 +48,7 @@ def run_recipe(
     progress: bool = True,
     say: Say = silent,
     every_rank: bool = True,
+    staged: bool = True,
 ) -> R | None:
     """Run `body` in the torchrun session (a world of one without torchrun) and return its
     result on rank 0, None on the other ranks.
@@ -61,7 +63,10 @@ def run_recipe(
         leaves no record.
     every_rank: the body runs on every rank (it shards its work through `runtime/sharded.py`);
         False: on rank 0 alone, staged the same way, the other ranks waiting for its outcome
-        (its error stops them too)."""
+        (its error stops them too).
+    staged: False for a command whose outputs cannot all wait for the end (train's
+        metrics.jsonl, flushed step by step, so a stopped run keeps its finished steps): rank
+        0's body writes into `out` itself as it goes, and `record` is written last."""
     if load is not None:
         load.check(launched_world_size())
     device = "cpu" if load is None else resolve_device(load.device).type
@@ -69,10 +74,10 @@ def run_recipe(
     def on_rank_0() -> R | None:
         if out is None:
             return body(Stage(None, progress, say))
-        with staged_output(out) as stage:
-            result = body(Stage(stage, progress, say))
+        with staged_output(out) if staged else _created(out) as into:
+            result = body(Stage(into, progress, say))
             if result is not None and record is not None:
-                write_json(stage / record, cast(Recorded, result).to_json())
+                write_json(into / record, cast(Recorded, result).to_json())
         return result
 
     with session(device) as d:
@@ -82,3 +87,10 @@ def run_recipe(
             body(Stage(out, False, silent))
             return None
         return on_rank_0()
+
+
+@contextlib.contextmanager
+def _created(out: Path) -> Iterator[Path]:
+    """`out`, created, for a body that writes there directly (`staged=False`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    yield out

@@ -67,7 +67,7 @@ def fake_build(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         calls.append({"out": out, **kwargs})
         return MANIFEST
 
-    monkeypatch.setattr("otb_diag.lab.build.build_lab", build_lab)
+    monkeypatch.setattr("otb_diag.pipelines.lab_build.build_lab", build_lab)
     return calls
 
 

@@ -1,5 +1,6 @@
 """`rollouts sample` on the embedded checkpoint: statistics, EOS, truncation, resume, errors."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -112,7 +113,36 @@ def test_batches_fit_the_token_budget_and_cover_every_pair() -> None:
     assert plan_batches([100], n=2, max_new=5, budget=10) == [[(0, 0)], [(0, 1)]]
 
 
-def test_resumed_run_writes_exactly_the_uninterrupted_pools(ckpt, tmp_path: Path) -> None:
+class Killed(Exception):
+    """The kill `kill_after` plants once sampling is done."""
+
+
+def kill_after(
+    batches: int,
+    inputs: SampleInputs,
+    out: Path,
+    settings: SampleSettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leave in `out` what a run killed after sampling its first `batches` batches leaves: the
+    run is stopped before scoring (every part written, no pools), then the later parts go."""
+
+    def killed(*args: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr("otb_diag.pipelines.sample.recipe._score", killed)
+        with pytest.raises(Killed):
+            run_sample(inputs, out, settings, progress=False)
+    parts = sorted((out / ".sample-parts").glob("part-*.jsonl"))
+    assert len(parts) > batches
+    for part in parts[batches:]:
+        part.unlink()
+
+
+def test_resumed_run_writes_exactly_the_uninterrupted_pools(
+    ckpt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl")
     settings = SampleSettings(
         n=6, sampling=Sampling(max_new_tokens=16), verifier="exact", batch_tokens=100
@@ -121,15 +151,12 @@ def test_resumed_run_writes_exactly_the_uninterrupted_pools(ckpt, tmp_path: Path
         SampleInputs(prompts, ckpt.path), tmp_path / "whole", settings, progress=False
     )
     assert whole is not None and whole.batches > 3
-    partial = run_sample(
-        SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False, stop_after=2
-    )
-    assert partial is None and not (tmp_path / "cut/rollouts.jsonl").exists()
+    kill_after(2, SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, monkeypatch)
+    assert not (tmp_path / "cut/rollouts.jsonl").exists()
     with pytest.raises(Exception, match="--resume"):
         run_sample(SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False)
-    run_sample(
-        SampleInputs(prompts, ckpt.path), tmp_path / "cut", settings, progress=False, resume=True
-    )
+    resume = dataclasses.replace(settings, resume=True)
+    run_sample(SampleInputs(prompts, ckpt.path), tmp_path / "cut", resume, progress=False)
     a = (tmp_path / "whole/rollouts.jsonl").read_text()
     assert a == (tmp_path / "cut/rollouts.jsonl").read_text()
     assert not (tmp_path / "cut/.sample-parts").exists()
@@ -140,21 +167,24 @@ def test_resumed_run_writes_exactly_the_uninterrupted_pools(ckpt, tmp_path: Path
     ]
 
 
-def test_resume_with_other_settings_is_refused(ckpt, tmp_path: Path) -> None:
+def test_resume_with_other_settings_is_refused(
+    ckpt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl")
     settings = SampleSettings(
         n=4, sampling=Sampling(max_new_tokens=8), verifier="exact", batch_tokens=60
     )
-    run_sample(
-        SampleInputs(prompts, ckpt.path), tmp_path / "o", settings, progress=False, stop_after=1
-    )
+    kill_after(1, SampleInputs(prompts, ckpt.path), tmp_path / "o", settings, monkeypatch)
     other = SampleSettings(
-        n=4, sampling=Sampling(max_new_tokens=8), verifier="exact", batch_tokens=60, seed=1
+        n=4,
+        sampling=Sampling(max_new_tokens=8),
+        verifier="exact",
+        batch_tokens=60,
+        seed=1,
+        resume=True,
     )
     with pytest.raises(Exception, match="seed"):
-        run_sample(
-            SampleInputs(prompts, ckpt.path), tmp_path / "o", other, progress=False, resume=True
-        )
+        run_sample(SampleInputs(prompts, ckpt.path), tmp_path / "o", other, progress=False)
 
 
 def test_cli_writes_pools_that_inspect_reads_with_top_k_flagged(tmp_path: Path) -> None:

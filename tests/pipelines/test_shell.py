@@ -67,3 +67,45 @@ def test_the_load_options_are_checked_before_the_body(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no CUDA device|unknown device"):
         run_recipe(body, out=tmp_path / "out", load=LoadOptions(device="cuda:7"))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_the_body_writes_replaces_the_last_runs_whole(tmp_path: Path) -> None:
+    """`lab build` again into the same --out: its `checkpoints/` replaces the last one (a stale
+    checkpoint-300 goes), and a file of --out the run does not write is left alone."""
+    out = tmp_path / "out"
+    (out / "checkpoints/checkpoint-300").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+
+    def body(stage: Stage) -> Done:
+        assert stage.into is not None
+        (stage.into / "checkpoints/checkpoint-100").mkdir(parents=True)
+        (stage.into / "checkpoints/checkpoint-100/config.json").write_text("{}")
+        return Done(1)
+
+    assert run_recipe(body, out=out, record=None) == Done(1)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint-100"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "notes.txt"]
+
+
+def test_an_unstaged_body_writes_into_out_as_it_goes(tmp_path: Path) -> None:
+    """`staged=False` (train): the body's files are in --out while it runs, so a run stopped
+    by an error keeps them; the record is written last, only on success."""
+    out = tmp_path / "out"
+
+    def body(stage: Stage) -> Done:
+        assert stage.into == out
+        (out / "metrics.jsonl").write_text('{"step": 1}\n')
+        return Done(1)
+
+    assert run_recipe(body, out=out, record="train.json", staged=False) == Done(1)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "train.json"]
+
+    def fails(stage: Stage) -> Done:
+        (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+        raise InputError("step 3 diverged")
+
+    (out / "train.json").unlink()
+    with pytest.raises(InputError, match="diverged"):
+        run_recipe(fails, out=out, record="train.json", staged=False)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from otb_diag.dynamics.lr_sweep import choose_lr, stability
-from otb_diag.io.atomic import write_json
 from otb_diag.io.scenarios import check_scenario, default_checkpoints
 from otb_diag.io.scenarios import default_rollouts as scenario_rollouts
 from otb_diag.io.training_logs import read_training_log
@@ -32,6 +31,7 @@ from otb_diag.pipelines.inputs import EnergyInputs, Inputs
 from otb_diag.pipelines.results.figures import CollapseSteps, FiguresResult, Sweep, SweepRun
 from otb_diag.pipelines.results.variance import VarianceResult
 from otb_diag.pipelines.rl_training import scenario_settings
+from otb_diag.pipelines.shell import run_recipe
 from otb_diag.pipelines.training_logs.recipe import run_dynamics
 from otb_diag.pipelines.training_logs.settings import TrainingLogs
 from otb_diag.pipelines.variance.recipe import VarianceSettings, run_variance
@@ -98,13 +98,27 @@ def run_figures(
     settings: FiguresSettings = FiguresSettings(),
     *,
     progress: bool = True,
-) -> FiguresResult:
+) -> FiguresResult | None:
     """Regenerate every figure of the scenario of `inputs` (its own checkpoints and rollouts:
     another --ckpt or --rollouts is refused) into `out`; returns (and writes as
-    `figures.json`) the result: what made each file. `settings.jobs` trainings run at once."""
+    `figures.json`) the result: what made each file. `settings.jobs` trainings run at once.
+    In the recipe shell, unstaged: it runs the other commands into `out/runs`, each staged in
+    its own shell, and copies their figures out as they are made."""
     inputs.refuse(("ckpt", "rollouts"), "figures runs on the scenario's own")
-    quick, seed, scenario = settings.quick, settings.seed, inputs.scenario
-    plan = FigurePlan.make(quick, check_scenario(scenario))
+    plan = FigurePlan.make(settings.quick, check_scenario(inputs.scenario))
+    return run_recipe(
+        lambda stage: _figures(plan, inputs.scenario, out, settings, stage.progress),
+        out=out,
+        record="figures.json",
+        progress=progress,
+        staged=False,
+    )
+
+
+def _figures(
+    plan: FigurePlan, scenario: str, out: Path, settings: FiguresSettings, progress: bool
+) -> FiguresResult:
+    quick, seed = settings.quick, settings.seed
     rollouts = scenario_rollouts(scenario)
     checkpoints = default_checkpoints(scenario)
     start = checkpoints[-1]  # the one the rollouts were sampled from; trainings start there
@@ -141,7 +155,7 @@ def run_figures(
     )
     timings["dynamics_s"] = time.perf_counter() - t0
 
-    result = FiguresResult(
+    return FiguresResult(
         scenario=scenario,
         quick=quick,
         seed=seed,
@@ -154,8 +168,6 @@ def run_figures(
             CollapseSteps(r.run, r.collapse_step, r.warning_step, r.lead_steps) for r in report.runs
         ],
     )
-    write_json(out / "figures.json", result.to_json())
-    return result
 
 
 @dataclass

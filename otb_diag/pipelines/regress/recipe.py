@@ -11,6 +11,7 @@ from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.regress import golden as lib
 from otb_diag.pipelines.regress.run_metrics import Metric, collect_metrics
 from otb_diag.pipelines.regress.settings import RegressInputs, RegressSettings
+from otb_diag.pipelines.shell import run_recipe
 
 EXIT_REGRESSION = 1
 NO_COMMON_NAME = (
@@ -43,9 +44,20 @@ class RegressOutcome:
 
 def run_regress(
     inputs: RegressInputs, settings: RegressSettings = RegressSettings(), *, say: Say = silent
-) -> RegressOutcome:
+) -> RegressOutcome | None:
     """Compare the run under `inputs.current` with the golden file, or rewrite it
-    (`settings.update`); what the user should know beside the outcome goes through `say`."""
+    (`settings.update`); what the user should know beside the outcome goes through `say`. In
+    the recipe shell, on rank 0 alone (None on the others under torchrun): it writes no folder,
+    only the golden file or the --junit report, each atomically."""
+    return run_recipe(
+        lambda stage: _regress(inputs, settings, stage.say),
+        say=say,
+        progress=False,
+        every_rank=False,
+    )
+
+
+def _regress(inputs: RegressInputs, settings: RegressSettings, say: Say) -> RegressOutcome:
     metrics = collect_metrics(inputs.current)
     if settings.update:
         return _update(inputs, settings, metrics, say)

@@ -34,6 +34,7 @@ from otb_diag.pipelines.report.sections import TABLES, Run, figures
 from otb_diag.pipelines.report.settings import ReportInputs
 from otb_diag.pipelines.results.report import ReportedRun, ReportResult, Verdict
 from otb_diag.pipelines.results.schema import plain
+from otb_diag.pipelines.shell import run_recipe
 
 REPORT_COMMANDS = ("variance-compare", "energy", "dynamics", "train")  # the report's order
 JUNIT_SUITE = "otb-diag regress"
@@ -139,10 +140,16 @@ def _page(
     return html.page("otb-diag report", subtitle, "\n".join(body)), runs, found, absent
 
 
-def run_report(inputs: ReportInputs, out: Path) -> ReportResult:
+def run_report(inputs: ReportInputs, out: Path) -> ReportResult | None:
     """Write the page for the runs under `inputs.run_dirs` (compared with `inputs.golden` when
     given) to the file `out`; returns the result: `out` (resolved), `runs` (command, label,
-    directory), `verdicts` (topic, sentence) and `absent` (what no run measured)."""
+    directory), `verdicts` (topic, sentence) and `absent` (what no run measured). In the recipe
+    shell, on rank 0 alone (None on the others under torchrun); the page is one file, written
+    atomically, so no folder is staged."""
+    return run_recipe(lambda stage: _report(inputs, out), every_rank=False, progress=False)
+
+
+def _report(inputs: ReportInputs, out: Path) -> ReportResult:
     page, runs, found, absent = _page(inputs.run_dirs, inputs.golden)
     write_text(out, page)
     return ReportResult(

@@ -82,24 +82,18 @@ def run_sample(
     out: Path,
     settings: SampleSettings,
     *,
-    resume: bool = False,
     progress: bool = True,
-    stop_after: int | None = None,
     say: Say = silent,
 ) -> SampleResult | None:
     """Sample the pools of `inputs` (the prompts, from its checkpoint: the embedded default,
     said through `say`, when none; see the module docstring) into `out`; returns the result,
-    manifest.json's content (None on the ranks other than 0 under torchrun, and when stopped by
-    `stop_after`).
-
-    stop_after: sample at most this many batches, then stop without writing the pools (the
-    state a kill leaves; for tests). Raises `InputError` for bad input, before writing."""
+    manifest.json's content (None on the ranks other than 0 under torchrun). With
+    `settings.resume`, finishes a killed run's parts in `out`. Raises `InputError` for bad
+    input, before writing."""
     verifier = settings.check()
     ckpt = inputs.checkpoint(say)
     result = run_recipe(
-        lambda stage: _run(
-            ckpt, inputs.prompts, out, stage, settings, verifier, resume, stop_after
-        ),
+        lambda stage: _run(ckpt, inputs.prompts, out, stage, settings, verifier),
         out=out,
         load=settings.load,
         record=MANIFEST,
@@ -118,13 +112,11 @@ def _run(
     stage: Stage,
     settings: SampleSettings,
     verifier: Verifier,
-    resume: bool,
-    stop_after: int | None,
 ) -> SampleResult | None:
     started = time.perf_counter()
     parts = out / PARTS
     # Every rank checks OUT before the parts folder is created (a phase waits for all).
-    prompts = _read_and_check(prompts_path, out, settings, verifier, resume)
+    prompts = _read_and_check(prompts_path, out, settings, verifier)
     job = _prepare(ckpt, prompts, prompts_path, settings)
     if not settings.sampling.from_policy:
         stage.say(
@@ -135,16 +127,12 @@ def _run(
     _open_parts(parts, job.identity)
     # What is left to sample (the plan is rank 0's view of the parts: every rank splits it).
     todo = [k for k in range(len(job.batches)) if not _part(parts, k).is_file()]
-    if stop_after is not None:
-        todo = [k for k in todo if k < stop_after]
     everything = range(len(job.batches))
     shards = shard([(k, job.costs[k]) for k in todo], [(k, job.costs[k]) for k in everything])
     tokens_per_rank = shards.run(
         lambda mine: _sample_parts(job, mine, settings, parts, stage.progress, shards.ranks),
         lambda sampled: [tokens for _, tokens in sampled],
     )
-    if stop_after is not None and stop_after < len(job.batches):
-        return None
     # Each rank scores a share of all the batches (its own sampled ones on a fresh run).
     return shards.run(
         lambda mine: _score(parts, mine, job, verifier, settings, prompts_path),
@@ -252,7 +240,7 @@ def _assemble(
 
 @agreed
 def _read_and_check(
-    prompts_path: Path, out: Path, settings: SampleSettings, verifier: Verifier, resume: bool
+    prompts_path: Path, out: Path, settings: SampleSettings, verifier: Verifier
 ) -> list[PromptRow]:
     """The prompts, once they and OUT are fit for this run."""
     prompts = read_prompts(prompts_path, settings.prompt_column, settings.answer_column)
@@ -272,7 +260,7 @@ def _read_and_check(
             path=out,
             hint="Choose another --out, or remove it.",
         )
-    if (out / PARTS).exists() and not resume:
+    if (out / PARTS).exists() and not settings.resume:
         raise InputError(
             f"holds a partial run ({PARTS}/)",
             path=out,

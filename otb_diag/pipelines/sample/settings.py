@@ -39,6 +39,8 @@ class SampleSettings:
     )
     batch_tokens: int = knob(32768, BATCH_TOKENS)
     load: LoadOptions = field(default_factory=LoadOptions)
+    # How this run treats --out, not what the pools are: left out of `identity`.
+    resume: bool = knob(False, help="Finish a killed run into the same --out.")
 
     def check(self) -> Verifier:
         """Raise `InputError` for a bad setting before anything is read; returns the verifier."""
@@ -69,6 +71,7 @@ class SampleSettings:
         """What a resumed run must share with the run it continues."""
         record = asdict(self)
         record.pop("load")
+        record.pop("resume")
         record.update(record.pop("sampling"))  # temperature, top_k, top_p, max_new_tokens
         record["dtype"] = self.load.dtype
         return record
