@@ -183,5 +183,24 @@ def split_metrics(
     return {PREFIX + k: v for k, v in out.items()}
 
 
+def step_and_split_metrics(
+    batch: ResponseBatch,
+    audited: tuple[str, dict[str, Any]] | None,
+    baselines: Sequence[str] | None,
+    scores: Tensor | None,
+    aggregation: str,
+    split_under: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, float]:
+    """What an integration logs at a step: `step_metrics`, and on the steps that have the
+    split's scores (`[B, C, k]`, C ≥ the batch's width; None: no split) `split_metrics` under
+    the trainer's `aggregation` and the baselines `split_under` (name -> options; None: the
+    trainer's own and OTB, `split_baselines(audited)`)."""
+    metrics = step_metrics(batch, audited, baselines)
+    if scores is not None:
+        under = split_baselines(audited) if split_under is None else split_under
+        metrics |= split_metrics(batch, scores, under, aggregation)
+    return metrics
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan

@@ -72,9 +72,8 @@ from otb_diag.integrations.step_metrics import (
     check_whole_groups,
     round_off_clamped,
     split_baselines,
-    split_metrics,
     split_scores,
-    step_metrics,
+    step_and_split_metrics,
 )
 from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
 from otb_diag.maths.estimators.registry import trainer_baseline
@@ -491,9 +490,9 @@ class LiveDiagnostics:
             )
 
     def _measure(self, batch: ResponseBatch, step: int, scores: Tensor | None) -> dict[str, float]:
-        metrics = step_metrics(batch, self.audited, self.baselines)
-        if scores is not None:
-            metrics |= split_metrics(batch, scores, self.split_baselines, self.aggregation)
+        metrics = step_and_split_metrics(
+            batch, self.audited, self.baselines, scores, self.aggregation, self.split_baselines
+        )
         if self.dump_dir is not None:
             dump_step(self.dump_dir, batch, step, self.audited)
         return metrics

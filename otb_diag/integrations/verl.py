@@ -44,10 +44,8 @@ from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
     round_off_clamped,
-    split_baselines,
-    split_metrics,
     split_scores,
-    step_metrics,
+    step_and_split_metrics,
 )
 from otb_diag.integrations.verl_scores import OTB_SCORES, SPLIT_K
 from otb_diag.io.trainers.verl import PromptUids
@@ -83,7 +81,6 @@ def compute_otb_metrics(
     batch needs `prompts`); the last two give the same numbers."""
     audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
     step = verl_batch(batch, temperature)
-    metrics = step_metrics(step, audited, baselines)
     if scores is None and model is None:
         scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
     if scores is None and model is not None:
@@ -96,8 +93,7 @@ def compute_otb_metrics(
                 f"tokens; got shape {list(scores.shape)}.",
                 field="scores",
             )
-        metrics |= split_metrics(step, scores, split_baselines(audited), loss_agg_mode)
-    return metrics
+    return step_and_split_metrics(step, audited, baselines, scores, loss_agg_mode)
 
 
 class BudgetTracker:

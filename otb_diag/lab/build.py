@@ -252,21 +252,7 @@ def build_lab(
         model = build_model(
             tokenizer, config.n_embd, config.n_layer, config.n_head, config.n_positions
         )
-        losses = train(
-            model,
-            tokenizer,
-            train_rng,
-            steps=config.steps,
-            batch_tokens=config.batch_tokens,
-            lr=config.lr,
-            warmup=config.warmup,
-            save_steps=config.save_steps,
-            out_dir=ckpt_root,
-            ops=config.ops,
-            digits=config.train_digits,
-            curriculum=config.curriculum,
-            bar=bar,
-        )
+        losses = train(model, tokenizer, train_rng, config, ckpt_root, bar)
         timings["train_s"] = time.perf_counter() - start
 
         checkpoints = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,7 +20,6 @@ from otb_diag.lab.task import (
     CALL,
     MAX_DIGITS,
     MIN_DIGITS,
-    PLAIN_OPS,
     TOOL_OP,
     Problem,
     make_problems,
@@ -27,6 +27,9 @@ from otb_diag.lab.task import (
     target,
     tool_output,
 )
+
+if TYPE_CHECKING:  # build.py, which holds LabConfig, imports this module
+    from otb_diag.lab.build import LabConfig
 
 IGNORE = -100  # label value that torch's cross-entropy skips
 
@@ -109,40 +112,31 @@ def train(
     model: GPT2LMHeadModel,
     tokenizer: PreTrainedTokenizerFast,
     rng: np.random.Generator,
-    *,
-    steps: int,
-    batch_tokens: int,
-    lr: float,
-    warmup: int,
-    save_steps: tuple[int, ...],
+    config: LabConfig,
     out_dir: Path,
-    ops: tuple[str, ...] = (*PLAIN_OPS, TOOL_OP),
-    digits: tuple[int, int] = (MIN_DIGITS, MAX_DIGITS),
-    curriculum: tuple[int, float] | None = None,
     bar: tqdm | None = None,
 ) -> list[float]:
-    """Train for `steps` AdamW steps on fresh problems of `ops` (about `batch_tokens` prompt +
-    answer tokens per batch, one digit count in `digits` per batch, its ceiling growing as
-    `digit_ceiling` says under a `curriculum`); save
-    `out_dir/checkpoint-<step>/` at each of `save_steps` (steps counted from 1). Returns the
-    per-step training loss.
+    """Train for `config.steps` AdamW steps on fresh problems of `config.ops` (about
+    `config.batch_tokens` prompt + answer tokens per batch, one digit count in
+    `config.train_digits` per batch, its ceiling growing as `digit_ceiling` says under
+    `config.curriculum`); save `out_dir/checkpoint-<step>/` at each of `config.save_steps` (steps
+    counted from 1). Returns the per-step training loss.
 
     Each checkpoint holds the model (safetensors), its generation config and the tokenizer, so it
     loads with `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` like a real one.
     """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     losses = []
     model.train()
-    for step in range(1, steps + 1):
+    for step in range(1, config.steps + 1):
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step - 1, steps, lr, warmup)
-        n_digits = _sample_n_digits(
-            rng, digits[0], digit_ceiling(step - 1, steps, digits, curriculum)
-        )
+            group["lr"] = _lr_at(step - 1, config.steps, config.lr, config.warmup)
+        ceiling = digit_ceiling(step - 1, config.steps, config.train_digits, config.curriculum)
+        n_digits = _sample_n_digits(rng, config.train_digits[0], ceiling)
         # A fixed token budget per batch: short problems come many to a batch at almost no extra
         # cost (a step on a small model is mostly overhead), so they are learned well.
-        n_problems = max(1, batch_tokens // problem_tokens(ops[0], n_digits))
-        problems = make_problems(rng, n_problems, n_digits, ops)
+        n_problems = max(1, config.batch_tokens // problem_tokens(config.ops[0], n_digits))
+        problems = make_problems(rng, n_problems, n_digits, config.ops)
         batch = [_encode_example(tokenizer, p) for p in problems]
         input_ids, attention_mask, labels = _collate(batch, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -151,7 +145,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        if step in save_steps:
+        if step in config.save_steps:
             checkpoint = out_dir / f"checkpoint-{step}"
             model.save_pretrained(str(checkpoint), safe_serialization=True)
             tokenizer.save_pretrained(str(checkpoint))

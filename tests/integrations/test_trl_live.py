@@ -239,7 +239,7 @@ def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
     def broken(*_: object, **__: object) -> dict:
         raise InputError("the step's groups are not whole (simulated)")
 
-    monkeypatch.setattr(live, "step_metrics", broken)
+    monkeypatch.setattr(live, "step_and_split_metrics", broken)
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
@@ -430,7 +430,7 @@ def test_the_main_processs_error_is_handed_over_at_the_next_gather(
         raise ValueError("planted")
 
     monkeypatch.setattr(live, "gather_shares", gather)
-    monkeypatch.setattr(live, "step_metrics", broken)
+    monkeypatch.setattr(live, "step_and_split_metrics", broken)
     trainer = toy_trainer(tmp_path / "run", 3)
     diagnostics = attach(trainer)
     diagnostics._processes = 2
