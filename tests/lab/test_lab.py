@@ -21,6 +21,8 @@ from otb_diag.io.scenarios import (
 from otb_diag.lab.build import LabConfig, build_lab
 from otb_diag.lab.task import CALL, END, Problem, answer, target, tool_output, verify
 from otb_diag.lab.tokenizer import build_tokenizer
+from otb_diag.pipelines import lab_build
+from otb_diag.pipelines.inputs import LabInputs
 
 TOKENIZER = build_tokenizer()
 
@@ -123,9 +125,21 @@ TINY = LabConfig(
 
 @pytest.fixture(scope="module")
 def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """`a` built by `build_lab` itself; `b` by `lab build`'s entry point (TINY standing in for
+    the default scenario), staged and moved into a folder that holds a stale checkpoint."""
     a, b = tmp_path_factory.mktemp("lab_a"), tmp_path_factory.mktemp("lab_b")
     summary = build_lab(a, seed=3, config=TINY, progress=False)
-    build_lab(b, seed=3, config=TINY, progress=False)
+    (b / "checkpoints/checkpoint-999").mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(lab_build.SCENARIOS, "default", TINY)
+        built = lab_build.run_lab_build(
+            LabInputs(), b, lab_build.LabSettings(seed=3), progress=False
+        )
+    assert (
+        built is not None
+        and built.out == b
+        and built.to_json() == summary | {"timings": built.to_json()["timings"]}
+    )
     return a, b, summary
 
 
@@ -141,6 +155,11 @@ def test_build_is_deterministic(tiny_builds: tuple[Path, Path, dict]) -> None:
         wb = load_file(b / "checkpoints" / f"checkpoint-{step}" / "model.safetensors")
         assert wa.keys() == wb.keys()
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # The staged build replaced the folder's stale checkpoints whole.
+    assert sorted(p.name for p in (b / "checkpoints").iterdir()) == [
+        f"checkpoint-{s}" for s in steps
+    ]
+    assert not list(b.glob(".otb-diag-staging-*"))
     # Training moved the weights: the checkpoints are not all the same.
     w2 = load_file(a / "checkpoints" / "checkpoint-2" / "model.safetensors")
     w6 = load_file(a / "checkpoints" / "checkpoint-6" / "model.safetensors")
