@@ -6,7 +6,7 @@ the same everywhere."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from otb_diag.knobs import Knob, comma_list, joined, knob, optional_tuple
 
@@ -72,7 +72,19 @@ def chunk_size_knob() -> Any:
     )
 
 
-def planned(settings: Any, model: nn.Module | None, free_bytes: float | None = None) -> Any:
+class Sized(Protocol):
+    """The settings of a command whose statistics pass `planned` sizes (energy's, variance's)."""
+
+    @property
+    def batch_tokens(self) -> int | None: ...
+    @property
+    def chunk_size(self) -> int | None: ...
+
+
+S = TypeVar("S", bound=Sized)
+
+
+def planned(settings: S, model: nn.Module | None, free_bytes: float | None = None) -> S:
     """`settings` with an auto (None) `batch_tokens` or `chunk_size` replaced by what
     `stats_plan` gives `model` (the CPU's fixed sizes off CUDA; `free_bytes`: the free memory
     to plan for instead of the device's); model-free runs get the CPU's sizes. Sizes given by

@@ -16,6 +16,7 @@ from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.registry import resolve_name, trainer_baseline
 from otb_diag.maths.estimators.trainer_audit import audit_part, combine_audits
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.pipelines.energy.settings import EnergySettings
 
 SKIPPED = (
     "the rollouts carry trainer advantages but the trainer's estimator is unknown: name it "
@@ -29,7 +30,7 @@ def _trainer_of(fmt: str) -> str:
 
 
 def audit_share(
-    batch: ResponseBatch, w: Tensor, rollouts: Rollouts, settings: Any, tir: bool
+    batch: ResponseBatch, w: Tensor, rollouts: Rollouts, settings: EnergySettings, tir: bool
 ) -> dict[str, Any] | None:
     """One rank's audit part of one chunk's share (`trainer_audit.audit_part`) against the
     trainer's registry baseline: `--trainer-baseline` when given, else the estimator the rows

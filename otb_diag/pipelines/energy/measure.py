@@ -41,6 +41,7 @@ from otb_diag.maths.energy.tables import EnergyTables, energy_tables, pick_group
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
+from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.measure_knobs import planned
 from otb_diag.plots import energy as plots
 from otb_diag.plots.figure_data import EnergyFigures
@@ -91,7 +92,7 @@ class Measured:
     outputs: list[str]
     rank_tokens: list[int]
     clamped: dict[str, int]  # values clamped onto a rule of `io/rollouts/probability_checks.py`
-    settings: Any  # the run's settings, auto sizes resolved (`measure_knobs.planned`)
+    settings: EnergySettings  # the run's, auto sizes resolved (`measure_knobs.planned`)
 
 
 @dataclass
@@ -107,7 +108,11 @@ class _Part:
 
 
 def measure_and_write(
-    checkpoints: list[Path], rollouts_path: Path, out: Path, settings: Any, progress: bool
+    checkpoints: list[Path],
+    rollouts_path: Path,
+    out: Path,
+    settings: EnergySettings,
+    progress: bool,
 ) -> Measured | None:
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
     (the shell's staging folder). The chunks' groups are shared out by tokens
@@ -166,7 +171,9 @@ def measure_and_write(
 
 
 @agreed
-def _load_rollouts(rollouts_path: Path, checkpoints: list[Path], settings: Any) -> RolloutStream:
+def _load_rollouts(
+    rollouts_path: Path, checkpoints: list[Path], settings: EnergySettings
+) -> RolloutStream:
     """The indexed rollouts in chunks, once they fit the run (every rank, one phase); every row
     is validated when a chunk is read."""
     rollouts = load_rollout_stream(
@@ -181,12 +188,16 @@ def _load_rollouts(rollouts_path: Path, checkpoints: list[Path], settings: Any) 
 
 
 @agreed
-def _load(settings: Any, path: Path) -> Checkpoint:
+def _load(settings: EnergySettings, path: Path) -> Checkpoint:
     return settings.load.load(path)
 
 
 def _measure_next(
-    stream: Iterator[Rollouts], ckpt: Checkpoint | None, settings: Any, tir: bool, _: list[int]
+    stream: Iterator[Rollouts],
+    ckpt: Checkpoint | None,
+    settings: EnergySettings,
+    tir: bool,
+    _: list[int],
 ) -> _Part | None:
     """The next share of `stream` (the groups `Shards.run` hands over), read and measured."""
     return _measure(next(stream), ckpt, settings, tir)
@@ -198,7 +209,7 @@ def _write_outputs(
     chunks: list[list[int]],
     results: list[StepResult],
     writer: TokenWriter,
-    settings: Any,
+    settings: EnergySettings,
     rollouts_path: Path,
 ) -> tuple[str, list[str]]:
     """Rank 0: close tokens.parquet, then the tables and figures of the figures' group (named,
@@ -232,7 +243,9 @@ def _check_inputs(index: RolloutIndex, checkpoints: list[Path], tau: float | Non
         )
 
 
-def _measure(rollouts: Rollouts, ckpt: Checkpoint | None, settings: Any, tir: bool) -> _Part | None:
+def _measure(
+    rollouts: Rollouts, ckpt: Checkpoint | None, settings: EnergySettings, tir: bool
+) -> _Part | None:
     """The tables of this rank's share of one chunk (None when the share is empty)."""
     if not rollouts.responses:
         return None

@@ -20,6 +20,7 @@ from otb_diag.io.rollouts.readers import Rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.pipelines.measure_knobs import planned
+from otb_diag.pipelines.variance.settings import VarianceSettings
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import TokenScores, token_scores
 from otb_diag.runtime.sharded import Part, Shards
@@ -36,7 +37,7 @@ class Measured:
     batch: ResponseBatch
     w: Tensor  # [B, T]
     scores: dict[str, TokenScores]  # model mode -> its scores over the pool
-    settings: Any  # the settings, auto sizes as the statistics pass resolved them (`planned`)
+    settings: VarianceSettings  # auto sizes as the statistics pass resolved them (`planned`)
 
 
 def measure(
@@ -44,14 +45,14 @@ def measure(
     rollouts: Rollouts,
     groups: list[list[int]],
     shards: Shards[int],
-    settings: Any,
+    settings: VarianceSettings,
     bar: Any,
     notify: Callable[[str], None] | None,
 ) -> tuple[Checkpoint, Measured | None]:
     """The pool (`rollouts`, whose `groups` list each group's rows) measured under the
     checkpoint at `path`, tokenized once by every rank; each rank measures the rows of its
     groups (`shards`), rank 0 rebuilds the pool's tensors from every rank's rows (None on the
-    other ranks). `settings` is a `VarianceSettings`."""
+    other ranks)."""
     ckpt, tokenized = _load(path, rollouts, settings.load)
     sized = planned(settings, ckpt.model)  # auto: the statistics pass's plan for this model
     fixed = planned(settings, None)  # auto: the fixed sizes the model modes always had
@@ -91,8 +92,8 @@ def _load(path: Path, rollouts: Rollouts, options: LoadOptions) -> tuple[Checkpo
 def _scores(
     ckpt: Checkpoint,
     batch: ResponseBatch,
-    settings: Any,
-    fixed: Any,
+    settings: VarianceSettings,
+    fixed: VarianceSettings,
     progress: Callable[[int], object],
     notify: Callable[[str], None] | None,
 ) -> dict[str, TokenScores]:
