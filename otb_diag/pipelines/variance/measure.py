@@ -5,6 +5,7 @@ pool's `[B, T]` tensors on rank 0."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,9 +62,19 @@ def measure(
         """The pool's rows of the groups `share`, in the pool's order."""
         return sorted(i for g in share for i in groups[g])
 
+    @functools.cache
+    def whole() -> ResponseBatch:
+        """The pool's batch, made once: rank 0's merge needs it, and it is a world of one's
+        share."""
+        return make_batch(tokenized)
+
     def measured(share: list[int]) -> Rows:
         responses = tokenized.responses
-        batch = make_batch(replace(tokenized, responses=[responses[i] for i in rows(share)]))
+        mine = rows(share)
+        if len(mine) == len(responses):  # every row, in the pool's order
+            batch = whole()
+        else:
+            batch = make_batch(replace(tokenized, responses=[responses[i] for i in mine]))
         stats = checkpoint_stats(
             ckpt.model,
             batch,
@@ -74,7 +85,7 @@ def measure(
         return stats.w, _scores(ckpt, batch, settings, fixed, bar.update, notify)
 
     def pool(parts: list[Part[int, Rows]]) -> Measured:
-        batch = make_batch(tokenized)
+        batch = whole()
         w, scores = _rebuilt([(rows(share), part) for share, part in parts], batch.valid.shape)
         return Measured(batch, w, scores, sized)
 
