@@ -14,7 +14,6 @@ from typing import Any, Protocol, TypeVar, cast
 from otb_diag.io.atomic import staged_output, write_json
 from otb_diag.io.load_options import LoadOptions
 from otb_diag.pipelines.inputs import Say, silent
-from otb_diag.runtime.devices import resolve_device
 from otb_diag.runtime.torchrun import launched_world_size, session
 
 
@@ -67,9 +66,12 @@ def run_recipe(
     staged: False for a command whose outputs cannot all wait for the end (train's
         metrics.jsonl, flushed step by step, so a stopped run keeps its finished steps): rank
         0's body writes into `out` itself as it goes, and `record` is written last."""
+    device = "cpu"  # a command that loads no model (report, regress) stays free of torch
     if load is not None:
+        from otb_diag.runtime.devices import resolve_device
+
         load.check(launched_world_size())
-    device = "cpu" if load is None else resolve_device(load.device).type
+        device = resolve_device(load.device).type
 
     def on_rank_0() -> R | None:
         if out is None:
