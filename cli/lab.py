@@ -11,7 +11,7 @@ from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
 
 from otb_diag.knobs import knob
 from otb_diag.pipelines.inputs import LabInputs
-from otb_diag.pipelines.lab_build import LabSettings
+from otb_diag.pipelines.lab_settings import LabSettings
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width

@@ -3,20 +3,14 @@ shell (`lab/build.py:build_lab` does the work)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.io.scenarios import check_scenario
-from otb_diag.knobs import knob
 from otb_diag.lab.build import SCENARIOS, build_lab
 from otb_diag.lab.summary import BuiltLab
 from otb_diag.pipelines.inputs import LabInputs
+from otb_diag.pipelines.lab_settings import LabSettings
 from otb_diag.pipelines.shell import Stage, run_recipe
-
-
-@dataclass(frozen=True)
-class LabSettings:
-    seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
 
 
 def run_lab_build(

@@ -132,3 +132,18 @@ def test_an_option_name_is_declared_one_way_in_every_command() -> None:
     differing = {opt for opt, ways in declared.items() if len(ways) > 1}
     assert differing <= WORDED_PER_COMMAND, differing - WORDED_PER_COMMAND
     assert all(multiple for _, multiple, _ in declared["--ckpt"])
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    """Parsing a command line, `--help` included, imports none of the heavy stack: every
+    subprocess the tool or its tests start (torchrun ranks, bench scripts) pays for what the
+    CLI imports at start-up. A command imports its library code when it runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, otb_diag.cli.main; "
+        "print(*(m in sys.modules for m in ('torch', 'transformers', 'matplotlib', 'pandas')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"] * 4

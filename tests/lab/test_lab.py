@@ -23,6 +23,7 @@ from otb_diag.lab.task import CALL, END, Problem, answer, target, tool_output, v
 from otb_diag.lab.tokenizer import build_tokenizer
 from otb_diag.pipelines import lab_build
 from otb_diag.pipelines.inputs import LabInputs
+from otb_diag.pipelines.lab_settings import LabSettings
 
 TOKENIZER = build_tokenizer()
 
@@ -132,9 +133,7 @@ def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, d
     (b / "checkpoints/checkpoint-999").mkdir(parents=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(lab_build.SCENARIOS, "default", TINY)
-        built = lab_build.run_lab_build(
-            LabInputs(), b, lab_build.LabSettings(seed=3), progress=False
-        )
+        built = lab_build.run_lab_build(LabInputs(), b, LabSettings(seed=3), progress=False)
     assert (
         built is not None
         and built.out == b

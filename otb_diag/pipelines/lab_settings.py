@@ -1,0 +1,13 @@
+"""The knob of `otb-diag lab build`, declared once (the command line is built from it; no torch
+at import, so the CLI starts light: `pipelines/lab_build.py` imports the lab's torch code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otb_diag.knobs import knob
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
