@@ -100,5 +100,8 @@ def _is_rank_zero() -> bool:
 def show(result: Any, as_json: bool, **how: Any) -> None:
     """A command's typed result on stdout: `result.to_json()` with --json, else
     `result.format(**how)` (`how`: what the text needs beyond the result, such as the output
-    folder)."""
+    folder). Nothing for None: an entry point's result on a rank other than 0 under torchrun,
+    where rank 0 prints."""
+    if result is None:
+        return
     typer.echo(json_text(result.to_json()) if as_json else result.format(**how))

@@ -40,6 +40,4 @@ def energy(run: EnergyRun, settings: EnergySettings) -> None:
         progress=not run.quiet,
         say=note,
     )
-    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
-        return
     show(result, run.as_json)

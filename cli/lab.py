@@ -43,9 +43,7 @@ def build(run: BuildRun, settings: LabSettings) -> None:
     """
     from otb_diag.pipelines.lab_build import run_lab_build
 
-    built = run_lab_build(run.inputs, run.out, settings, progress=not run.quiet)
-    if built is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
-        show(built, run.as_json)
+    show(run_lab_build(run.inputs, run.out, settings, progress=not run.quiet), run.as_json)
 
 
 register(app, "build", build)

@@ -38,6 +38,4 @@ def report(inputs: ReportInputs, run: ReportRun) -> None:
     """
     from otb_diag.pipelines.report.recipe import run_report
 
-    result = run_report(inputs, run.out)
-    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
-        show(result, run.as_json)
+    show(run_report(inputs, run.out), run.as_json)

@@ -62,8 +62,7 @@ def inspect(run: InspectRun) -> None:
     from otb_diag.pipelines.inspect.recipe import run_inspect
 
     result = run_inspect(run.inputs, run.settings, say=note)
-    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
-        show(result, run.as_json)
+    show(result, run.as_json)
 
 
 register(app, "inspect", inspect)
@@ -103,8 +102,7 @@ def sample(run: SampleRun, settings: SampleSettings) -> None:
     from otb_diag.pipelines.sample.recipe import run_sample
 
     result = run_sample(run.inputs, run.out, settings, progress=not run.quiet, say=note)
-    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
-        show(result, run.as_json, out=run.out)
+    show(result, run.as_json, out=run.out)
 
 
 register(app, "sample", sample)

@@ -39,5 +39,4 @@ def train(run: TrainRun, settings: TrainSettings) -> None:
     from otb_diag.pipelines.rl_training import run_train
 
     result = run_train(run.inputs, run.out, settings, progress=not run.quiet, say=note)
-    if result is not None:  # None: a rank other than 0 under torchrun, where rank 0 prints
-        show(result, run.as_json)
+    show(result, run.as_json)

@@ -40,6 +40,4 @@ def variance_compare(run: VarianceRun, settings: VarianceSettings) -> None:
     from otb_diag.pipelines.variance.recipe import run_variance
 
     result = run_variance(run.inputs, run.out, settings, progress=not run.quiet, say=note)
-    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
-        return
     show(result, run.as_json)

@@ -147,3 +147,16 @@ def test_the_command_line_starts_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False"] * 4
+
+
+def test_show_prints_nothing_for_a_rank_that_holds_no_result(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under torchrun every entry point returns None on the ranks other than 0 (rank 0 prints):
+    `show` prints nothing for it, in text and in --json, for every command alike (dynamics and
+    figures once passed it on and failed on rank 1)."""
+    from otb_diag.cli.common import show
+
+    show(None, as_json=True)
+    show(None, as_json=False, out="x")
+    assert capsys.readouterr().out == ""
