@@ -77,10 +77,10 @@ STAGING_PREFIX = ".otb-diag-staging-"
 def staged_output(out: str | Path) -> Iterator[Path]:
     """A hidden staging directory inside `out` for all of a run's files: on success each moves
     into `out` (`os.replace`, a rename each; a folder replaces the one of that name whole) and
-    the staging directory goes; on any failure or
-    interruption (Ctrl-C, SIGTERM from torchrun when another rank died) it goes with everything
-    in it, and `out` too if this run created it and nothing else is in it. So `out` holds either
-    every output of the run or none, never some of them.
+    the staging directory goes; on any failure or interruption (Ctrl-C, SIGTERM from torchrun
+    when another rank died) it goes with everything in it, and `out` too if this run created it
+    and nothing else is in it. So `out` holds either every output of the run or none, never
+    some of them.
 
     A run killed outright (SIGKILL, the machine going down) cleans nothing: its staging
     directory, named after the machine and the process, is removed by the next run into `out`
