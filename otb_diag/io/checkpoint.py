@@ -159,6 +159,8 @@ def load_checkpoint(
             **{_dtype_kwarg(): _resolve_dtype(dtype)},
         )
     model = (model if target is None else model.to(target)).eval()
+    if _is_gguf(root):
+        _forget_gguf_quantizer(model)
     if model.get_output_embeddings().weight.device.type == "meta":
         raise InputError(
             f"--device-map {device_map}: the output layer was offloaded to disk, but the "
@@ -178,6 +180,16 @@ def load_checkpoint(
         dtype=model.dtype,
         device=model.device,
     )
+
+
+def _forget_gguf_quantizer(model: PreTrainedModel) -> None:
+    """A model read from a GGUF file holds de-quantized float weights, yet transformers keeps
+    the GGUF quantizer on it and then refuses `save_pretrained` ("quantized with gguf and is
+    not serializable": `train --ckpt model.gguf` failed at its first checkpoint). Dropped, the
+    model is what it is, a float model, and saves as one."""
+    model.__dict__.pop("hf_quantizer", None)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ weights and chat template (the first test) and the same tokenizer (the sampled p
 checked against the .gguf's own tokenizer). Pools are the smallest that show each assertion:
 3 prompts x 4 responses of at most 16 tokens."""
 
-import copy
 import json
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import pandas as pd
 import pytest
 import torch
 from small_runs import energy, report
-from transformers import AutoModelForCausalLM
 
 from otb_diag.io.checkpoint import Checkpoint, find_checkpoints, load_checkpoint
 from otb_diag.io.load_options import LoadOptions
@@ -52,15 +50,11 @@ def loaded(smollm2: Path) -> Checkpoint:
 def converted(loaded: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`loaded` saved as a Hugging Face directory: safetensors weights, tokenizer."""
     out = tmp_path_factory.mktemp("smollm2-hf")
-    # transformers marks a model read from GGUF as quantized and will not save it: copy the
-    # de-quantized float weights into a plain model of the same config (a copy: `loaded` is
-    # shared and keeps its own).
-    config = copy.deepcopy(loaded.model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(loaded.model.state_dict())
-    plain.save_pretrained(out, safe_serialization=True)
+    # transformers marks a model read from GGUF as quantized and refuses to save it; the loader
+    # drops that mark (`io/checkpoint.py:_forget_gguf_quantizer`), so it saves as it is (what
+    # `train --ckpt model.gguf` does at each checkpoint).
+    assert getattr(loaded.model, "hf_quantizer", None) is None
+    loaded.model.save_pretrained(out, safe_serialization=True)
     loaded.tokenizer.save_pretrained(out)
     return out
 
