@@ -406,9 +406,12 @@ class LiveDiagnostics:
         scores from its hidden states."""
         if p.scores is not None:
             if hidden:  # the split's scores from the loss's own forward (split_capture.py)
-                p.scores[rows] = self.hidden.scores(
-                    hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
-                )
+                try:
+                    p.scores[rows] = self.hidden.scores(
+                        hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
+                    )
+                except Exception as e:  # noqa: BLE001  the split alone stops
+                    self._drop_split(p, _describe(e))
             else:
                 p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
         if captured and p.from_loss:
@@ -452,8 +455,25 @@ class LiveDiagnostics:
                 rows.logprobs, rows.sum_pi2 = self._forward_stats(own)
                 own = self._batch(p.step, rows, grouped=False)
             if extra_split:
-                rows.scores = split_scores(self._policy(), own, self.split_k)
+                try:
+                    rows.scores = split_scores(self._policy(), own, self.split_k)
+                except Exception as e:  # noqa: BLE001  the split alone stops
+                    self._drop_split(p, _describe(e))
         return rows
+
+    def _drop_split(self, p: _Pending, what: str) -> None:
+        """The split's scores failed at `p`'s step (its check of the output layer, its extra
+        forward): say once why, and go on without the split, the rest of the diagnostics
+        untouched (a failure of the split alone once switched every metric off)."""
+        warnings.warn(
+            f"otb-diag: the within/between split switched off at step {p.step}: {what}. The "
+            "other live diagnostics go on; attach(trainer, split_every=None) leaves the split "
+            "out from the start.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        self.split_every = 0
+        p.split, p.scores = False, None
 
     def _submit(self, p: _Pending, shares: list[_Share]) -> None:
         """The main process: the step's batch from every process's rows, its tables computed

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -94,14 +95,23 @@ def head_logits(
     """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` and an fp32 `weight`.
 
     out: an `[N, V]` fp32 buffer to write them into (default: a new tensor).
+    fp32 under a caller's autocast too (a trainer's `bf16=True` runs the live hooks inside one,
+    which would otherwise multiply in bf16 and return bf16 logits).
     """
-    if bias is None:
-        z = torch.matmul(h, weight.T, out=out)
-    else:
-        z = torch.addmm(bias.float(), h, weight.T, out=out)  # U h + b in one pass
+    with no_autocast(h.device):
+        if bias is None:
+            z = torch.matmul(h, weight.T, out=out)
+        else:
+            z = torch.addmm(bias.float(), h, weight.T, out=out)  # U h + b in one pass
     if softcap is not None:
         z.div_(softcap).tanh_().mul_(softcap)  # c · tanh(z / c)
     return z
+
+
+def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on `device`'s type inside (a no-op where none is on): otb-diag's own
+    arithmetic keeps the precision it states whatever mixed precision its caller trains in."""
+    return torch.autocast(device.type, enabled=False)
 
 
 @contextlib.contextmanager
@@ -134,25 +144,54 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """Raise InputError unless the logits rebuilt from the final hidden states match the model's.
 
     Catches heads this module does not know (an extra scaling, a transform, a backbone whose last
-    hidden state is not what the head reads) on a short probe sequence.
+    hidden state is not what the head reads) on a short probe sequence: one forward of the model,
+    whose backbone output is caught by a hook and multiplied through `head_logits` (fp32).
+
+    The tolerance follows the precision the model's own head ran in, read off its output: 1e-4
+    for fp32; 3e-2 where it ran in half precision, bf16/fp16 weights or an autocast around the
+    forward (accelerate wraps a `bf16=True` trainer's `forward` in one, which a caller cannot
+    switch off): half precision rounds the logits to ~3 significant digits (a default `attach`
+    under `GRPOTrainer(bf16=True)` once failed here by 0.035 against the fp32 tolerance and
+    switched the live diagnostics off). A caller's own autocast is switched off around the probe.
     """
     if model.base_model is model:
         raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
     weight, bias, scale, softcap = output_layer(model)
     ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
-    with torch.no_grad(), eval_mode(model):
-        ref = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-        ref = ref.logits[0].float()
-        h = final_hidden(model, ids, torch.ones_like(ids))[0].float() * scale
-        z = head_logits(h, weight.float(), bias, softcap)
-    # Half precision rounds the model's own logits to ~3 significant digits.
-    tol = 1e-4 if weight.dtype == torch.float32 else 3e-2
+    caught: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:  # None: output unchanged
+            caught.setdefault(name, output if isinstance(output, Tensor) else output[0])
+
+        return hook
+
+    hooks = (
+        model.base_model.register_forward_hook(keep("hidden")),  # last_hidden_state first
+        model.get_output_embeddings().register_forward_hook(keep("head")),
+    )
+    try:
+        with torch.no_grad(), eval_mode(model), no_autocast(weight.device):
+            ref = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    ref = ref.logits[0].float()
+    if "hidden" not in caught:
+        raise InputError(
+            f"{type(model).__name__}: its forward does not run its backbone "
+            f"({type(model.base_model).__name__}), so its logits cannot be rebuilt"
+        )
+    z = head_logits(caught["hidden"][0].float() * scale, weight.float(), bias, softcap)
+    head_dtype = caught["head"].dtype if "head" in caught else weight.dtype
+    tol = 1e-4 if head_dtype == torch.float32 else 3e-2
     err = (z - ref).abs().max().item()
     if err > tol * (1.0 + ref.abs().max().item()):
         raise InputError(
             f"{type(model).__name__}: logits rebuilt from the final hidden states and the output "
-            f"embedding differ from the model's own by {err:.3g}; its head applies a transform "
-            "otb-diag does not support"
+            f"embedding differ from the model's own by {err:.3g} (its head ran in "
+            f"{str(head_dtype).removeprefix('torch.')}, tolerance {tol:g} relative to the "
+            "largest logit); its head applies a transform otb-diag does not support"
         )
 
 

@@ -64,7 +64,7 @@ def toy_trainer(
         "use_cpu": True,
         "learning_rate": 1e-3,
         "seed": 0,
-        "bf16": False,
+        "bf16": False,  # fp32, the reference; test_trl_precision.py runs bf16 and fp16
         "disable_tqdm": True,
         **config,
     }

@@ -276,6 +276,33 @@ def test_unsupported_head_is_refused():
         check_output_layer(model)
 
 
+def autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` with its `forward` run under autocast to `dtype`, as accelerate wraps a
+    `bf16=True` (`fp16=True`) trainer's model: a caller cannot switch that autocast off."""
+    forward = model.forward
+    model.forward = torch.autocast("cpu", dtype=dtype)(forward)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_head_run_under_autocast_passes_the_check(dtype):
+    """The model's logits come from a half-precision product (they differ from the fp32 rebuild
+    by ~0.03 on this model, 300 times the fp32 tolerance), and the check's tolerance follows the
+    precision the head ran in; an autocast around the check itself is switched off."""
+    for make in MODELS.values():
+        model = autocast_forward(make(seed=7), dtype)
+        check_output_layer(model)
+        with torch.autocast("cpu", dtype=dtype):
+            check_output_layer(make(seed=7))  # a caller's own autocast: the probe runs in fp32
+
+
+def test_an_unsupported_head_under_autocast_is_still_refused():
+    model = autocast_forward(tiny_gpt2(seed=6), torch.bfloat16)
+    model.config.logits_scaling = 4.0  # the rebuild divides by 4, the model does not
+    with pytest.raises(InputError, match=r"ran in bfloat16, tolerance 0\.03"):
+        check_output_layer(model)
+
+
 def test_bad_inputs_are_refused():
     model = tiny_gpt2()
     ids, mask, start = pad_batch(PROMPTS, RESPONSES)
