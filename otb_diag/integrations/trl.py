@@ -66,6 +66,7 @@ from otb_diag.errors import InputError
 from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.ddp_noise import install_ddp_noise
 from otb_diag.integrations.dump import check_dump_dir, dump_step
+from otb_diag.integrations.metric_levels import FullRecord, check_level, logged_at
 from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
@@ -76,7 +77,7 @@ from otb_diag.integrations.step_metrics import (
     step_and_split_metrics,
 )
 from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
-from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.maths.estimators.registry import get_baseline, trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.policy.forward_pass import checkpoint_stats
@@ -86,6 +87,7 @@ HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss
 # What `attach` reads of the batch `_generate_and_score_completions` returns.
 OUTPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
 ROW_KEY = "otb_row"
+LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
 # TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
 TRL_DEFAULTS = {"scale_rewards": "group", "multi_objective_aggregation": "sum_then_normalize"}
@@ -246,6 +248,7 @@ class LiveDiagnostics:
         extra_forward: bool,
         split_every: int = 0,
         split_k: int = 64,
+        level: str = "default",
     ) -> None:
         self.trainer = trainer
         self.every = every
@@ -254,6 +257,8 @@ class LiveDiagnostics:
         self.extra_forward = extra_forward
         self.split_every = split_every  # 0: no split
         self.split_k = split_k
+        self.level = level  # what reaches the dashboard (`metric_levels.py`)
+        self.record = FullRecord(trainer.args.output_dir)  # every metric (main process)
         self.watch = CollapseWatch()
         self.budget = BudgetPools(PREFIX)  # the split pooled over steps: `otb/budget/...`
         self.enabled = True
@@ -439,6 +444,8 @@ class LiveDiagnostics:
         if any(s.error is not None for s in shares):
             self._switch_off()  # every process, together (the failing one has said why)
             return
+        if p.split and any(s.rows is not None and s.rows.scores is None for s in shares):
+            self.split_every = 0  # a process dropped the split (it has said why): all drop it
         if self._main:
             self._guard(p.step, self._submit, p, shares)
 
@@ -536,8 +543,10 @@ class LiveDiagnostics:
         metrics |= self.budget.update(metrics | params, p.step)
         metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
         self.last = metrics
+        self.record.append(p.step, metrics)
         logged = self.trainer._metrics["train"]
-        for name, value in metrics.items():
+        own = self.audited[0] if self.audited is not None else None
+        for name, value in logged_at(metrics, self.level, own, PREFIX).items():
             if math.isfinite(value):  # an undefined z or ratio is left out, not logged as NaN
                 logged[name].append(value)
 
@@ -612,6 +621,7 @@ def attach(
     split_k: int = 64,
     advantages: str | None = None,
     advantage_options: Mapping[str, Any] | None = None,
+    metrics: str = "default",
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
     `trl.GRPOTrainer` or `trl.RLOOTrainer`) and, with `dump_dir`, write each such step's batch
@@ -633,6 +643,12 @@ def attach(
     baseline's token-level advantages in place of the trainer's, audited and dumped as the
     estimator that ran (`trl_advantages.py`; each process's groups must be whole).
 
+    `metrics="default"` logs to the trainer's loggers the answers a person reads, at most 20
+    `otb/` keys a step (`metric_levels.py:HEADLINE`); `metrics="all"` logs every metric. Either
+    way the main process appends every metric of every measured step to
+    `<output_dir>/otb_metrics.jsonl`, which `otb-diag dynamics` reads beside
+    `trainer_state.json`.
+
     With several processes (torchrun, accelerate launch), call it in every process, as the
     trainer is built in every process: the step's rows are gathered to the main process, which
     logs the metrics and writes the dump (its `dump_dir`; the others' is not used).
@@ -640,11 +656,29 @@ def attach(
     Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
     whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a whole
     number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, a dump directory that
-    the main process cannot write, or an unknown baseline or one of its options it does not
-    take."""
+    the main process cannot write, an unknown baseline or one of its options it does not
+    take, an unknown `metrics` level, or a trainer `attach` was already called on. Warns when
+    the trainer has already trained (the diagnostics start with its next `train()`)."""
     import trl
 
     supported = _supported(trainer)
+    if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
+        raise InputError(
+            "attach() was already called on this trainer: a second call would measure every "
+            "step twice.",
+            hint="Call attach once, after building the trainer and before train(); the object "
+            "the first call returned holds its settings.",
+        )
+    check_level(metrics)
+    for name in baselines or ():
+        get_baseline(name)  # an unknown one is refused here, not at the first step
+    if trainer.state.global_step > 0:
+        warnings.warn(
+            f"otb-diag: attach() after the trainer trained {trainer.state.global_step} steps: "
+            "the diagnostics start with its next train(); attach before train() to measure "
+            "from the first step.",
+            stacklevel=2,
+        )
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a whole number ≥ 1; got {every!r}.")
     split_every = split_every or 0
@@ -686,11 +720,13 @@ def attach(
         extra_forward or fused is None,
         split_every,
         split_k,
+        metrics,
     )
     if record is not None:
         install_swap(trainer, live, record)  # W from its own forward: the loss's is not needed
         live.extra_forward = live.extra_forward or live.swap.needs_energy
     _install(trainer, live, fused)
+    setattr(trainer, LIVE_ATTRIBUTE, live)
     return live
 
 

@@ -44,7 +44,7 @@ import pandas as pd
 
 from otb_diag.errors import InputError
 from otb_diag.io.trainers import log_trainer
-from otb_diag.io.trainers.trl import REWARD_KEY, TRL, trainer_state
+from otb_diag.io.trainers.trl import REWARD_KEY, TRL, otb_record, trainer_state
 from otb_diag.maths.estimators.registry import families
 
 COLUMNS = (
@@ -287,8 +287,15 @@ def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:
     history = state["log_history"]
     if not isinstance(history, list) or not all(isinstance(e, dict) for e in history):
         raise InputError("log_history must be a list of objects", path=path, field="log_history")
-    # `_line` carries the entry's index in log_history; errors report it as a row.
-    entries = [{**e, "_line": k} for k, e in enumerate(history) if "grad_norm" in e]
+    # `_line` carries the entry's index in log_history; errors report it as a row. The `otb/`
+    # metrics `attach` kept out of the trainer's log (its default level) come from its full
+    # record beside it, the record's value winning (the log averages over `logging_steps`).
+    record = otb_record(path)
+    entries = [
+        {**e, **record.get(e.get("step"), {}), "_line": k}
+        for k, e in enumerate(history)
+        if "grad_norm" in e
+    ]
     keys = {k for e in history for k in e}
     if not entries:
         raise InputError(

@@ -36,6 +36,8 @@ SMALLEST = {
     "gpu.py": ["--tiny", "--reps", "1"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
+    "bench_train_smollm2.py": ["--steps", "1", "--seeds", "1", "--prompts-per-step", "1",
+                               "--max-tokens", "4"],
 }  # fmt: skip
 
 
@@ -106,7 +108,7 @@ def test_smallest_path_runs_to_its_json_line(
     script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     args = SMALLEST[script] + (
-        ["--out", str(tmp_path)] if script == "bench_train_compare.py" else []
+        ["--out", str(tmp_path)] if script.startswith("bench_train_") else []
     )
     record = last_json(run_main(script, args, monkeypatch, capsys))
     assert record  # a JSON line with the measurements, not an empty one
@@ -116,6 +118,9 @@ def test_smallest_path_runs_to_its_json_line(
     if script == "bench_live.py":  # the larger random body, built from the embedded config
         assert record["model"]["name"] == "small"
         assert record["model"]["parameters"] > 3_000_000  # 256 wide, 4 layers; embedded ~0.6M
+    if script == "bench_train_smollm2.py":  # every arm trained, the comparison over all four
+        assert [r["group_size"] for r in record["trained"]] == [4, 4, 4, 16]
+        assert len(record["comparison"]) == 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

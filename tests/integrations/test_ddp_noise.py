@@ -152,7 +152,7 @@ with session():  # the group accelerate finds and uses; left together (runtime/t
     for mode in ("plain", "attach"):
         trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
         if mode == "attach":
-            attach(trainer, split_every=1)  # the split's steps pool the estimate too
+            attach(trainer, split_every=1, metrics="all")  # the split's steps pool the estimate too
             hand = ByHand(trainer.model)
             trainer.add_callback(hand)
         trainer.train()

@@ -70,7 +70,9 @@ def otb_run(out: Path, **options: Any) -> tuple[Any, Recorder]:
     """STEPS steps with `advantages="otb"` (no gradient clipping, so the gradient is the loss's),
     every step dumped; the trainer and what its first step handed the loss."""
     trainer = toy_trainer(out, STEPS, max_grad_norm=0.0)
-    attach(trainer, dump_dir=out / "otb", split_every=None, advantages="otb", **options)
+    attach(
+        trainer, dump_dir=out / "otb", split_every=None, advantages="otb", metrics="all", **options
+    )
     recorder = Recorder(trainer)
     trainer.train()
     return trainer, recorder
@@ -253,7 +255,7 @@ def test_a_users_own_baseline_trains_and_its_dump_is_audited(
         return otb_baseline(returns, mask, group, energy.square(), tir=tir)
 
     trainer = toy_trainer(tmp_path / "run", 2)
-    attach(trainer, dump_dir=tmp_path / "otb", split_every=None, advantages=name)
+    attach(trainer, dump_dir=tmp_path / "otb", split_every=None, advantages=name, metrics="all")
     trainer.train()
     for step in (1, 2):
         rows = step_rows(tmp_path, step)

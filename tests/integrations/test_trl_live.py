@@ -50,7 +50,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     final weights."""
     out = tmp_path_factory.mktemp("trl-live") / "grpo-toy"
     trainer = toy_trainer(out, STEPS, save_strategy="steps", save_steps=1, save_only_model=True)
-    attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K)
+    attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K, metrics="all")
     with pytest.MonkeyPatch.context() as patch:  # the split's scores come from the loss forward
         patch.setattr(trl_integration, "split_scores", no_extra_forward)
         trainer.train()
@@ -313,7 +313,7 @@ def test_dynamics_draws_the_logged_metrics(live_run, tmp_path: Path) -> None:
 def test_every_k_steps(tmp_path: Path) -> None:
     """`every=2` over 3 steps: metrics and dumps at steps 1 and 3 only."""
     trainer = toy_trainer(tmp_path / "run", 3)
-    attach(trainer, every=2, dump_dir=tmp_path / "otb")
+    attach(trainer, every=2, dump_dir=tmp_path / "otb", metrics="all")
     trainer.train()
     steps = [e["step"] for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
     assert steps == [1, 3]
@@ -330,7 +330,9 @@ def rloo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trainer = toy_trainer(
         out, STEPS, rloo=True, beta=0.0, save_strategy="steps", save_steps=1, save_only_model=True
     )
-    live = attach(trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K)
+    live = attach(
+        trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K, metrics="all"
+    )
     assert (live.audited, live.aggregation) == (("rloo", {}), "seq-mean-token-sum")
     trainer.train()
     return out
@@ -486,7 +488,7 @@ def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> N
     reproduces the logged step as it does for the loss's logits."""
     out = tmp_path / "run"
     trainer = toy_trainer(out, 1)
-    attach(trainer, dump_dir=out / "otb", extra_forward=True, split_every=None)
+    attach(trainer, dump_dir=out / "otb", extra_forward=True, split_every=None, metrics="all")
     trainer.train()
     (entry,) = [e for e in trainer.state.log_history if "otb/energy/sequence_mean" in e]
     assert entry["otb/sum_pi2_from_loss_logits"] == 0.0

@@ -58,7 +58,7 @@ TEMPERATURE = 2.0  # mixed rewards in step 1's groups (the toy model is near-cer
 def run(folder: Path, config: dict[str, Any], prepare: Callable | None) -> list[str]:
     """Train `STEPS` steps with `attach(split_every=1)`; the otb-diag warnings raised."""
     trainer = toy_trainer(folder, STEPS, temperature=TEMPERATURE, **config)
-    attach(trainer, dump_dir=folder / "otb", split_every=1, split_k=SPLIT_K)
+    attach(trainer, dump_dir=folder / "otb", split_every=1, split_k=SPLIT_K, metrics="all")
     if prepare is not None:  # after attach, as accelerate wraps the forward at train()
         prepare(trainer.model)
     with warnings.catch_warnings(record=True) as caught:

@@ -160,7 +160,7 @@ def test_model_free_energy_on_the_dump_reproduces_the_logged_step(
 
 
 def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: Path) -> None:
-    """The split's scores fail on process 1 only, at step 1: it says so once, hands the error
+    """Reading its rows fails on process 1 only, at step 1: it says so once, hands the error
     over at that step's gather, and both processes stop there together (neither waits for the
     other at a later gather); the training runs its steps to the end."""
     args = (PER_STEP, ACCUMULATION, STEPS, "fail", "GRPOTrainer")

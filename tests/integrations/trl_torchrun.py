@@ -11,8 +11,9 @@ generation batch holds PER_STEP · ACCUMULATION rows a process, and a group of
 after each. Each process writes the rows it generated at each step,
 `OUT/TRAINER/rank{r}-step{s}.json` (completion ids and mask, as
 `_generate_and_score_completions` returned them), and the main process TRL's log,
-`OUT/TRAINER/log_history.json`. With `fail`, the split's scores (formed from the loss forward's
-hidden states) raise on the last process (as a head matmul that runs out of memory there would)."""
+`OUT/TRAINER/log_history.json`. With `fail`, reading the step's rows raises on the last process
+(as a forward that runs out of memory there would); a failing split alone switches off the
+split alone (tests/integrations/test_trl_precision.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from trl_toy import toy_trainer
 
-from otb_diag.integrations.split_capture import HiddenCatch
+from otb_diag.integrations import trl as trl_integration
 from otb_diag.integrations.trl import attach
 from otb_diag.runtime.torchrun import session
 
@@ -45,14 +46,14 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
         save_only_model=True,
         **config,
     )
-    attach(trainer, dump_dir=out / "otb", split_every=1, split_k=SPLIT_K)
+    attach(trainer, dump_dir=out / "otb", split_every=1, split_k=SPLIT_K, metrics="all")
     rank = trainer.accelerator.process_index
     if fail and rank == trainer.accelerator.num_processes - 1:
 
         def out_of_memory(*_: Any) -> None:
             raise RuntimeError(f"planted on process {rank}")
 
-        HiddenCatch.scores = out_of_memory  # the split's scores, from the loss's forward
+        trl_integration.rows_of = out_of_memory  # the process's rows of the step
     generate = trainer._generate_and_score_completions
 
     def recording(inputs: Any) -> dict[str, Any]:
