@@ -17,7 +17,9 @@ one extra no-grad forward for Σπ²), `every-10` (loss logits, metrics every 10
 without the within/between split (`split_every=None`); then with it, on the loss's logits:
 `split` (the split at every step, its head-mode scores from the loss forward's hidden states,
 `integrations/split_capture.py`) and `split-every-10` (attach's default, the split at every
-10th logged step). A step's
+10th logged step); and `otb-advantages`, `attach(trainer, advantages="otb")` with its defaults:
+training with OTB's advantages, their W from `generate`'s own forwards
+(`integrations/generation_stats.py`), the split at every 10th step. A step's
 time is the wall time between the trainer callbacks `on_step_begin` and `on_step_end` (the
 generation, the rewards, the loss, the backward and the optimizer step); the first 2 steps of
 each run are warm-up. Rounds alternate the configurations, and each configuration's figure is
@@ -111,6 +113,7 @@ CONFIGS = {
     "every-10": {"every": 10, "split_every": None},
     "split": {"split_every": 1},
     "split-every-10": {"split_every": 10},
+    "otb-advantages": {"advantages": "otb"},
 }
 
 

@@ -370,7 +370,8 @@ class LiveDiagnostics:
             logprobs=torch.zeros(n, c),
             sum_pi2=torch.zeros(n, c),
             seen=torch.zeros(n, dtype=torch.bool),
-            from_loss=not self.extra_forward,
+            # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
+            from_loss=not (self.extra_forward or (self.swap and self.swap.needs_energy)),
             split=split,
             scores=torch.zeros(n, c, self.split_k) if split else None,
         )
@@ -723,8 +724,7 @@ def attach(
         metrics,
     )
     if record is not None:
-        install_swap(trainer, live, record)  # W from its own forward: the loss's is not needed
-        live.extra_forward = live.extra_forward or live.swap.needs_energy
+        install_swap(trainer, live, record)  # W from generate's forwards (or its own)
     _install(trainer, live, fused)
     setattr(trainer, LIVE_ATTRIBUTE, live)
     return live

@@ -17,13 +17,16 @@ from the rewards TRL formed (`LiveDiagnostics._local_rewards`: Σ_f weight_f · 
 groups (consecutive blocks of `num_generations` rows) and, for a baseline that needs the
 realized energy (`otb`, `optseq`, …), `W_t = Σ_{j≤t} mask_j w_j` with
 `w_t = (1 − 2 p_t + Σπ²_t)/τ²` of the sampling policy (the model as it generated the batch):
-its `log p` and `Σπ²` come from one no-grad forward of the policy
-(`LiveDiagnostics.no_grad_stats`, `policy/forward_pass.py:checkpoint_stats`), logged as
-`otb/advantages/extra_forward` = 1. TRL's own forward for old log-probabilities (run only when
-generation and optimisation steps are misaligned) gives no Σπ², so it is not reused. The
-diagnostics then take their `log p` and `Σπ²` from this forward too (not from the loss's), so
-a dumped step holds exactly the numbers its advantages were computed from, and
-`otb-diag energy --model-free` recomputes them to the last bit.
+its `log p` and `Σπ²` are caught from the forwards `generate` ran to sample the batch
+(`generation_stats.py:GenerationStats`: no pass beyond TRL's own), or, where TRL did not
+generate with transformers' `generate` in one call (vLLM, paged generation, tool turns), from
+one no-grad forward of the policy (`LiveDiagnostics.no_grad_stats`,
+`policy/forward_pass.py:checkpoint_stats`); `otb/advantages/extra_forward` says which (0 or 1).
+TRL's own forward for old log-probabilities (run only when generation and optimisation steps
+are misaligned) gives no Σπ², so it is not reused. The diagnostics then take their `log p` and
+`Σπ²` from the same place (not from the loss's forward), so a dumped step holds exactly the
+numbers its advantages were computed from, and `otb-diag energy --model-free` recomputes them
+to the last bit.
 
 The estimator TRL documents (`registry.trainer_baseline("trl")`: `grpo`, ε = 1e-4), named under
 TRL's documented settings, is TRL's own tensor: it is left as TRL computed it (the audit checks it
@@ -41,6 +44,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.integrations.generation_stats import GenerationStats
 from otb_diag.integrations.step_metrics import split_baselines
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
@@ -50,7 +54,7 @@ from otb_diag.maths.response_batch import ResponseBatch
 if TYPE_CHECKING:
     from otb_diag.integrations.trl import LiveDiagnostics
 
-EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1 at each step whose W took a no-grad forward
+EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1: W took a no-grad forward; 0: generate's
 
 
 def _estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -86,6 +90,11 @@ class AdvantageSwap:
         self.passthrough = documented and record == trainer_baseline("trl")
         self.needs_energy = get_baseline(self.name).needs_energy
         self._sampled: tuple[int, Tensor, Tensor] | None = None  # step, log p, Σπ² [B, T]
+        self.caught = (  # log p and Σπ² of generate's own forwards
+            GenerationStats(live._policy(), trainer.temperature)
+            if self.needs_energy and not self.passthrough
+            else None
+        )
 
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
         """TRL's generation, its `advantages` replaced by the registry's (training only)."""
@@ -112,10 +121,15 @@ class AdvantageSwap:
         rows = rows_of(pending)
         batch = self.live._batch(step, rows)  # this process's groups, whole (else an InputError)
         if self.needs_energy:
-            rows.logprobs, rows.sum_pi2 = self.live.no_grad_stats(batch)
+            taken = self.caught.taken() if self.caught is not None else None
+            fits = taken is not None and taken[0].shape[0] == n and taken[0].shape[1] >= c
+            if fits:
+                rows.logprobs, rows.sum_pi2 = (x[:, :c] for x in taken)
+            else:  # not generated in one `generate` call of this process: one more forward
+                rows.logprobs, rows.sum_pi2 = self.live.no_grad_stats(batch)
             batch = self.live._batch(step, rows)  # clamped as a dump reads back
             self._sampled = (step, batch.logprobs, batch.sum_pi2)
-            self.trainer._metrics["train"][EXTRA_FORWARD].append(1.0)
+            self.trainer._metrics["train"][EXTRA_FORWARD].append(float(not fits))
         estimator = Estimator(options=self.options)
         found = batch_advantages(batch, self._w(batch), [self.name], estimator)
         registry = found.by_baseline[self.name]  # [B, T]: A_t = (G_t − B_t)·mask_t

@@ -162,7 +162,8 @@ def test_every_step_trains_with_otb_and_the_dump_audits_it(trained, tmp_path: Pa
     assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
     for e in entries:
         assert e["otb/audit/agrees"] == 1.0 and e["otb/audit/max_abs_diff"] == 0.0
-        assert e[EXTRA_FORWARD] == 1.0 and e["otb/sum_pi2_from_loss_logits"] == 0.0
+        assert e[EXTRA_FORWARD] == 0.0  # W from generate's own forwards: no extra one
+        assert e["otb/sum_pi2_from_loss_logits"] == 0.0  # nor the loss's: those that trained
     rows = json.loads((out / "otb" / "step_000001.jsonl").read_text().splitlines()[0])
     assert rows["advantage_estimator"] == {"baseline": "otb", "options": {"handle_zero_tail": True}}
     summary = energy(out / "otb", tmp_path / "audit", "--model-free")

@@ -1,0 +1,91 @@
+"""log p and Σπ² caught from `generate`'s own forwards (`generation_stats.py`) are those of a
+full forward over the sampled sequences at the sampling temperature, in fp32 under autocast
+too; a forward without logits leaves no stats, and `attach(advantages="otb")` then takes one
+extra forward (`otb/advantages/extra_forward` = 1) and trains with the same advantages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from otb_diag.integrations.generation_stats import GenerationStats
+from otb_diag.io.scenarios import default_checkpoint
+
+TAU = 0.7
+
+
+def sampled(model: torch.nn.Module, stats: GenerationStats) -> tuple[torch.Tensor, int]:
+    """Four sampled continuations of two equal-length prompts (no padding), 6 new tokens."""
+    torch.manual_seed(3)
+    prompts = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    out = model.generate(
+        input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+        temperature=TAU, top_k=0, max_new_tokens=6, min_new_tokens=6, num_return_sequences=2,
+        pad_token_id=0,
+    )  # fmt: skip
+    return out, prompts.shape[1]
+
+
+def full_forward(model: torch.nn.Module, sequences: torch.Tensor, start: int):
+    """log p and Σπ² `[B, C]` of the tokens after `start` from one forward, at τ."""
+    with torch.no_grad():
+        logits = model(input_ids=sequences).logits[:, start - 1 : -1].float() / TAU
+    log_pi = logits.log_softmax(-1)
+    token = log_pi.gather(-1, sequences[:, start:, None])[..., 0]
+    return token, log_pi.exp().square().sum(-1)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_generate_s_forwards_give_the_full_forward_s_statistics(autocast) -> None:
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()
+    stats = GenerationStats(model, TAU)
+    with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
+        sequences, start = sampled(model, stats)
+        logp, sum_pi2 = full_forward(model, sequences, start)
+    caught = stats.taken()
+    assert caught is not None and stats.taken() is None  # handed over once
+    assert caught[0].dtype == caught[1].dtype == torch.float32
+    assert caught[0].shape == caught[1].shape == (4, 6)
+    # fp32: the KV-cached forwards and the full one differ by float32 round-off; under bf16
+    # autocast both carry bf16 rounding of the logits, each its own.
+    atol = 1e-5 if autocast is None else 0.1
+    torch.testing.assert_close(caught[0], logp, atol=atol, rtol=0)
+    torch.testing.assert_close(caught[1], sum_pi2, atol=atol, rtol=0)
+    assert bool((caught[1] <= 1).all())
+    assert bool((caught[0].exp().square() <= caught[1] + 1e-6).all())  # p² ≤ Σπ²
+
+
+def test_a_forward_outside_generate_is_not_caught() -> None:
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()
+    stats = GenerationStats(model, TAU)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    assert stats.taken() is None
+
+
+def test_without_caught_stats_otb_training_takes_one_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback (vLLM, paged or multi-turn generation) trains with the advantages of one
+    extra no-grad forward: the same as generate's to float32 round-off on this toy."""
+    from trl_toy import toy_trainer
+
+    from otb_diag.integrations.trl import attach
+    from otb_diag.integrations.trl_advantages import EXTRA_FORWARD
+
+    runs = {}
+    for name, fallback in (("caught", False), ("forward", True)):
+        if fallback:
+            monkeypatch.setattr(GenerationStats, "taken", lambda self: None)
+        trainer = toy_trainer(tmp_path / name, 2, temperature=2.0)
+        attach(trainer, split_every=None, advantages="otb", metrics="all")
+        trainer.train()
+        runs[name] = [e for e in trainer.state.log_history if EXTRA_FORWARD in e]
+    assert [e[EXTRA_FORWARD] for e in runs["caught"]] == [0.0, 0.0]
+    assert [e[EXTRA_FORWARD] for e in runs["forward"]] == [1.0, 1.0]
+    for a, b in zip(runs["caught"], runs["forward"], strict=True):
+        energy = "otb/energy/sequence_mean"
+        assert a[energy] == pytest.approx(b[energy], rel=1e-4)
