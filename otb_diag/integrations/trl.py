@@ -658,7 +658,8 @@ def attach(
     whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a whole
     number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, a dump directory that
     the main process cannot write, an unknown baseline or one of its options it does not
-    take, an unknown `metrics` level, or a trainer `attach` was already called on. Warns when
+    take, an unknown `metrics` level, a trainer `attach` was already called on, or the split
+    on a trainer that shards its parameters (FSDP, DeepSpeed ZeRO-3: `split_every=None`). Warns when
     the trainer has already trained (the diagnostics start with its next `train()`)."""
     import trl
 
@@ -687,6 +688,16 @@ def attach(
         raise InputError(f"split_every must be a whole number ≥ 0 or None; got {split_every!r}.")
     if not isinstance(split_k, int) or split_k < 1:
         raise InputError(f"split_k must be a whole number ≥ 1; got {split_k!r}.")
+    sharding = _sharding(trainer)
+    if split_every and sharding is not None:
+        raise InputError(
+            f"the within/between split recomputes the logits from the output layer's weight "
+            f"outside the forward pass, where {sharding} holds only a shard of it on each "
+            "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
+            hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
+            "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
+            "dumped step and its checkpoint gives the split offline.",
+        )
     loss_type = getattr(trainer, "loss_type", None)
     if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
         raise InputError(
@@ -750,6 +761,17 @@ def _supported(trainer: Any) -> Supported:
             "yourself and run otb-diag energy on them.",
         )
     return SUPPORTED[name]
+
+
+def _sharding(trainer: Any) -> str | None:
+    """"FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
+    (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
+        return "DeepSpeed ZeRO-3"
+    return None
 
 
 def _fused_head() -> Callable[..., None] | None:

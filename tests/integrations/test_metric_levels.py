@@ -116,6 +116,26 @@ def test_attach_refuses_an_unknown_baseline_a_level_and_a_second_call(tmp_path: 
         attach(trainer)
 
 
+@pytest.mark.parametrize("sharding", ["FSDP", "DeepSpeed ZeRO-3"])
+def test_the_split_on_a_sharded_trainer_is_refused_with_what_is_missing(
+    sharding: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set as accelerate sets them for `fsdp=` / a ZeRO-3 config (not runnable on the CPU:
+    accelerate ignores `fsdp` with `use_cpu`)."""
+    from types import SimpleNamespace
+
+    trainer = toy_trainer(tmp_path / "run", 1)
+    if sharding == "FSDP":
+        trainer.is_fsdp_enabled = True
+    else:
+        plugin = property(lambda _: SimpleNamespace(zero_stage=3))
+        monkeypatch.setattr(type(trainer.accelerator.state), "deepspeed_plugin", plugin)
+    with pytest.raises(InputError, match=f"where {sharding} holds only a shard") as caught:
+        attach(trainer)  # the default splits every 10th step
+    assert "split_every=None" in str(caught.value.hint)
+    attach(trainer, split_every=None)  # the rest is taken
+
+
 def test_attach_after_training_says_when_it_starts(tmp_path: Path) -> None:
     trainer = toy_trainer(tmp_path / "run", 1)
     trainer.train()
