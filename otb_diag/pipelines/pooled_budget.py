@@ -27,14 +27,16 @@ def pooled_over_steps(frame: pd.DataFrame, prefix: str) -> tuple[pd.DataFrame, B
 
 def budget_long(table: pd.DataFrame, prefix: str, run: str) -> pd.DataFrame:
     """`pooled_over_steps`' table in long form, one row per (step, estimator, pool) with a
-    column per `pooling.Pooled` field: what the figure draws."""
+    column per `pooling.Pooled` field: what the figure draws. A key is
+    `<prefix>budget/<estimator>/<pool>/<field>`, read from its end: the pool and the field hold
+    no "/", the estimator's name may."""
     head = prefix + BUDGET
     records = []
     for row in table.to_dict("records"):
         found: dict[tuple[str, str], dict[str, float]] = {}
         for key, value in row.items():
             if str(key).startswith(head):
-                estimator, pool, field = str(key)[len(head) :].split("/")
+                estimator, pool, field = str(key)[len(head) :].rsplit("/", 2)
                 found.setdefault((estimator, pool), {})[field] = value
         records += [
             {"run": run, "step": row["step"], "estimator": e, "pool": p, **values}

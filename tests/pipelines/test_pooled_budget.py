@@ -164,3 +164,18 @@ def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
     assert second.sentence.startswith("At step 40, the knee is ~53.5 prompts [31.3, 184]")
     assert third.topic.startswith("collapse")
     assert "the knee is ~53.5 prompts" in (tmp_path / "report.html").read_text(encoding="utf-8")
+
+
+def test_an_estimator_name_may_hold_any_character() -> None:
+    """A name is read from its keys' known ends, so a "/" in it (a hub path) pools and comes
+    back whole in the long table."""
+    odd = "org/base:v2 ä"
+    entries = [
+        {k.replace("/grpo/", f"/{odd}/"): v for k, v in e.items()} for e in logged_steps(6, 1, 0.5)
+    ]
+    frame = pd.DataFrame(entries).sort_values("step")
+    table, pools = pooled_over_steps(frame, "otb/")
+    assert list(pools.latest) == [odd, "params"]
+    long = budget_long(table, "otb/", "a")
+    assert set(long["estimator"]) == {odd, "params"} and set(long["pool"]) == {"window", "ema"}
+    assert long["noise_scale"].notna().all()
