@@ -5,23 +5,48 @@ fed the same numbers in the same order, so `otb-diag dynamics` on the log gives 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
+from otb_diag.errors import InputError
 from otb_diag.maths.variance.budget_stream import BUDGET, SPLIT, BudgetPools
+from otb_diag.maths.variance.split_checks import refused, unpooled
+from otb_diag.pipelines.inputs import Say, silent
 
 
-def pooled_over_steps(frame: pd.DataFrame, prefix: str) -> tuple[pd.DataFrame, BudgetPools]:
+def pooled_over_steps(
+    frame: pd.DataFrame, prefix: str, path: Path, say: Say = silent
+) -> tuple[pd.DataFrame, BudgetPools]:
     """One row per step whose split pooled (`step` and every `<prefix>budget/...` column) and
-    the pools after the last; `frame`: a tidy table of `io/training_logs.py`, in step order,
-    its live metrics under `prefix`. Empty when the log has no split."""
+    the pools after the last; `frame`: a tidy table of `io/training_logs.py` read from `path`,
+    in step order, its live metrics under `prefix`. Empty when the log has no split.
+
+    A value no run can log (`maths/variance/split_checks.py:refused`: a negative tr Σ, P < 1,
+    N < 2, an infinite estimate, …) is an InputError naming the file, the step and the key; a
+    split that cannot be pooled is said through `say`, once per reason, with its first step and
+    how many steps share it."""
     pools = BudgetPools(prefix)
     columns = [c for c in frame.columns if str(c).startswith(prefix + SPLIT)]
-    rows = []
+    rows, skipped = [], {}  # reason -> the steps it skipped
     if columns:
         for step, values in zip(frame["step"], frame[columns].to_dict("records"), strict=True):
+            bad = refused(values, prefix)
+            if bad is not None:
+                raise InputError(
+                    f"at step {int(step)}, {bad.value:g} is impossible: {bad.rule}. No run "
+                    "logs it, so the log was damaged or edited; its split is not pooled.",
+                    path=path,
+                    field=bad.key,
+                )
+            for reason in unpooled(values, prefix):
+                skipped.setdefault(reason, []).append(int(step))
             found = pools.update(values, int(step))
             if found:
                 rows.append({"step": int(step), **found})
+    for reason, steps in skipped.items():
+        more = f" and {len(steps) - 1} more" if len(steps) > 1 else ""
+        say(f"{path}: not pooled at step {steps[0]}{more}: {reason}.")
     return pd.DataFrame(rows, columns=["step"] if not rows else None), pools
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from small_runs import dynamics, report
 
+from otb_diag.errors import InputError
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
@@ -105,8 +106,8 @@ def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
     tmp_path: Path,
 ) -> None:
     entries = logged_steps(9, 3, 0.5)
-    frame = read_training_log(trainer_state(tmp_path / "a", entries)).frame
-    table, pools = pooled_over_steps(frame, "otb/")
+    log = trainer_state(tmp_path / "a", entries)
+    table, pools = pooled_over_steps(read_training_log(log).frame, "otb/", log)
     assert table["step"].tolist() == [1, 4, 7] and pools.last_step == 7
     long = budget_long(table, "otb/", "a")
     assert set(long["estimator"]) == {"grpo", "params"} and set(long["pool"]) == {"window", "ema"}
@@ -174,8 +175,47 @@ def test_an_estimator_name_may_hold_any_character() -> None:
         {k.replace("/grpo/", f"/{odd}/"): v for k, v in e.items()} for e in logged_steps(6, 1, 0.5)
     ]
     frame = pd.DataFrame(entries).sort_values("step")
-    table, pools = pooled_over_steps(frame, "otb/")
+    table, pools = pooled_over_steps(frame, "otb/", Path("log.jsonl"))
     assert list(pools.latest) == [odd, "params"]
     long = budget_long(table, "otb/", "a")
     assert set(long["estimator"]) == {odd, "params"} and set(long["pool"]) == {"window", "ema"}
     assert long["noise_scale"].notna().all()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("otb/split/grpo/total", -20.0), ("otb/split/prompts", 0.0), ("otb/split/group_size", 1.0)],
+)
+def test_an_impossible_value_is_refused_not_pooled_into_a_knee(
+    tmp_path: Path, key: str, value: float
+) -> None:
+    """A negative tr Σ gave "the knee is ~-20 prompts", P = 0 a knee too: now the file, the
+    step and the key are named, and nothing is pooled."""
+    entries = logged_steps(9, 1, 0.5)
+    entries[4][key] = value
+    path = trainer_state(tmp_path, entries)
+    with pytest.raises(InputError) as caught:
+        pooled_over_steps(read_training_log(path).frame, "otb/", path)
+    said = str(caught.value)
+    assert said.startswith(f"{path}, field '{key}': at step 5, {value:g} is impossible")
+
+
+def test_a_split_that_cannot_be_pooled_says_why_once(tmp_path: Path) -> None:
+    """No step shape, or a term that is not a number: each reason said once, with its first
+    step and how many more share it; the rest of the split still pools."""
+    entries = logged_steps(6, 1, 0.5)
+    for entry in entries[:2]:
+        del entry["otb/split/prompts"]
+    for entry in entries[3:]:
+        entry["otb/split/params/grad_sq"] = "n/a"
+    path = trainer_state(tmp_path, entries)
+    notes: list[str] = []
+    table, pools = pooled_over_steps(read_training_log(path).frame, "otb/", path, notes.append)
+    assert notes == [
+        f"{path}: not pooled at step 1 and 1 more: the split is logged without the step's shape "
+        "(otb/split/prompts absent).",
+        f"{path}: not pooled at step 4 and 2 more: otb/split/params/grad_sq absent or not a "
+        "number.",
+    ]
+    assert table["step"].tolist() == [3, 4, 5, 6]
+    assert pools.latest["params"]["window"].steps == 1 and pools.latest["grpo"]["window"].steps == 4

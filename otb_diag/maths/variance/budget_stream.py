@@ -49,7 +49,7 @@ class BudgetPools:
         if not all(math.isfinite(v) for v in shape):
             return {}
         out: dict[str, float] = {}
-        for name in _names(metrics, split):
+        for name in split_names(metrics, split):
             total, grad_sq = (
                 metrics.get(f"{split}{name}/{k}", math.nan) for k in ("total", "grad_sq")
             )
@@ -66,10 +66,11 @@ class BudgetPools:
         return out
 
 
-def _names(metrics: Mapping[str, float], split: str) -> list[str]:
-    """The estimator names of `split/<name>/total` keys, in the metrics' order."""
-    return [
-        k[len(split) : -len("/total")]
-        for k in metrics
-        if k.startswith(split) and k.endswith("/total")
-    ]
+def split_names(
+    metrics: Mapping[str, float], split: str, fields: tuple[str, ...] = ("total",)
+) -> list[str]:
+    """The estimator names of the `split/<name>/<field>` keys, `field` one of `fields`, in the
+    metrics' order, each once; read from the key's end, so a name may hold any character."""
+    ends = tuple("/" + f for f in fields)
+    rests = (k[len(split) :] for k in metrics if k.startswith(split))
+    return list(dict.fromkeys(r.rsplit("/", 1)[0] for r in rests if r.endswith(ends)))

@@ -22,6 +22,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
 from otb_diag.pipelines.results.dynamics import (
     DynamicsArm,
@@ -29,7 +30,7 @@ from otb_diag.pipelines.results.dynamics import (
     DynamicsRun,
     PooledBudget,
 )
-from otb_diag.pipelines.shell import run_recipe
+from otb_diag.pipelines.shell import Stage, run_recipe
 from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 from otb_diag.plots.figure_data import DynamicsFigures
 from otb_diag.plots.registry import save_figures
@@ -77,12 +78,17 @@ def _seed_names(labels: list[str]) -> list[str]:
 
 
 def run_dynamics(
-    inputs: TrainingLogs, out: Path, settings: DynamicsSettings = DynamicsSettings()
+    inputs: TrainingLogs,
+    out: Path,
+    settings: DynamicsSettings = DynamicsSettings(),
+    *,
+    say: Say = silent,
 ) -> DynamicsResult | None:
     """Read every log of `inputs`, analyse it, write the table, the figures and collapse.json
     into `out` (all together, in the shell's staging folder); returns the result (collapse.json
     is its `to_json()`; None on a torchrun rank but 0). `inputs.labels`: one per log, the runs
-    sharing one being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run."""
+    sharing one being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run.
+    `say`: the notes, such as a logged split that could not be pooled and why."""
     labels = inputs.labels or default_names(inputs.logs)
     if len(labels) != len(inputs.logs):
         raise InputError(
@@ -91,18 +97,20 @@ def run_dynamics(
         )
     # Reading logs is one process's work: rank 0 alone, the others wait (under torchrun too).
     return run_recipe(
-        lambda stage: _analyse(inputs.logs, labels, settings, out, cast(Path, stage.into)),
+        lambda stage: _analyse(inputs.logs, labels, settings, out, stage),
         out=out,
         record="collapse.json",
+        say=say,
         every_rank=False,
     )
 
 
 def _analyse(
-    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, into: Path
+    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, stage: Stage
 ) -> DynamicsResult:
-    """`run_dynamics` on the logs with their `labels`, writing into the folder `into` (the
-    staging folder of `out`, the result's `outputs`)."""
+    """`run_dynamics` on the logs with their `labels`, writing into the folder `stage.into`
+    (the staging folder of `out`, the result's `outputs`) and saying its notes by `stage.say`."""
+    into = cast(Path, stage.into)
     rule, target, names = settings.rule, settings.target, _seed_names(labels)
     tables, runs, budgets = [], [], []
     for path, name, label in zip(logs, names, labels, strict=True):
@@ -119,7 +127,7 @@ def _analyse(
                 variance_z=found.variance_z,
             )
         )
-        pooled, pools = pooled_over_steps(frame, OTB_PREFIX)
+        pooled, pools = pooled_over_steps(frame, OTB_PREFIX, path, stage.say)
         budgets.append(budget_long(pooled, OTB_PREFIX, name))
         runs.append(_row(name, path, log.source, frame, found, pools))
     table = pd.concat(tables, ignore_index=True)
