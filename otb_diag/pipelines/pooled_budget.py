@@ -10,9 +10,13 @@ from pathlib import Path
 import pandas as pd
 
 from otb_diag.errors import InputError
-from otb_diag.maths.variance.budget_stream import BUDGET, SPLIT, BudgetPools
+from otb_diag.maths.variance.budget_stream import BUDGET, SPLIT, BudgetPools, split_names
 from otb_diag.maths.variance.split_checks import refused, unpooled
 from otb_diag.pipelines.inputs import Say, silent
+
+# The names the live diagnostics log a split under beside the trainer's own estimator: OTB
+# (`integrations/step_metrics.py:split_baselines`) and all parameters (`integrations/ddp_noise.py`).
+BESIDE_THE_TRAINERS = ("otb", "params")
 
 
 def pooled_over_steps(
@@ -68,3 +72,16 @@ def budget_long(table: pd.DataFrame, prefix: str, run: str) -> pd.DataFrame:
             for (e, p), values in found.items()
         ]
     return pd.DataFrame(records)
+
+
+def split_identity(frame: pd.DataFrame, prefix: str) -> tuple[str | None, int | None]:
+    """The baseline and group size the split of `frame` (a tidy table of `io/training_logs.py`)
+    is logged under, for a log that records neither: N when every logged `split/group_size` is
+    the same whole number; the trainer's own estimator when the split names exactly one beside
+    `BESIDE_THE_TRAINERS` (a split under OTB alone says nothing of what trained)."""
+    split = prefix + SPLIT
+    key = split + "group_size"
+    sizes = frame[key].dropna().unique() if key in frame else []
+    whole = len(sizes) == 1 and float(sizes[0]).is_integer()
+    own = [n for n in split_names(frame.columns, split) if n not in BESIDE_THE_TRAINERS]
+    return (own[0] if len(own) == 1 else None), (int(sizes[0]) if whole else None)

@@ -18,7 +18,7 @@ from small_runs import dynamics, report
 from otb_diag.errors import InputError
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
-from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
 
@@ -93,7 +93,8 @@ def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
     strong = dynamics([strong_log], tmp_path / "o1", ["strong"]).runs[0].budget[0]
     assert strong.window["resolved"] == 1.0
     assert strong.sentence.startswith("at step 60, the knee is ~")
-    assert "under grpo at N = 4" in strong.sentence and "you train with 8" in strong.sentence
+    assert "under grpo at N = 4" in strong.sentence
+    assert strong.sentence.endswith("you train with 8 prompts a step")
     assert strong.window["noise_scale_low"] < strong.window["noise_scale"]
     none_log = trainer_state(tmp_path / "none", logged_steps(60, 1, 0.0, seed=1))
     none = dynamics([none_log], tmp_path / "o2", ["none"]).runs[0].budget[0]
@@ -146,9 +147,10 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
     otb = window[window["estimator"] == "otb"].set_index("step")
     assert otb.index[otb["resolved"] == 1].tolist() == list(range(24, 41))
     grpo, pooled = result.runs[0].budget
+    assert (result.runs[0].baseline, result.runs[0].group_size) == ("grpo", 4)  # its sentences'
     assert pooled.sentence == (
         "at step 40, the knee is ~53.5 prompts [31.3, 184] under otb at N = 4 (3.17 k tokens "
-        "a step); you train with 8"
+        "a step); you train with 8 prompts a step"
     )
     assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
 
@@ -219,3 +221,15 @@ def test_a_split_that_cannot_be_pooled_says_why_once(tmp_path: Path) -> None:
     ]
     assert table["step"].tolist() == [3, 4, 5, 6]
     assert pools.latest["params"]["window"].steps == 1 and pools.latest["grpo"]["window"].steps == 4
+
+
+def test_the_split_names_the_runs_baseline_and_group_size() -> None:
+    """A TRL log records neither: the split is logged under the trainer's own estimator beside
+    OTB and all parameters, at the run's N; under OTB alone, or at varying N, neither is known."""
+    frame = pd.DataFrame(logged_steps(4, 1, 0.5))
+    assert split_identity(frame, "otb/") == ("grpo", 4)
+    otb = frame.rename(columns=lambda c: c.replace("/grpo/", "/otb/"))
+    assert split_identity(otb, "otb/") == (None, 4)
+    varied = frame.assign(**{"otb/split/group_size": [4.0, 4.0, 8.0, 4.0]})
+    assert split_identity(varied, "otb/") == ("grpo", None)
+    assert split_identity(frame.filter(["step", "grad_norm"]), "otb/") == (None, None)

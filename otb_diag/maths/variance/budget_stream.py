@@ -18,7 +18,7 @@ field or `resolved` (1 or 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from otb_diag.maths.variance.pooling import EmaPool, Pooled, WindowPool
 
@@ -66,11 +66,9 @@ class BudgetPools:
         return out
 
 
-def split_names(
-    metrics: Mapping[str, float], split: str, fields: tuple[str, ...] = ("total",)
-) -> list[str]:
+def split_names(keys: Iterable[str], split: str, fields: tuple[str, ...] = ("total",)) -> list[str]:
     """The estimator names of the `split/<name>/<field>` keys, `field` one of `fields`, in the
-    metrics' order, each once; read from the key's end, so a name may hold any character."""
+    keys' order, each once; read from the key's end, so a name may hold any character."""
     ends = tuple("/" + f for f in fields)
-    rests = (k[len(split) :] for k in metrics if k.startswith(split))
+    rests = (k[len(split) :] for k in keys if k.startswith(split))
     return list(dict.fromkeys(r.rsplit("/", 1)[0] for r in rests if r.endswith(ends)))

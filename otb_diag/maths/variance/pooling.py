@@ -119,14 +119,15 @@ class Pooled:
 
     def sentence(self, estimator: str, step: int) -> str:
         """The pooled answer at split step `step`: "at step S, the knee is ~B prompts [lo, hi]
-        under <estimator> at N; you train with P", or the honest bound while `|G|²` is not
-        resolved."""
-        n, p = _count(self.group_size), _count(self.prompts_per_step)
+        under <estimator> at N; you train with P prompts a step", or the honest bound while
+        `|G|²` is not resolved."""
+        n = _count(self.group_size)
+        run = f"you train with {_count(self.prompts_per_step)} prompts a step"
         if self.resolved:
             return (
                 f"at step {step}, the knee is ~{self.noise_scale:.3g} prompts "
                 f"[{self.noise_scale_low:.3g}, {_end(self.noise_scale_high)}] under {estimator} "
-                f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); you train with {p}"
+                f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); {run}"
             )
         if math.isinf(self.noise_scale_low):  # 1/B's whole interval ≤ 0
             bound = "no signal measurable at all (|G|² ≤ 0 across its interval)"
@@ -136,7 +137,7 @@ class Pooled:
             bound = "no bound on the knee yet"
         return (
             f"at step {step}, under {estimator} at N = {n}, |G|² is not resolved after "
-            f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; you train with {p}"
+            f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; {run}"
         )
 
 

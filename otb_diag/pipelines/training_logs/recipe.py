@@ -23,7 +23,7 @@ from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.pipelines.inputs import Say, silent
-from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import (
     DynamicsArm,
     DynamicsResult,
@@ -177,16 +177,19 @@ def _row(
     name: str, path: Path, source: str, frame: pd.DataFrame, found: RunDynamics, pools: BudgetPools
 ) -> DynamicsRun:
     """collapse.json's row of the log at `path`, read as `source` into `frame` (labelled), with
-    the split it logged as `pools` pooled it."""
+    the split it logged as `pools` pooled it. Baseline and N: the log's, else the label's, else
+    those its split is logged under (`pooled_budget.split_identity`: a TRL log records
+    neither)."""
     baseline = frame["baseline"].dropna()
     group_size = frame["group_size"].dropna()
+    split_baseline, split_n = split_identity(frame, OTB_PREFIX)
     final = pd.Series(found.score_smoothed).dropna()
     return DynamicsRun(
         run=name,
         file=str(path.resolve()),
         source=source,
-        baseline=str(baseline.iloc[0]) if len(baseline) else None,
-        group_size=int(group_size.iloc[0]) if len(group_size) else None,
+        baseline=str(baseline.iloc[0]) if len(baseline) else split_baseline,
+        group_size=int(group_size.iloc[0]) if len(group_size) else split_n,
         points=len(frame),
         first_step=int(frame["step"].iloc[0]),
         last_step=int(frame["step"].iloc[-1]),

@@ -123,6 +123,7 @@ def test_no_signal_never_claims_a_knee() -> None:
     assert math.isinf(found.noise_scale) and math.isinf(found.noise_scale_high)
     said = found.sentence("mean", 40)
     assert "not resolved after 40 steps (320 prompts); no signal measurable at all" in said
+    assert said.endswith(f"; you train with {P:.0f} prompts a step")  # the count has its unit
     assert math.isinf(found.noise_scale_low)  # |G|² = tr Σ = 0: no finite bound either
     rng = np.random.default_rng(3)
     claims = 0
