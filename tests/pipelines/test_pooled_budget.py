@@ -233,3 +233,27 @@ def test_the_split_names_the_runs_baseline_and_group_size() -> None:
     varied = frame.assign(**{"otb/split/group_size": [4.0, 4.0, 8.0, 4.0]})
     assert split_identity(varied, "otb/") == ("grpo", None)
     assert split_identity(frame.filter(["step", "grad_norm"]), "otb/") == (None, None)
+
+
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
+def test_the_live_values_of_a_family_are_one_steps(tmp_path: Path) -> None:
+    """The pooled window's noise scale and its interval's ends come from the last step that
+    logged the window (its high end, infinite, left out of the log there: None, not an older
+    step's finite one); the per-step energy from the last step; each with its step, in
+    collapse.json and in the report's table."""
+    entries = logged_steps(6, 2, 0.5)  # the split at steps 1, 3, 5
+    for entry in entries:
+        entry["otb/energy/sequence_mean"] = float(entry["step"])
+    high = "otb/budget/grpo/window/noise_scale_high"
+    entries[2][high] = 123.0  # step 3 logged a finite one
+    entries[4].pop(high, None)  # step 5: infinite, left out
+    result = dynamics([trainer_state(tmp_path / "run", entries)], tmp_path / "dyn", ["r"])
+    (run,) = result.runs
+    window = "otb/budget/grpo/window/noise_scale"
+    assert run.otb is not None and run.otb[window] == entries[4][window]
+    assert run.otb[high] is None  # not step 3's 123
+    assert run.otb_steps is not None and run.otb_steps[window] == run.otb_steps[high] == 5
+    assert run.otb["otb/energy/sequence_mean"] == 6.0 and run.otb_steps["otb/split/prompts"] == 5
+    page = report([tmp_path / "dyn"], tmp_path / "report.html")
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert page is not None and "the metrics sharing all but the last part" in text

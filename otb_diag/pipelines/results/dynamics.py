@@ -53,9 +53,13 @@ class DynamicsRun:
     tokens_to_target: float | None
     proxy3_mixes_units: bool
     units_note: str | None
-    # `otb/` metric -> its last logged value (docs/live.md); None, and absent from collapse.json,
-    # when the log has none. The one field that may be absent: files written before it existed.
-    otb: dict[str, float] | None = absent()
+    # `otb/` metric -> its value at one step (docs/live.md): for each family of metrics (the keys
+    # sharing all but their last "/" part), the last step that logged any of them, so that a
+    # noise scale and its interval are one step's (None: that step did not log it); None, and
+    # absent from collapse.json, when the log has none.
+    otb: dict[str, float | None] | None = absent()
+    # `otb/` metric -> the step its `otb` value is from; None (absent) with `otb`.
+    otb_steps: dict[str, int] | None = absent()
     # The logged split pooled over the run, one per estimator; None where the log has no split.
     budget: list[PooledBudget] | None = None
 

@@ -184,6 +184,7 @@ def _row(
     group_size = frame["group_size"].dropna()
     split_baseline, split_n = split_identity(frame, OTB_PREFIX)
     final = pd.Series(found.score_smoothed).dropna()
+    otb, otb_steps = _live_metrics(frame) or (None, None)
     return DynamicsRun(
         run=name,
         file=str(path.resolve()),
@@ -196,7 +197,8 @@ def _row(
         final_score_smoothed=float(final.iloc[-1]) if len(final) else None,
         **found.summary(),
         **proxy_units(frame),
-        otb=_live_metrics(frame),
+        otb=otb,
+        otb_steps=otb_steps,
         budget=_budget(pools),
     )
 
@@ -217,12 +219,23 @@ def _budget(pools: BudgetPools) -> list[PooledBudget] | None:
     ]
 
 
-def _live_metrics(frame: pd.DataFrame) -> dict[str, float] | None:
-    """Each live diagnostics' metric (docs/live.md) the log has, with its last logged value;
-    None when it has none."""
-    last = {
-        c: float(frame[c].dropna().iloc[-1])
-        for c in frame.columns
-        if c.startswith(OTB_PREFIX) and frame[c].notna().any()
-    }
-    return last or None
+def _live_metrics(frame: pd.DataFrame) -> tuple[dict[str, float | None], dict[str, int]] | None:
+    """Each live diagnostics' metric (docs/live.md) the log has, with its value at one step, and
+    that step: per family of metrics (the keys sharing all but their last "/" part, such as one
+    estimator's pooled window `otb/budget/<b>/window/`), the last step that logged any of them,
+    so that a noise scale and its interval's ends are the same step's (a value that step did not
+    log, such as an infinite end TRL leaves out, is None). None when the log has none."""
+    live = [c for c in frame.columns if c.startswith(OTB_PREFIX) and frame[c].notna().any()]
+    if not live:
+        return None
+    families: dict[str, list[str]] = {}
+    for column in live:
+        families.setdefault(column.rsplit("/", 1)[0], []).append(column)
+    values: dict[str, float | None] = {}
+    steps: dict[str, int] = {}
+    for columns in families.values():
+        row = frame[columns][frame[columns].notna().any(axis=1)].iloc[-1]  # the last that logs
+        step = int(frame["step"][row.name])
+        values |= {c: None if pd.isna(row[c]) else float(row[c]) for c in columns}
+        steps |= dict.fromkeys(columns, step)
+    return values, steps
