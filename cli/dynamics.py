@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.cli.common import show
+from otb_diag.cli.common import note, show
 from otb_diag.cli.options import JSON, OUT_DIR, command
 
 from otb_diag.knobs import knob
@@ -44,4 +44,4 @@ def dynamics(logs: TrainingLogs, run: DynamicsRun, settings: DynamicsSettings) -
     """
     from otb_diag.pipelines.training_logs.recipe import run_dynamics
 
-    show(run_dynamics(logs, run.out, settings), run.as_json)
+    show(run_dynamics(logs, run.out, settings, say=note), run.as_json)

@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from otb_diag.plots.style import COLUMN_WIDTH_IN, OKABE_ITO, STYLE, baseline_color, new_figure
 
@@ -81,6 +83,11 @@ def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
             else "-",
         }
     return styles
+
+
+def integer_steps(ax: Axes) -> None:
+    """Ticks at whole training steps only (a run of 2 steps had ticks at 1.2, 1.4, …)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _mark(ax: Axes, step: float | None, color: str, linestyle: str) -> None:
@@ -172,6 +179,7 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: Sequence[RunMarks]) -> F
         if smoothed:
             bottom.set_title("faint: each step; line: trailing mean (--smooth points)", fontsize=6)
         bottom.set_xlabel("training step")
+        integer_steps(bottom)  # shared: every panel's step axis
     return fig
 
 
@@ -203,6 +211,7 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: Sequence[RunMarks]) -
         top.legend(**LEGEND_BESIDE)
         bottom.set_ylabel("gradient norm ‖g‖")
         bottom.set_xlabel("training step")
+        integer_steps(bottom)  # shared: every panel's step axis
     return fig
 
 
@@ -295,48 +304,76 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
         axes[0].set_title("Live OTB diagnostics beside the gradient norm", fontsize=6.5)
         axes[0].legend(**LEGEND_BESIDE)
         axes[-1].set_xlabel("training step")
+        integer_steps(axes[-1])  # shared: every panel's step axis
     return fig
 
 
 def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
     """The noise scale pooled over the split steps so far (`pipelines/pooled_budget.py`, the
-    window pool), against step: one panel per run, a line per estimator (coloured as its baseline),
-    its 95 % band, filled dots where `|G|²` is resolved and hollow ones where it is not (the
-    band then runs off the top: the knee is only bounded below); the run's P as a dashed line.
-    Where the line sits under the band the run trains below its knee. Log y axis."""
+    window pool), against step: one panel per run, per estimator (coloured as its baseline) its
+    95 % band and, where `|G|²` is resolved from 0 (`pooling.Pooled.resolved`), the knee B as
+    a filled dot on a line; where it is not, B is no estimate (a `|G|²` of 1e-13 makes it 1e13)
+    and only the bound the sentence gives is drawn, a hollow dot at the band's low end (the band
+    runs off the top: the knee is only bounded below); the run's P as a dashed line. Where P sits
+    under the band the run trains below its knee. Log y axis; the legend says what the dots
+    are."""
     window = budget[budget["pool"] == "window"]
     runs = list(window.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
         fig = Figure(figsize=(COLUMN_WIDTH_IN, 2.2 * len(runs)))
-        axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+        # Room between panels for a panel's step ticks above the next one's title.
+        grid = fig.subplots(len(runs), 1, squeeze=False, gridspec_kw={"hspace": 0.5})
+        axes = np.atleast_1d(grid[:, 0])
         for ax, (run, rows) in zip(axes, runs, strict=True):
             _pooled_panel(ax, rows)
             ax.set_title(f"{run}: pooled noise scale (prompts per step)", fontsize=6.5)
-            ax.legend(**LEGEND_BESIDE)
+            ax.legend(handles=[*ax.get_legend_handles_labels()[0], *POOLED_MARKERS],
+                      **LEGEND_BESIDE)  # fmt: skip
+            integer_steps(ax)
         axes[-1].set_xlabel("training step")
     return fig
 
 
+# What the pooled noise scale's dots mean, in its legend.
+POOLED_MARKERS = (
+    Line2D([], [], color="0.3", marker="o", ms=3, ls="none", label="knee B (|G|² resolved)"),
+    Line2D([], [], color="0.3", marker="o", ms=3, mfc="white", ls="none",
+           label="knee ≥ this (|G|² not resolved)"),
+)  # fmt: skip
+
+
 def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
     """One run's estimators (see `fig_pooled_noise_scale`)."""
-    finite = rows[["noise_scale", "noise_scale_low", "noise_scale_high", "prompts_per_step"]]
-    values = finite.to_numpy(dtype=float)
+    resolved = rows["resolved"].to_numpy(dtype=float) > 0
+    drawn = [rows["noise_scale"][resolved]] + [
+        rows[c] for c in ("noise_scale_low", "noise_scale_high", "prompts_per_step")
+    ]  # an unresolved B is not drawn, so it sets no limit
+    values = np.concatenate([np.asarray(v, dtype=float) for v in drawn])
     positive = values[np.isfinite(values) & (values > 0)]
     top = 3 * positive.max() if positive.size else 10.0  # an open band runs past the top
+    dots = 0  # knees and bounds drawn
     for estimator, lines in rows.groupby("estimator", sort=False):
         color = baseline_color(str(estimator))
         step = lines["step"].to_numpy(dtype=float)
         # One step has no interval (its band would be the whole axis): bands from two on.
         spread = lines["effective_steps"].to_numpy(dtype=float) > 1
-        low = np.where(spread, lines["noise_scale_low"], np.nan)
+        low = lines["noise_scale_low"].to_numpy(dtype=float)
         high = np.where(np.isfinite(lines["noise_scale_high"]), lines["noise_scale_high"], top)
-        point = lines["noise_scale"].to_numpy(dtype=float)
-        ax.fill_between(step, low, np.where(spread, high, np.nan), color=color, alpha=0.2, lw=0)
-        ax.plot(step, np.where(np.isfinite(point), point, np.nan), color=color, label=estimator)
-        resolved = lines["resolved"].to_numpy(dtype=float) > 0
-        ax.plot(step[resolved], point[resolved], "o", ms=3, color=color)
-        ax.plot(step[~resolved], np.minimum(point[~resolved], top), "o", ms=3, mfc="white",
-                color=color)  # fmt: skip
+        band_low = np.where(spread, low, np.nan)
+        ax.fill_between(step, band_low, np.where(spread, high, np.nan), color=color, alpha=0.2,
+                        lw=0)  # fmt: skip
+        knee = lines["resolved"].to_numpy(dtype=float) > 0
+        point = np.where(knee, lines["noise_scale"], np.nan)
+        ax.plot(step, point, color=color, label=estimator)
+        ax.plot(step[knee], point[knee], "o", ms=3, color=color)
+        bound = ~knee & (low > 0)  # "the knee is at least low"; none yet without an interval
+        ax.plot(step[bound], np.minimum(low[bound], top), "o", ms=3, mfc="white", color=color)
+        dots += int(knee.sum() + bound.sum())
+    if not dots:
+        ax.text(0.5, 0.9, "no knee and no bound yet: one split step has no interval",
+                transform=ax.transAxes, ha="center", fontsize=5.5)  # fmt: skip
+    steps = rows["step"].to_numpy(dtype=float)
+    ax.set_xlim(steps.min() - 0.5, steps.max() + 0.5)  # one step too: a whole-number tick
     p = rows["prompts_per_step"].dropna()
     if len(p):
         ax.axhline(float(p.iloc[-1]), color="0.3", linestyle="--", linewidth=0.8,

@@ -224,10 +224,11 @@ FIGURES = (
         "dynamics.fig_pooled_noise_scale",
         {"budget": "budget"},
         "The gradient noise scale B (prompts per step at the knee) pooled over the split steps "
-        "a trainer logged so far (a window of the latest; docs/noise-scale.md), one line per "
-        "estimator with its 95 % band: filled dots where |G|² is resolved from 0, hollow where "
-        "the knee is only bounded below (the band runs off the top). The dashed line is the "
-        "run's P: where it sits under the band, the run trains below its knee.",
+        "a trainer logged so far (a window of the latest; docs/noise-scale.md), per "
+        "estimator its 95 % band and, where |G|² is resolved from 0, the knee B as filled dots "
+        "on a line; where it is not, B is no estimate and only its lower bound is drawn, a "
+        "hollow dot (the band runs off the top). The dashed line is the run's P: where it sits "
+        "under the band, the run trains below its knee.",
         in_set=False,
     ),
     FigureEntry(

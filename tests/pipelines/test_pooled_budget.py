@@ -15,9 +15,10 @@ import pandas as pd
 import pytest
 from small_runs import dynamics, report
 
+from otb_diag.errors import InputError
 from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.variance.budget_stream import BudgetPools
-from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
 
@@ -92,7 +93,8 @@ def test_a_resolved_knee_and_an_honest_bound(tmp_path: Path) -> None:
     strong = dynamics([strong_log], tmp_path / "o1", ["strong"]).runs[0].budget[0]
     assert strong.window["resolved"] == 1.0
     assert strong.sentence.startswith("at step 60, the knee is ~")
-    assert "under grpo at N = 4" in strong.sentence and "you train with 8" in strong.sentence
+    assert "under grpo at N = 4" in strong.sentence
+    assert strong.sentence.endswith("you train with 8 prompts a step")
     assert strong.window["noise_scale_low"] < strong.window["noise_scale"]
     none_log = trainer_state(tmp_path / "none", logged_steps(60, 1, 0.0, seed=1))
     none = dynamics([none_log], tmp_path / "o2", ["none"]).runs[0].budget[0]
@@ -105,8 +107,8 @@ def test_pooling_skips_steps_without_the_split_and_a_log_without_it_has_none(
     tmp_path: Path,
 ) -> None:
     entries = logged_steps(9, 3, 0.5)
-    frame = read_training_log(trainer_state(tmp_path / "a", entries)).frame
-    table, pools = pooled_over_steps(frame, "otb/")
+    log = trainer_state(tmp_path / "a", entries)
+    table, pools = pooled_over_steps(read_training_log(log).frame, "otb/", log)
     assert table["step"].tolist() == [1, 4, 7] and pools.last_step == 7
     long = budget_long(table, "otb/", "a")
     assert set(long["estimator"]) == {"grpo", "params"} and set(long["pool"]) == {"window", "ema"}
@@ -145,9 +147,10 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
     otb = window[window["estimator"] == "otb"].set_index("step")
     assert otb.index[otb["resolved"] == 1].tolist() == list(range(24, 41))
     grpo, pooled = result.runs[0].budget
+    assert (result.runs[0].baseline, result.runs[0].group_size) == ("grpo", 4)  # its sentences'
     assert pooled.sentence == (
         "at step 40, the knee is ~53.5 prompts [31.3, 184] under otb at N = 4 (3.17 k tokens "
-        "a step); you train with 8"
+        "a step); you train with 8 prompts a step"
     )
     assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
 
@@ -164,3 +167,93 @@ def test_the_report_leads_with_the_pooled_answer(tmp_path: Path) -> None:
     assert second.sentence.startswith("At step 40, the knee is ~53.5 prompts [31.3, 184]")
     assert third.topic.startswith("collapse")
     assert "the knee is ~53.5 prompts" in (tmp_path / "report.html").read_text(encoding="utf-8")
+
+
+def test_an_estimator_name_may_hold_any_character() -> None:
+    """A name is read from its keys' known ends, so a "/" in it (a hub path) pools and comes
+    back whole in the long table."""
+    odd = "org/base:v2 ä"
+    entries = [
+        {k.replace("/grpo/", f"/{odd}/"): v for k, v in e.items()} for e in logged_steps(6, 1, 0.5)
+    ]
+    frame = pd.DataFrame(entries).sort_values("step")
+    table, pools = pooled_over_steps(frame, "otb/", Path("log.jsonl"))
+    assert list(pools.latest) == [odd, "params"]
+    long = budget_long(table, "otb/", "a")
+    assert set(long["estimator"]) == {odd, "params"} and set(long["pool"]) == {"window", "ema"}
+    assert long["noise_scale"].notna().all()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("otb/split/grpo/total", -20.0), ("otb/split/prompts", 0.0), ("otb/split/group_size", 1.0)],
+)
+def test_an_impossible_value_is_refused_not_pooled_into_a_knee(
+    tmp_path: Path, key: str, value: float
+) -> None:
+    """A negative tr Σ gave "the knee is ~-20 prompts", P = 0 a knee too: now the file, the
+    step and the key are named, and nothing is pooled."""
+    entries = logged_steps(9, 1, 0.5)
+    entries[4][key] = value
+    path = trainer_state(tmp_path, entries)
+    with pytest.raises(InputError) as caught:
+        pooled_over_steps(read_training_log(path).frame, "otb/", path)
+    said = str(caught.value)
+    assert said.startswith(f"{path}, field '{key}': at step 5, {value:g} is impossible")
+
+
+def test_a_split_that_cannot_be_pooled_says_why_once(tmp_path: Path) -> None:
+    """No step shape, or a term that is not a number: each reason said once, with its first
+    step and how many more share it; the rest of the split still pools."""
+    entries = logged_steps(6, 1, 0.5)
+    for entry in entries[:2]:
+        del entry["otb/split/prompts"]
+    for entry in entries[3:]:
+        entry["otb/split/params/grad_sq"] = "n/a"
+    path = trainer_state(tmp_path, entries)
+    notes: list[str] = []
+    table, pools = pooled_over_steps(read_training_log(path).frame, "otb/", path, notes.append)
+    assert notes == [
+        f"{path}: not pooled at step 1 and 1 more: the split is logged without the step's shape "
+        "(otb/split/prompts absent).",
+        f"{path}: not pooled at step 4 and 2 more: otb/split/params/grad_sq absent or not a "
+        "number.",
+    ]
+    assert table["step"].tolist() == [3, 4, 5, 6]
+    assert pools.latest["params"]["window"].steps == 1 and pools.latest["grpo"]["window"].steps == 4
+
+
+def test_the_split_names_the_runs_baseline_and_group_size() -> None:
+    """A TRL log records neither: the split is logged under the trainer's own estimator beside
+    OTB and all parameters, at the run's N; under OTB alone, or at varying N, neither is known."""
+    frame = pd.DataFrame(logged_steps(4, 1, 0.5))
+    assert split_identity(frame, "otb/") == ("grpo", 4)
+    otb = frame.rename(columns=lambda c: c.replace("/grpo/", "/otb/"))
+    assert split_identity(otb, "otb/") == (None, 4)
+    varied = frame.assign(**{"otb/split/group_size": [4.0, 4.0, 8.0, 4.0]})
+    assert split_identity(varied, "otb/") == ("grpo", None)
+    assert split_identity(frame.filter(["step", "grad_norm"]), "otb/") == (None, None)
+
+
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
+def test_the_live_values_of_a_family_are_one_steps(tmp_path: Path) -> None:
+    """The pooled window's noise scale and its interval's ends come from the last step that
+    logged the window (its high end, infinite, left out of the log there: None, not an older
+    step's finite one); the per-step energy from the last step; each with its step, in
+    collapse.json and in the report's table."""
+    entries = logged_steps(6, 2, 0.5)  # the split at steps 1, 3, 5
+    for entry in entries:
+        entry["otb/energy/sequence_mean"] = float(entry["step"])
+    high = "otb/budget/grpo/window/noise_scale_high"
+    entries[2][high] = 123.0  # step 3 logged a finite one
+    entries[4].pop(high, None)  # step 5: infinite, left out
+    result = dynamics([trainer_state(tmp_path / "run", entries)], tmp_path / "dyn", ["r"])
+    (run,) = result.runs
+    window = "otb/budget/grpo/window/noise_scale"
+    assert run.otb is not None and run.otb[window] == entries[4][window]
+    assert run.otb[high] is None  # not step 3's 123
+    assert run.otb_steps is not None and run.otb_steps[window] == run.otb_steps[high] == 5
+    assert run.otb["otb/energy/sequence_mean"] == 6.0 and run.otb_steps["otb/split/prompts"] == 5
+    page = report([tmp_path / "dyn"], tmp_path / "report.html")
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert page is not None and "the metrics sharing all but the last part" in text

@@ -191,6 +191,24 @@ def test_collapse_rows_are_records_and_otb_appears_only_when_logged(tmp_path: Pa
     assert "plain" in result.format() and "4 figures" in result.format()
 
 
+def test_dynamics_says_each_file_it_wrote_and_a_log_without_live_keys() -> None:
+    """The "wrote" line names budget.csv where a split pooled and comparison.csv with arms; a
+    run whose log holds no otb/ key says that the live diagnostics were off."""
+    budget = PooledBudget("otb", 40, "B ~ 12 prompts", {"noise_scale": 12.0}, {})
+    arm = DynamicsArm("a", "otb", 4, ["a"], [None], 0, [1e5], 1, 1e5, None, None, 0.5, None, None)
+    live = replace(_run("live", {"otb/x": 1.0}), budget=[budget])
+    both = DynamicsResult(DetectionRule(), None, [live, _run("plain", None)], "/o", [arm])
+    text = both.format()
+    assert "wrote dynamics.csv, budget.csv, comparison.csv, collapse.json and 6 figures" in text
+    assert (
+        "plain: this log holds no otb/ keys: the otb-diag live diagnostics were not attached or "
+        "were switched off, so there is no noise split to pool." in text
+    )
+    assert "live: this log holds no otb/ keys" not in text
+    alone = DynamicsResult(DetectionRule(), None, [_run("plain", None)], "/o").format()
+    assert "wrote dynamics.csv, collapse.json and 3 figures" in alone
+
+
 # Every result (summary.json, train.json, collapse.json, manifest.json, report and inspect
 # --json) and the records nested in it: outside the result classes, nothing reads their fields
 # by key.

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
 from otb_diag.plots import dynamics as plots_dynamics
@@ -252,6 +253,75 @@ def test_score_vs_tokens_draws_each_run_and_the_target() -> None:
     reached = [x for x in ax.get_lines() if x.get_marker() == "o"]
     assert [(x.get_xdata()[0], x.get_ydata()[0]) for x in reached] == [(5000.0, 0.5)]
     assert ax.get_title() == "Score against tokens sampled (target 0.5)"
+
+
+def pooled_rows(run: str, steps: list[int], resolved: list[bool], b: list[float],
+                low: list[float], high: list[float]) -> pd.DataFrame:  # fmt: skip
+    """A budget.csv's window rows of one estimator (grpo) of `run`, at P = 8."""
+    return pd.DataFrame({
+        "run": run, "step": steps, "estimator": "grpo", "pool": "window",
+        "effective_steps": np.arange(1, len(steps) + 1, dtype=float),
+        "resolved": np.array(resolved, dtype=float), "noise_scale": b,
+        "noise_scale_low": low, "noise_scale_high": high, "prompts_per_step": 8.0,
+    })  # fmt: skip
+
+
+def test_pooled_noise_scale_draws_knees_where_resolved_and_bounds_where_not() -> None:
+    """Step 1 (|G|² = 1e-13: B = 1e13, no interval) draws nothing and sets no limit; step 2,
+    unresolved, a hollow dot at its lower bound; steps 3-4, resolved, filled dots at B on the
+    line. The legend says what filled and hollow dots are."""
+    inf = math.inf
+    rows = pooled_rows("a", [1, 2, 3, 4], [False, False, True, True], [1e13, 500.0, 40.0, 45.0],
+                       [-inf, 20.0, 25.0, 30.0], [inf, inf, 90.0, 80.0])  # fmt: skip
+    ax = plots_dynamics.fig_pooled_noise_scale(rows).axes[0]
+    lines = [x for x in ax.get_lines() if len(x.get_ydata())]
+    assert max(np.nanmax(np.asarray(x.get_ydata(), dtype=float)) for x in lines) < 1e3
+    assert ax.get_ylim()[1] < 1e3
+    (line,) = [x for x in lines if x.get_label() == "grpo"]
+    np.testing.assert_allclose(line.get_ydata(), [np.nan, np.nan, 40.0, 45.0])
+    (filled,) = [x for x in lines if x.get_marker() == "o" and x.get_markerfacecolor() != "white"]
+    (hollow,) = [x for x in lines if x.get_markerfacecolor() == "white"]
+    np.testing.assert_allclose(filled.get_xydata(), [[3, 40.0], [4, 45.0]])
+    np.testing.assert_allclose(hollow.get_xydata(), [[2, 20.0]])
+    assert legend_labels(ax)[-2:] == ["knee B (|G|² resolved)", "knee ≥ this (|G|² not resolved)"]
+
+
+def shown_ticks(ax) -> list[float]:
+    """The x ticks inside the axis' limits (the locator also returns some just outside)."""
+    low, high = ax.get_xlim()
+    return [float(t) for t in ax.get_xticks() if low <= t <= high]
+
+
+def test_the_step_axes_tick_whole_steps() -> None:
+    """A run of 2 steps ticked 1.2, 1.4, …; a one-split-step run's pooled panel too."""
+    table, runs = dynamics_table()
+    two = table[table["step"] <= 2]
+    calm = [SimpleNamespace(**{**vars(r), "collapse_step": None, "warning_step": None})
+            for r in runs]  # fmt: skip
+    for fig in (plots_dynamics.fig1_grad_norm_and_score(two, calm),
+                plots_dynamics.fig2_variance_and_grad_norm(two, calm)):  # fmt: skip
+        assert shown_ticks(fig.axes[-1]) == [1.0, 2.0]
+    one = pooled_rows("one", [5], [False], [12.0], [-math.inf], [math.inf])
+    ax = plots_dynamics.fig_pooled_noise_scale(one).axes[0]
+    assert shown_ticks(ax) == [5.0]
+    assert "no knee and no bound yet" in " ".join(t.get_text() for t in ax.texts)
+
+
+@pytest.mark.renders  # reads the rendered figures
+def test_a_pooled_panels_step_ticks_clear_the_next_title() -> None:
+    """Two runs, the first of one split step: its tick labels end above the next panel's title."""
+    inf = math.inf
+    budget = pd.concat([pooled_rows("one", [1], [False], [9.0], [-inf], [inf]),
+                        pooled_rows("two", [1, 2], [False, True], [9.0, 9.0], [-inf, 5.0],
+                                    [inf, 20.0])])  # fmt: skip
+    fig = plots_dynamics.fig_pooled_noise_scale(budget)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    first, second = fig.axes
+    ticks = [t.get_window_extent(renderer) for t in first.get_xticklabels() if t.get_text()]
+    title = second.title.get_window_extent(renderer)
+    assert ticks and min(t.y0 for t in ticks) > title.y1
 
 
 @pytest.mark.renders  # reads the rendered figures

@@ -18,7 +18,7 @@ field or `resolved` (1 or 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from otb_diag.maths.variance.pooling import EmaPool, Pooled, WindowPool
 
@@ -49,7 +49,7 @@ class BudgetPools:
         if not all(math.isfinite(v) for v in shape):
             return {}
         out: dict[str, float] = {}
-        for name in _names(metrics, split):
+        for name in split_names(metrics, split):
             total, grad_sq = (
                 metrics.get(f"{split}{name}/{k}", math.nan) for k in ("total", "grad_sq")
             )
@@ -66,10 +66,9 @@ class BudgetPools:
         return out
 
 
-def _names(metrics: Mapping[str, float], split: str) -> list[str]:
-    """The estimator names of `split/<name>/total` keys, in the metrics' order."""
-    return [
-        k[len(split) : -len("/total")]
-        for k in metrics
-        if k.startswith(split) and k.endswith("/total")
-    ]
+def split_names(keys: Iterable[str], split: str, fields: tuple[str, ...] = ("total",)) -> list[str]:
+    """The estimator names of the `split/<name>/<field>` keys, `field` one of `fields`, in the
+    keys' order, each once; read from the key's end, so a name may hold any character."""
+    ends = tuple("/" + f for f in fields)
+    rests = (k[len(split) :] for k in keys if k.startswith(split))
+    return list(dict.fromkeys(r.rsplit("/", 1)[0] for r in rests if r.endswith(ends)))

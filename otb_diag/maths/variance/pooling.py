@@ -19,7 +19,8 @@ last K steps: `WindowPool`; `β^(S−s)` over all: `EmaPool`, McCandlish's movin
 
 `B`'s interval is the inverse of `1/B`'s, as `noise_scale.noise_estimates` takes it: `1/B`
 stays finite where `|G|²` crosses 0. `|G|²` is resolved when its interval lies above 0; until
-then no knee is claimed, only its lower end ("at least X prompts").
+then no knee is claimed, only its lower end ("at least X prompts"). Nor is one claimed where
+t̄ ≤ 0, which a two-batch tr Σ can pool to (`two_batch.py`): B ≤ 0 is no knee.
 
 Drift: the policy changes, so the pooled `B` is that of the pooled terms, `mean tr Σ / mean
 |G|²` over the window (or EMA-weighted), not the current step's; a trend shows as a lag of about
@@ -108,8 +109,10 @@ class Pooled:
 
     @property
     def resolved(self) -> bool:
-        """`|G|²`'s interval lies above 0: a knee is claimed."""
-        return self.grad_sq_low > 0
+        """`|G|²`'s interval lies above 0 and the pooled tr Σ is above 0: a knee B = t̄ / ḡ > 0
+        is claimed (a split's tr Σ is a sample variance, ≥ 0; the two-batch estimate's is a
+        difference of squares and may pool to ≤ 0, where B is no knee)."""
+        return self.grad_sq_low > 0 and self.total > 0
 
     def metrics(self) -> dict[str, float]:
         """Every field as a float, and `resolved` as 1 or 0 (the names logged under
@@ -119,14 +122,21 @@ class Pooled:
 
     def sentence(self, estimator: str, step: int) -> str:
         """The pooled answer at split step `step`: "at step S, the knee is ~B prompts [lo, hi]
-        under <estimator> at N; you train with P", or the honest bound while `|G|²` is not
-        resolved."""
-        n, p = _count(self.group_size), _count(self.prompts_per_step)
+        under <estimator> at N; you train with P prompts a step", or the honest bound while
+        `|G|²` or tr Σ is not resolved."""
+        n = _count(self.group_size)
+        run = f"you train with {_count(self.prompts_per_step)} prompts a step"
         if self.resolved:
             return (
                 f"at step {step}, the knee is ~{self.noise_scale:.3g} prompts "
                 f"[{self.noise_scale_low:.3g}, {_end(self.noise_scale_high)}] under {estimator} "
-                f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); you train with {p}"
+                f"at N = {n} ({self.knee_tokens / 1e3:.3g} k tokens a step); {run}"
+            )
+        if self.total < 0:  # a two-batch tr Σ pooled below 0: B = t̄ / ḡ bounds nothing
+            return (
+                f"at step {step}, under {estimator} at N = {n}, the pooled tr Σ is "
+                f"{self.total:.3g} after {self.steps} steps ({self.prompts:.0f} prompts): no "
+                f"noise measured, so no knee and no bound; {run}"
             )
         if math.isinf(self.noise_scale_low):  # 1/B's whole interval ≤ 0
             bound = "no signal measurable at all (|G|² ≤ 0 across its interval)"
@@ -136,7 +146,7 @@ class Pooled:
             bound = "no bound on the knee yet"
         return (
             f"at step {step}, under {estimator} at N = {n}, |G|² is not resolved after "
-            f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; you train with {p}"
+            f"{self.steps} steps ({self.prompts:.0f} prompts); {bound}; {run}"
         )
 
 

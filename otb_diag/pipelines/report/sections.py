@@ -53,6 +53,11 @@ def _number(x: Any, fmt: str = "{:.4g}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
+def _step(step: int | None) -> str:
+    """A step cell: the whole number, or an em dash."""
+    return _number(step, "{}")
+
+
 def variance_tables(run: Run) -> str:
     result: VarianceResult = run.result
     max_n = max(h.group_size for h in result.headline)  # measured: requested N ≤ M/2
@@ -225,14 +230,28 @@ def _comparison_table(run: Run) -> str:
 
 
 def _live_table(run: Run) -> str:
-    """The live diagnostics' last logged values per run (docs/live.md), when a run has them."""
+    """The live diagnostics' values per run (docs/live.md), when a run has them: each family
+    of metrics from one step, the last that logged it, and that step beside each value."""
     live = run.result.live_runs if isinstance(run.result, DynamicsResult) else []
     if not live:
         return ""
     names = sorted({k for r in live for k in r.otb or {}})
-    rows = [[name] + [_number((r.otb or {}).get(name)) for r in live] for name in names]
-    caption = f"Live OTB diagnostics, last logged step ({run.label}); meanings: docs/live.md"
-    return html.table(["metric", *(r.run for r in live)], rows, caption=caption)
+    rows = [
+        [name]
+        + [
+            cell
+            for r in live
+            for cell in (_number((r.otb or {}).get(name)), _step((r.otb_steps or {}).get(name)))
+        ]
+        for name in names
+    ]
+    caption = (
+        f"Live OTB diagnostics at the last step that logged them ({run.label}): the metrics "
+        "sharing all but the last part of their name are one step's, named in 'step' "
+        "(— : not logged at that step; TRL leaves non-finite values out); meanings: docs/live.md"
+    )
+    header = ["metric", *(c for r in live for c in (r.run, "step"))]
+    return html.table(header, rows, caption=caption)
 
 
 def train_tables(run: Run) -> str:

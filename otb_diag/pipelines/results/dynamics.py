@@ -11,6 +11,12 @@ from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.schema import absent
 from otb_diag.plots.registry import figures_of
 
+# Said of a run whose log holds no `otb/` key (docs/live.md).
+NO_LIVE_KEYS = (
+    "this log holds no otb/ keys: the otb-diag live diagnostics were not attached or were "
+    "switched off, so there is no noise split to pool"
+)
+
 
 @dataclass(frozen=True)
 class PooledBudget:
@@ -47,9 +53,13 @@ class DynamicsRun:
     tokens_to_target: float | None
     proxy3_mixes_units: bool
     units_note: str | None
-    # `otb/` metric -> its last logged value (docs/live.md); None, and absent from collapse.json,
-    # when the log has none. The one field that may be absent: files written before it existed.
-    otb: dict[str, float] | None = absent()
+    # `otb/` metric -> its value at one step (docs/live.md): for each family of metrics (the keys
+    # sharing all but their last "/" part), the last step that logged any of them, so that a
+    # noise scale and its interval are one step's (None: that step did not log it); None, and
+    # absent from collapse.json, when the log has none.
+    otb: dict[str, float | None] | None = absent()
+    # `otb/` metric -> the step its `otb` value is from; None (absent) with `otb`.
+    otb_steps: dict[str, int] | None = absent()
     # The logged split pooled over the run, one per estimator; None where the log has no split.
     budget: list[PooledBudget] | None = None
 
@@ -119,15 +129,23 @@ class DynamicsResult(schema.Versioned):
                 f"{_cell(r.tokens_to_target, '{:.3g}'):>15}  {r.variance_proxy_kind}"
             )
         lines += [f"{r.run}: {b.sentence}." for r in self.runs for b in r.budget or []]
+        lines += [f"{r.run}: {NO_LIVE_KEYS}." for r in self.runs if r.otb is None]
         mixed = [r.run for r in self.runs if r.proxy3_mixes_units]
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
         lines += self._comparison_lines()
         lines.append(f"rule: {self.rule.describe()}")
         lines.append(
-            f"wrote dynamics.csv, collapse.json and {len(self.figures())} figures to {self.outputs}"
+            f"wrote {', '.join(self.tables())}, collapse.json and {len(self.figures())} figures "
+            f"to {self.outputs}"
         )
         return "\n".join(lines)
+
+    def tables(self) -> list[str]:
+        """The CSV files the run wrote: dynamics.csv always, budget.csv where a log's split
+        pooled, comparison.csv with several runs."""
+        made = {"budget.csv": any(r.budget for r in self.runs), "comparison.csv": bool(self.arms)}
+        return ["dynamics.csv", *(name for name, wrote in made.items() if wrote)]
 
     def figures(self) -> list[str]:
         """The figures the run drew (`plots/registry.py`): those every run has, and those whose

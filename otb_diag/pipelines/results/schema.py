@@ -18,8 +18,9 @@ from otb_diag.errors import InputError
 # range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`);
 # dynamics' `budget`, the logged split pooled over the run, and collapse.json's `arms` (the
 # comparison at equal tokens); energy's empty responses and zero-tail tokens, verl's proxies in
-# verl's convention (issue 34).
-SCHEMA_VERSION = 2
+# verl's convention (issue 34). 3: dynamics' `otb` holds each metric family's values of one
+# step, the last that logged the family, and `otb_steps` which step (issue 40).
+SCHEMA_VERSION = 3
 
 T = TypeVar("T")
 

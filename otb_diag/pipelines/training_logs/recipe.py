@@ -22,14 +22,15 @@ from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
 from otb_diag.maths.variance.budget_stream import BudgetPools
-from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps
+from otb_diag.pipelines.inputs import Say, silent
+from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import (
     DynamicsArm,
     DynamicsResult,
     DynamicsRun,
     PooledBudget,
 )
-from otb_diag.pipelines.shell import run_recipe
+from otb_diag.pipelines.shell import Stage, run_recipe
 from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 from otb_diag.plots.figure_data import DynamicsFigures
 from otb_diag.plots.registry import save_figures
@@ -77,12 +78,17 @@ def _seed_names(labels: list[str]) -> list[str]:
 
 
 def run_dynamics(
-    inputs: TrainingLogs, out: Path, settings: DynamicsSettings = DynamicsSettings()
+    inputs: TrainingLogs,
+    out: Path,
+    settings: DynamicsSettings = DynamicsSettings(),
+    *,
+    say: Say = silent,
 ) -> DynamicsResult | None:
     """Read every log of `inputs`, analyse it, write the table, the figures and collapse.json
     into `out` (all together, in the shell's staging folder); returns the result (collapse.json
     is its `to_json()`; None on a torchrun rank but 0). `inputs.labels`: one per log, the runs
-    sharing one being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run."""
+    sharing one being one arm's seeds (`_seed_names`); none: `default_names`, one arm per run.
+    `say`: the notes, such as a logged split that could not be pooled and why."""
     labels = inputs.labels or default_names(inputs.logs)
     if len(labels) != len(inputs.logs):
         raise InputError(
@@ -91,18 +97,20 @@ def run_dynamics(
         )
     # Reading logs is one process's work: rank 0 alone, the others wait (under torchrun too).
     return run_recipe(
-        lambda stage: _analyse(inputs.logs, labels, settings, out, cast(Path, stage.into)),
+        lambda stage: _analyse(inputs.logs, labels, settings, out, stage),
         out=out,
         record="collapse.json",
+        say=say,
         every_rank=False,
     )
 
 
 def _analyse(
-    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, into: Path
+    logs: list[Path], labels: list[str], settings: DynamicsSettings, out: Path, stage: Stage
 ) -> DynamicsResult:
-    """`run_dynamics` on the logs with their `labels`, writing into the folder `into` (the
-    staging folder of `out`, the result's `outputs`)."""
+    """`run_dynamics` on the logs with their `labels`, writing into the folder `stage.into`
+    (the staging folder of `out`, the result's `outputs`) and saying its notes by `stage.say`."""
+    into = cast(Path, stage.into)
     rule, target, names = settings.rule, settings.target, _seed_names(labels)
     tables, runs, budgets = [], [], []
     for path, name, label in zip(logs, names, labels, strict=True):
@@ -119,7 +127,7 @@ def _analyse(
                 variance_z=found.variance_z,
             )
         )
-        pooled, pools = pooled_over_steps(frame, OTB_PREFIX)
+        pooled, pools = pooled_over_steps(frame, OTB_PREFIX, path, stage.say)
         budgets.append(budget_long(pooled, OTB_PREFIX, name))
         runs.append(_row(name, path, log.source, frame, found, pools))
     table = pd.concat(tables, ignore_index=True)
@@ -169,23 +177,28 @@ def _row(
     name: str, path: Path, source: str, frame: pd.DataFrame, found: RunDynamics, pools: BudgetPools
 ) -> DynamicsRun:
     """collapse.json's row of the log at `path`, read as `source` into `frame` (labelled), with
-    the split it logged as `pools` pooled it."""
+    the split it logged as `pools` pooled it. Baseline and N: the log's, else the label's, else
+    those its split is logged under (`pooled_budget.split_identity`: a TRL log records
+    neither)."""
     baseline = frame["baseline"].dropna()
     group_size = frame["group_size"].dropna()
+    split_baseline, split_n = split_identity(frame, OTB_PREFIX)
     final = pd.Series(found.score_smoothed).dropna()
+    otb, otb_steps = _live_metrics(frame) or (None, None)
     return DynamicsRun(
         run=name,
         file=str(path.resolve()),
         source=source,
-        baseline=str(baseline.iloc[0]) if len(baseline) else None,
-        group_size=int(group_size.iloc[0]) if len(group_size) else None,
+        baseline=str(baseline.iloc[0]) if len(baseline) else split_baseline,
+        group_size=int(group_size.iloc[0]) if len(group_size) else split_n,
         points=len(frame),
         first_step=int(frame["step"].iloc[0]),
         last_step=int(frame["step"].iloc[-1]),
         final_score_smoothed=float(final.iloc[-1]) if len(final) else None,
         **found.summary(),
         **proxy_units(frame),
-        otb=_live_metrics(frame),
+        otb=otb,
+        otb_steps=otb_steps,
         budget=_budget(pools),
     )
 
@@ -206,12 +219,23 @@ def _budget(pools: BudgetPools) -> list[PooledBudget] | None:
     ]
 
 
-def _live_metrics(frame: pd.DataFrame) -> dict[str, float] | None:
-    """Each live diagnostics' metric (docs/live.md) the log has, with its last logged value;
-    None when it has none."""
-    last = {
-        c: float(frame[c].dropna().iloc[-1])
-        for c in frame.columns
-        if c.startswith(OTB_PREFIX) and frame[c].notna().any()
-    }
-    return last or None
+def _live_metrics(frame: pd.DataFrame) -> tuple[dict[str, float | None], dict[str, int]] | None:
+    """Each live diagnostics' metric (docs/live.md) the log has, with its value at one step, and
+    that step: per family of metrics (the keys sharing all but their last "/" part, such as one
+    estimator's pooled window `otb/budget/<b>/window/`), the last step that logged any of them,
+    so that a noise scale and its interval's ends are the same step's (a value that step did not
+    log, such as an infinite end TRL leaves out, is None). None when the log has none."""
+    live = [c for c in frame.columns if c.startswith(OTB_PREFIX) and frame[c].notna().any()]
+    if not live:
+        return None
+    families: dict[str, list[str]] = {}
+    for column in live:
+        families.setdefault(column.rsplit("/", 1)[0], []).append(column)
+    values: dict[str, float | None] = {}
+    steps: dict[str, int] = {}
+    for columns in families.values():
+        row = frame[columns][frame[columns].notna().any(axis=1)].iloc[-1]  # the last that logs
+        step = int(frame["step"][row.name])
+        values |= {c: None if pd.isna(row[c]) else float(row[c]) for c in columns}
+        steps |= dict.fromkeys(columns, step)
+    return values, steps

@@ -123,6 +123,7 @@ def test_no_signal_never_claims_a_knee() -> None:
     assert math.isinf(found.noise_scale) and math.isinf(found.noise_scale_high)
     said = found.sentence("mean", 40)
     assert "not resolved after 40 steps (320 prompts); no signal measurable at all" in said
+    assert said.endswith(f"; you train with {P:.0f} prompts a step")  # the count has its unit
     assert math.isinf(found.noise_scale_low)  # |G|² = tr Σ = 0: no finite bound either
     rng = np.random.default_rng(3)
     claims = 0
@@ -206,3 +207,18 @@ def test_one_step_has_no_interval_and_totals_only_have_no_share() -> None:
     assert found.noise_scale == pytest.approx(5.0 / 1.5)
     assert all(math.isnan(x) for x in (found.within_share, found.within_share_low))
     assert math.isfinite(found.noise_scale_low)
+
+
+def test_a_negative_pooled_trace_claims_no_knee() -> None:
+    """The two-batch tr Σ (no within) may be negative at a step and pool below 0: with |G|²
+    resolved, B = t̄ / ḡ < 0 ("the knee is ~-3.8 prompts") is no knee, and the sentence says the
+    noise was not measured."""
+    rng = np.random.default_rng(0)
+    pool = WindowPool(100)
+    for _ in range(40):
+        found = pool.add((-2 + rng.normal(0, 0.5), 0.5 + rng.normal(0, 0.1), math.nan, P, N, L))
+    assert found.grad_sq_low > 0 and found.total < 0 and found.noise_scale < 0
+    assert not found.resolved and found.metrics()["resolved"] == 0.0
+    said = found.sentence("params", 40)
+    assert "the knee is ~" not in said
+    assert f"the pooled tr Σ is {found.total:.3g} after 40 steps (320 prompts): no noise" in said
