@@ -764,7 +764,7 @@ def _supported(trainer: Any) -> Supported:
 
 
 def _sharding(trainer: Any) -> str | None:
-    """"FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
+    """ "FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
     (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
     if getattr(trainer, "is_fsdp_enabled", False):
         return "FSDP"
