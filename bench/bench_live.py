@@ -152,8 +152,9 @@ def count_parameters(ckpt: Path | None) -> int:
 
 def live_state_bytes(live) -> int:
     """Bytes of what the live diagnostics keep between steps (pickled)."""
-    return len(pickle.dumps((list(live.watch.grad.values), list(live.watch.variance.values),
-                             live.last, live._pending)))  # fmt: skip
+    watch = live.core.watch
+    return len(pickle.dumps((list(watch.grad.values), list(watch.variance.values), live.last,
+                             live._pending)))  # fmt: skip
 
 
 def main() -> None:

@@ -63,23 +63,20 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.ddp_noise import install_ddp_noise
-from otb_diag.integrations.dump import check_dump_dir, dump_step
-from otb_diag.integrations.metric_levels import FullRecord, check_level, logged_at
+from otb_diag.integrations.dump import check_dump_dir
+from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.metric_levels import check_level
 from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
     round_off_clamped,
-    split_baselines,
     split_scores,
-    step_and_split_metrics,
 )
 from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
 from otb_diag.maths.estimators.registry import get_baseline, trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import BudgetPools
 from otb_diag.policy.forward_pass import checkpoint_stats
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
@@ -253,16 +250,10 @@ class LiveDiagnostics:
         self.trainer = trainer
         self.every = every
         self.dump_dir = dump_dir  # written by the main process only
-        self.baselines = baselines
         self.extra_forward = extra_forward
         self.split_every = split_every  # 0: no split
         self.split_k = split_k
-        self.level = level  # what reaches the dashboard (`metric_levels.py`)
-        self.record = FullRecord(trainer.args.output_dir)  # every metric (main process)
-        self.watch = CollapseWatch()
-        self.budget = BudgetPools(PREFIX)  # the split pooled over steps: `otb/budget/...`
         self.enabled = True
-        self.last: dict[str, float] = {}  # the latest step's metrics (for a user's own use)
         self._processes = trainer.accelerator.num_processes
         self._main = trainer.accelerator.is_main_process
         self._error: str | None = None  # this process's error, not yet handed over
@@ -276,12 +267,32 @@ class LiveDiagnostics:
         self._job: tuple[_Pending, Future] | None = None
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
-        self.audited = trainer_baseline(supported.registry) if documented else None
-        # The split under the trainer's own estimator (when its settings are the documented
-        # ones) and OTB.
-        self.split_baselines = split_baselines(self.audited)
         loss_type = getattr(trainer, "loss_type", "")
-        self.aggregation = supported.aggregation or LOSS_AGGREGATION.get(loss_type, "")
+        # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
+        # (when its settings are the documented ones) and OTB; measured on the main process.
+        self.core = LiveCore(
+            trainer_baseline(supported.registry) if documented else None,
+            baselines,
+            supported.aggregation or LOSS_AGGREGATION.get(loss_type, ""),
+            level=level,
+            record_dir=trainer.args.output_dir,
+            dump_dir=dump_dir,
+        )
+
+    @property
+    def audited(self) -> tuple[str, dict[str, Any]] | None:
+        """The registry estimator the trainer's advantages are (`attach(advantages=...)` sets
+        the one it trains with)."""
+        return self.core.audited
+
+    @audited.setter
+    def audited(self, record: tuple[str, dict[str, Any]] | None) -> None:
+        self.core.audited = record
+
+    @property
+    def last(self) -> dict[str, float]:
+        """The latest measured step's metrics, every one (main process)."""
+        return self.core.last
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -318,7 +329,7 @@ class LiveDiagnostics:
 
     def on_log(self, logs: dict[str, float], step: int) -> None:
         if "grad_norm" in logs:
-            self.watch.add_grad_norm(step, float(logs["grad_norm"]))
+            self.core.add_grad_norm(step, float(logs["grad_norm"]))
 
     # -- the work ----------------------------------------------------------------------------
 
@@ -494,7 +505,7 @@ class LiveDiagnostics:
         scores = rows.scores
         if scores is not None:  # zero past each response (the caught ones span the completion)
             scores = scores[:, : batch.valid.shape[1]] * batch.valid[..., None]
-        self._job = (p, self._worker.submit(self._measure, batch, p.step, scores))
+        self._job = (p, self._worker.submit(self.core.measure, batch, p.step, scores))
 
     def _check_dump_dirs(self, shares: list[_Share]) -> None:
         """Warn once where another process was given a dump directory that is not the main
@@ -517,14 +528,6 @@ class LiveDiagnostics:
                 stacklevel=4,
             )
 
-    def _measure(self, batch: ResponseBatch, step: int, scores: Tensor | None) -> dict[str, float]:
-        metrics = step_and_split_metrics(
-            batch, self.audited, self.baselines, scores, self.aggregation, self.split_baselines
-        )
-        if self.dump_dir is not None:
-            dump_step(self.dump_dir, batch, step, self.audited)
-        return metrics
-
     def collect(self) -> None:
         """Log the step's metrics (the trainer's `on_step_end`, before its `log`)."""
         if self._job is not None:
@@ -534,20 +537,13 @@ class LiveDiagnostics:
 
     def _log(self, p: _Pending, job: Future) -> None:
         metrics = job.result()  # the worker's error, if any, is raised here
-        proxy = metrics.get(f"{PREFIX}proxy/grpo/proxy2_total_power")
-        if proxy is not None:
-            self.watch.add_variance(p.step, proxy)
-        metrics.update({PREFIX + k: v for k, v in self.watch.metrics().items()})
+        metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
         # The all-parameter estimate joins the pools on the split's steps, which log the step's
         # P, N and L̄ (`dynamics` reading the log back pools the same rows).
         params = self.params.last if self.params is not None else {}
-        metrics |= self.budget.update(metrics | params, p.step)
-        metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
-        self.last = metrics
-        self.record.append(p.step, metrics)
+        metrics = self.core.finish(p.step, metrics, params)
         logged = self.trainer._metrics["train"]
-        own = self.audited[0] if self.audited is not None else None
-        for name, value in logged_at(metrics, self.level, own, PREFIX).items():
+        for name, value in self.core.logged(metrics).items():
             if math.isfinite(value):  # an undefined z or ratio is left out, not logged as NaN
                 logged[name].append(value)
 

@@ -184,5 +184,5 @@ def install_swap(trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[st
     generate = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: swap.generate(generate, inputs)
     live.audited = record
-    live.split_baselines = {**split_baselines(None), record[0]: record[1]}  # its options win
+    live.core.split_under = {**split_baselines(None), record[0]: record[1]}  # its options win
     live.swap = swap

@@ -40,8 +40,9 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.dump import check_dump_dir, dump_step
+from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.metric_levels import check_level
 from otb_diag.integrations.step_metrics import (
-    PREFIX,
     check_whole_groups,
     round_off_clamped,
     split_scores,
@@ -51,7 +52,7 @@ from otb_diag.integrations.verl_scores import OTB_SCORES, SPLIT_K
 from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import DECAY, WINDOW, BudgetPools
+from otb_diag.maths.variance.budget_stream import DECAY, WINDOW
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
 
@@ -97,23 +98,62 @@ def compute_otb_metrics(
 
 
 class BudgetTracker:
-    """`compute_otb_metrics` across a run's steps, with the split pooled over them: one per
-    trainer, called where `compute_otb_metrics` would be, with its arguments.
+    """`compute_otb_metrics` across a run's steps, on the live core every adapter shares
+    (`live_core.py:LiveCore`): the split pooled over the steps, the collapse watch, the
+    dashboard's level and the full record. One per trainer, called where
+    `compute_otb_metrics` would be, with its arguments:
 
         otb = BudgetTracker()                                     # in the trainer's __init__
-        metrics.update(otb(batch, adv_estimator=..., model=...))  # each step
+        metrics.update(otb(batch, step, adv_estimator=..., model=...,
+                           grad_norm=metrics.get("actor/grad_norm")))   # each step
 
     Its calls with a split (`scores` or `model`) add `otb/budget/<baseline>/<window|ema>/...`
-    (`maths/variance/budget_stream.py`); it keeps `window` step tuples and one set of moments
-    per baseline, whatever the run's length."""
+    (`maths/variance/budget_stream.py`); `grad_norm` (verl's last logged `actor/grad_norm`)
+    feeds the collapse watch beside the variance proxy (`otb/collapse/...`). `metrics`: the
+    level returned (`metric_levels.py`; "all" by default here, since verl's own file log is
+    what `dynamics` reads back, and it pools the per-step split), `record_dir`: where to append
+    every metric to `otb_metrics.jsonl` (None: nowhere). It keeps `window` step tuples and one
+    set of moments per baseline, whatever the run's length."""
 
-    def __init__(self, window: int = WINDOW, decay: float = DECAY) -> None:
-        self.pools = BudgetPools(PREFIX, window, decay)
+    def __init__(
+        self,
+        window: int = WINDOW,
+        decay: float = DECAY,
+        *,
+        metrics: str = "all",
+        record_dir: str | Path | None = None,
+    ) -> None:
+        self.level = check_level(metrics)
+        self.record_dir = record_dir
+        self.window, self.decay = window, decay
+        self.core: LiveCore | None = None  # made at the first call, which names the estimator
 
-    def __call__(self, batch: Any, step: int | None = None, **options: Any) -> dict[str, float]:
-        """`compute_otb_metrics(batch, **options)` and the pooled budget after this step."""
+    def __call__(
+        self,
+        batch: Any,
+        step: int | None = None,
+        *,
+        grad_norm: float | None = None,
+        **options: Any,
+    ) -> dict[str, float]:
+        """`compute_otb_metrics(batch, **options)`, the collapse watch's and the pooled budget
+        after this step, at the tracker's level."""
         metrics = compute_otb_metrics(batch, **options)
-        return metrics | self.pools.update(metrics, step)
+        if self.core is None:
+            estimator = options.get("adv_estimator", "grpo")
+            self.core = LiveCore(
+                (resolve_name(estimator), {}) if estimator else None,
+                options.get("baselines"),
+                options.get("loss_agg_mode", "token-mean"),
+                level=self.level,
+                record_dir=self.record_dir,
+                window=self.window,
+                decay=self.decay,
+            )
+        at = step if step is not None else 0
+        if grad_norm is not None:
+            self.core.add_grad_norm(at, float(grad_norm))
+        return self.core.logged(self.core.finish(at, metrics))
 
 
 def dump_batch(

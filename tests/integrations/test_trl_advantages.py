@@ -219,7 +219,7 @@ def test_a_registry_baseline_trains_with_its_options(
     wanted = {"handle_zero_tail": True} if name == "otb" else {}
     assert record["advantage_estimator"] == {"baseline": name, "options": wanted | (options or {})}
     # A split, when logged, is under the estimator that trains (its options) and OTB.
-    assert live.split_baselines == {"otb": {}} | {name: wanted | (options or {})}
+    assert live.core.split_under == {"otb": {}} | {name: wanted | (options or {})}
     audits = [e["otb/audit/agrees"] for e in trainer.state.log_history if "otb/audit/agrees" in e]
     assert audits == [1.0, 1.0]
 

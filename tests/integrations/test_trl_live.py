@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
 from otb_diag.errors import InputError
+from otb_diag.integrations import live_core
 from otb_diag.integrations import trl as trl_integration
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.trl import LOSS_AGGREGATION, _Share, attach
@@ -234,12 +235,11 @@ def test_training_is_untouched(live_run, tmp_path: Path) -> None:
 def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import otb_diag.integrations.trl as live
 
     def broken(*_: object, **__: object) -> dict:
         raise InputError("the step's groups are not whole (simulated)")
 
-    monkeypatch.setattr(live, "step_and_split_metrics", broken)
+    monkeypatch.setattr(live_core, "step_and_split_metrics", broken)
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
@@ -333,7 +333,7 @@ def rloo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     live = attach(
         trainer, dump_dir=out / "otb", split_every=SPLIT_EVERY, split_k=SPLIT_K, metrics="all"
     )
-    assert (live.audited, live.aggregation) == (("rloo", {}), "seq-mean-token-sum")
+    assert (live.audited, live.core.aggregation) == (("rloo", {}), "seq-mean-token-sum")
     trainer.train()
     return out
 
@@ -432,7 +432,7 @@ def test_the_main_processs_error_is_handed_over_at_the_next_gather(
         raise ValueError("planted")
 
     monkeypatch.setattr(live, "gather_shares", gather)
-    monkeypatch.setattr(live, "step_and_split_metrics", broken)
+    monkeypatch.setattr(live_core, "step_and_split_metrics", broken)
     trainer = toy_trainer(tmp_path / "run", 3)
     diagnostics = attach(trainer)
     diagnostics._processes = 2

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
+from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.verl import (
     BudgetTracker,
@@ -274,10 +275,12 @@ def test_the_split_from_the_model_scores_it_in_head_mode() -> None:
 
 def test_the_budget_tracker_pools_the_split_across_calls() -> None:
     """`BudgetTracker` called as `compute_otb_metrics` is, over 4 batches with scores: each call
-    returns `compute_otb_metrics`' metrics and the pools fed every split so far (`BudgetPools`,
-    fed by hand here); the step's shape is logged beside the split; a call without a split adds
-    no budget."""
+    returns `compute_otb_metrics`' metrics, the collapse watch's (fed the variance proxy and
+    the gradient norm given, as TRL's attach feeds it) and the pools fed every split so far
+    (`BudgetPools`, fed by hand here); the step's shape is logged beside the split; a call
+    without a split adds no budget."""
     tracker, by_hand = BudgetTracker(window=3), BudgetPools("otb/", window=3)
+    watch = CollapseWatch()
     for seed in range(4):
         fields = verl_shaped(seed=seed)
         scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(seed))
@@ -285,11 +288,17 @@ def test_the_budget_tracker_pools_the_split_across_calls() -> None:
         assert (metrics["otb/split/prompts"], metrics["otb/split/group_size"]) == (GROUPS, N)
         mean_tokens = float(fields["response_mask"].sum()) / (GROUPS * N)
         assert metrics["otb/split/mean_response_tokens"] == pytest.approx(mean_tokens)
-        out = tracker(fields, seed, scores=scores)
+        out = tracker(fields, seed, scores=scores, grad_norm=1.0 + seed)
+        watch.add_grad_norm(seed, 1.0 + seed)
+        watch.add_variance(seed, metrics["otb/proxy/grpo/proxy2_total_power"])
+        metrics |= {f"otb/{k}": v for k, v in watch.metrics().items()}
         expected = metrics | by_hand.update(metrics, seed)
         assert out.keys() == expected.keys() and _nan_equal(out, expected)
+    assert list(tracker.core.watch.grad.values) == pytest.approx(np.log([1.0, 2.0, 3.0, 4.0]))
     assert out["otb/budget/grpo/window/steps"] == 3 and out["otb/budget/otb/ema/steps"] == 4
     assert not any(k.startswith("otb/budget/") for k in tracker(verl_shaped(seed=9)))
+    few = BudgetTracker(metrics="default")(verl_shaped(seed=1), 1, scores=scores)
+    assert 0 < len(few) <= 20 and "otb/budget/grpo/window/resolved" in few
 
 
 def _nan_equal(a: dict, b: dict) -> bool:
