@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ import pandas as pd
 
 from otb_diag.errors import InputError
 from otb_diag.io.trainers import log_trainer
-from otb_diag.io.trainers.trl import REWARD_KEY, TRL, otb_record, trainer_state
+from otb_diag.io.trainers.trl import OTB_RECORD, REWARD_KEY, TRL, trainer_state
 from otb_diag.maths.estimators.registry import families
 
 COLUMNS = (
@@ -121,10 +122,9 @@ def _listing(keys: set[str] | list[str]) -> str:
     return ", ".join(sorted(keys)) if keys else "(none)"
 
 
-def _read_jsonl(path: Path, text: str) -> pd.DataFrame:
-    """One row per non-blank line; verl's `{"step", "data": {...}}` rows are flattened. The
-    1-based line number is kept in `_line` for error messages."""
-    rows = []
+def _json_objects(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) of every non-blank line; an `InputError` naming the line
+    where one is not a JSON object."""
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -134,12 +134,38 @@ def _read_jsonl(path: Path, text: str) -> pd.DataFrame:
             raise InputError(f"not valid JSON ({err.msg})", path=path, line=number) from None
         if not isinstance(row, dict):
             raise InputError("expected a JSON object per line", path=path, line=number)
+        yield number, row
+
+
+def _read_jsonl(path: Path, text: str) -> pd.DataFrame:
+    """One row per non-blank line; verl's `{"step", "data": {...}}` rows are flattened. The
+    1-based line number is kept in `_line` for error messages."""
+    rows = []
+    for number, row in _json_objects(path, text):
         if isinstance(row.get("data"), dict):
             row = {**{k: v for k, v in row.items() if k != "data"}, **row["data"]}
         rows.append({**row, "_line": number})
     if not rows:
         raise InputError("the file holds no rows", path=path)
     return pd.DataFrame(rows)
+
+
+def otb_record(state_path: Path) -> dict[int, dict[str, Any]]:
+    """The rows of `attach`'s full record (`OTB_RECORD`) beside the trainer_state.json at
+    `state_path` (or in the folder above: a checkpoint's copy), by step; {} where there is
+    none. A line without a whole-number `step` is an `InputError` naming it."""
+    found = [f / OTB_RECORD for f in (state_path.parent, state_path.parent.parent)]
+    record = next((f for f in found if f.is_file()), None)
+    rows: dict[int, dict[str, Any]] = {}
+    for number, row in _json_objects(record, record.read_text(encoding="utf-8")) if record else ():
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise InputError(
+                "each line must be a JSON object with a whole-number step",
+                path=record, line=number, field="step",
+            )  # fmt: skip
+        rows[step] = row  # a resumed run's later line for a step wins
+    return rows
 
 
 def _read_csv(path: Path) -> pd.DataFrame:

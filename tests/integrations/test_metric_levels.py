@@ -16,8 +16,8 @@ from trl_toy import toy_trainer
 from otb_diag.errors import InputError
 from otb_diag.integrations.metric_levels import HEADLINE, check_level, logged_at
 from otb_diag.integrations.trl import attach
-from otb_diag.io.trainers.trl import OTB_RECORD, otb_record
-from otb_diag.io.training_logs import read_training_log
+from otb_diag.io.trainers.trl import OTB_RECORD
+from otb_diag.io.training_logs import otb_record, read_training_log
 
 pytestmark = pytest.mark.external  # runs TRL
 STEPS = 3
@@ -103,6 +103,8 @@ def test_a_broken_full_record_is_named(tmp_path: Path) -> None:
     (tmp_path / OTB_RECORD).write_text('{"step": 1}\nnot json\n')
     with pytest.raises(InputError, match="not valid JSON"):
         otb_record(state)
+    assert otb_record(tmp_path / "a" / "b" / "trainer_state.json") == {}  # no record there
+    assert otb_record(tmp_path / "a" / "b" / "trainer_state.json") == {}  # no record there
 
 
 def test_attach_refuses_an_unknown_baseline_a_level_and_a_second_call(tmp_path: Path) -> None:

@@ -27,10 +27,8 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from otb_diag.errors import InputError
 from otb_diag.io.rollouts.rows import KEYS
 from otb_diag.io.trainers.trainer import Fail, Trainer
 
@@ -102,34 +100,9 @@ def _message_text(messages: list[Any], field: str, fail: Fail) -> str:
 
 # What `attach` writes beside the trainer's log, in its `output_dir` (which holds
 # trainer_state.json at the end, and a copy in each `checkpoint-<n>/`): every `otb/` metric of
-# every measured step, one JSON line `{"step": s, ...}` each (`integrations/metric_levels.py`).
+# every measured step, one JSON line `{"step": s, ...}` each (`integrations/metric_levels.py`;
+# read back by `io/training_logs.py`).
 OTB_RECORD = "otb_metrics.jsonl"
-
-
-def otb_record(state_path: Path) -> dict[int, dict[str, Any]]:
-    """The rows of the `OTB_RECORD` beside the trainer_state.json at `state_path` (or in the
-    folder above: a checkpoint's copy), by step; {} where there is none. A line that is not a
-    JSON object with a whole-number `step` is an `InputError` naming it."""
-    found = [f / OTB_RECORD for f in (state_path.parent, state_path.parent.parent)]
-    record = next((f for f in found if f.is_file()), None)
-    rows: dict[int, dict[str, Any]] = {}
-    if record is None:
-        return rows
-    for number, line in enumerate(record.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"not valid JSON ({e.msg})", path=record, line=number) from None
-        step = row.get("step") if isinstance(row, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise InputError(
-                "each line must be a JSON object with a whole-number step",
-                path=record, line=number, field="step",
-            )  # fmt: skip
-        rows[step] = row  # a resumed run's later line for a step wins
-    return rows
 
 
 def trainer_state(text: str) -> dict[str, Any] | None:
