@@ -24,6 +24,7 @@ the same kind), DeepSpeed ZeRO runs its own reduction inside its engine (no torc
 single process has one batch size only; `attach` warns once where DDP is not found."""
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,9 +84,10 @@ class DdpNoise:
         return {f"{SPLIT}{NAME}/{k}": float(v) for k, v in values.items()}
 
 
-def install_ddp_noise(trainer: Any) -> Any:
-    """Register `DdpNoise` on the trainer's DDP model and log its metrics into the trainer's
-    metric lists (`otb/split/params/...`) at every optimizer step's end. DDP exists only once
+def install_ddp_noise(trainer: Any, log: Callable[[dict[str, float]], None]) -> Any:
+    """Register `DdpNoise` on the trainer's DDP model and hand its metrics
+    (`otb/split/params/...`) to `log` at every optimizer step's end (`attach`'s: the
+    dashboard's level, TRL's metric lists). DDP exists only once
     `train()` has wrapped the model, so this waits for `on_train_begin`; without DDP (FSDP,
     DeepSpeed) it warns once and does nothing, and on one process it does nothing. Returns the
     trainer callback it adds; its `noise` is the registered `DdpNoise` (None before `train()`
@@ -103,9 +105,7 @@ def install_ddp_noise(trainer: Any) -> Any:
             if self.noise is not None:
                 metrics = self._guarded(self.noise.metrics) or {}
                 self.last = {f"otb/{name}": value for name, value in metrics.items()}
-                logged = trainer._metrics["train"]
-                for name, value in self.last.items():
-                    logged[name].append(value)
+                log(self.last)
 
         def _guarded(self, fn: Any, *args: Any) -> Any:
             """`fn(*args)`; on an error (a comm hook already registered, say), one warning and

@@ -4,19 +4,18 @@
     attach(trainer, dump_dir="otb-dumps")   # the one added line
     trainer.train()
 
+This module is TRL's adapter: its hooks and its logger. The rest lives in one module an idea:
+which trainers and TRL versions it takes (`trl_support.py`), a step's rows put back together
+from the micro-steps and gathered across processes (`trl_rows.py`), the trainer-neutral core
+that measures, pools, watches and records a step (`live_core.py`), OTB's advantages in place of
+TRL's (`trl_advantages.py`).
+
 Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`; `rloo_trainer.py` has
 the same hooks):
-- the batch: `_generate_and_score_completions` returns `prompt_ids`, `completion_ids`,
-  `completion_mask` and `advantages` of the process's share of the generation batch; the
-  rewards come from `_calculate_rewards` (every process's, weighted and summed as TRL sums them,
-  sliced as TRL slices its `process_slice`). TRL then shuffles the rows and splits them over the
-  gradient-accumulation micro-steps, so each row is tagged with its position (`otb_row`) to put
-  the share back together.
-- several processes: TRL hands process r the rows [r·n, (r+1)·n) of its generation batch, whose
-  groups are consecutive blocks of `num_generations` rows, so a group can straddle two
-  processes. Once a share is whole, every process hands it over (`gather_shares`) and the main
-  process concatenates them in process order: the whole batch, whole groups, one computation,
-  one log entry, one dump file, one step's rows in memory.
+- the batch: `_generate_and_score_completions`' rows and `_calculate_rewards`' rewards, put
+  back together from the micro-steps and, with several processes, gathered to the main one in
+  process order: the whole batch, whole groups, one computation, one log entry, one dump file,
+  one step's rows in memory (`trl_rows.py`).
 - Σπ² and log p: from the loss's own forward. TRL's fused LM head (`add_fused_lm_head`) computes,
   tile by tile, the per-token fields it is asked for; `attach` asks it for `log_sum_sq_probs`
   too, and reads `log_probs` and `log_sum_sq_probs` off the forward `_compute_loss` runs, at no
@@ -50,12 +49,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,151 +68,44 @@ from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
     PREFIX,
     check_whole_groups,
-    round_off_clamped,
     split_scores,
 )
-from otb_diag.integrations.trl_advantages import AdvantageSwap, check_advantages, install_swap
+from otb_diag.integrations.trl_advantages import (
+    EXTRA_FORWARD,
+    AdvantageSwap,
+    check_advantages,
+    install_swap,
+)
+from otb_diag.integrations.trl_rows import (
+    OUTPUT_KEYS,
+    ROW_KEY,
+    Pending,
+    Rows,
+    Share,
+    concat_rows,
+    gather_shares,
+    local_rewards,
+    no_grad_stats,
+    policy,
+    rows_of,
+    step_batch,
+)
+from otb_diag.integrations.trl_support import (
+    FUSED_OUTPUTS,
+    HOOKS,
+    LOSS_AGGREGATION,
+    SUPPORTED,
+    TESTED,
+    Supported,
+    fused_head,
+    log_to_trl,
+    sharding,
+    supported_trainer,
+)
 from otb_diag.maths.estimators.registry import get_baseline, trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.policy.forward_pass import checkpoint_stats
 
-TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
-HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
-# What `attach` reads of the batch `_generate_and_score_completions` returns.
-OUTPUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
-ROW_KEY = "otb_row"
 LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
-FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
-# TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
-TRL_DEFAULTS = {"scale_rewards": "group", "multi_objective_aggregation": "sum_then_normalize"}
-# TRL's `loss_type` -> how its loss averages per-token terms (`maths/aggregation.py`), read off
-# `GRPOTrainer._compute_loss`: grpo and sapo average each sequence's tokens, then the
-# sequences; bnpo, dapo, cispo, vespo divide by the tokens of the batch; dr_grpo by B times a
-# constant length (the padded width here: the split's ratios do not see the constant); luspo
-# sums each sequence's tokens and averages the sequences.
-LOSS_AGGREGATION = {
-    "grpo": "seq-mean-token-mean",
-    "sapo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dapo": "token-mean",
-    "cispo": "token-mean",
-    "vespo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-    "luspo": "seq-mean-token-sum",
-}
-
-
-@dataclass(frozen=True)
-class Supported:
-    """A TRL trainer `attach` takes, and what differs between them."""
-
-    registry: str  # `registry.trainer_baseline` name of the estimator its documentation gives
-    documented: Mapping[str, Any]  # the settings under which its advantages are that estimator
-    aggregation: str | None  # how its loss averages per-token terms; None: by its `loss_type`
-
-
-# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): A_i = R_i − mean_{j≠i} R_j (the
-# registry's `rloo`), unless its KL penalty (`beta`) shapes the rewards or it normalises the
-# advantages; its loss is −min(ρ_i A_i, clip(ρ_i) A_i) averaged over sequences, ρ_i the ratio of
-# the whole sequence (Σ_t log p), so its per-token terms are summed per sequence.
-SUPPORTED = {
-    "GRPOTrainer": Supported("trl", TRL_DEFAULTS, None),
-    "RLOOTrainer": Supported(
-        "trl-rloo", {"beta": 0.0, "normalize_advantages": False}, "seq-mean-token-sum"
-    ),
-}
-
-
-@dataclass
-class _Pending:
-    """One generation batch being put back together from the micro-steps that train on it."""
-
-    step: int
-    inputs: dict[str, Any]  # the batch as `_generate_and_score_completions` returned it
-    rewards: Tensor  # [B]
-    logprobs: Tensor  # [B, C] from the loss's forward (filled row by row)
-    sum_pi2: Tensor  # [B, C]
-    seen: Tensor  # [B] bool
-    from_loss: bool = True
-    split: bool = False  # the within/between split at this step
-    scores: Tensor | None = None  # [B, C, k] the split's scores from the loss's forward
-
-
-@dataclass
-class _Rows:
-    """A step's rows on the CPU: one process's share (n rows, C its completion width), or every
-    process's concatenated in process order, the order of TRL's generation batch."""
-
-    prompt_ids: list[list[int]]  # n unpadded prompts
-    completion_ids: Tensor  # [n, C]
-    completion_mask: Tensor  # [n, C]
-    tool_mask: Tensor  # [n, C] 1 on generated tokens (completion_mask times TRL's tool_mask)
-    advantages: Tensor  # [n] the trainer's, or [n, C] token-level (`attach(advantages=...)`)
-    rewards: Tensor  # [n]
-    logprobs: Tensor  # [n, C'] (C' ≥ the longest response)
-    sum_pi2: Tensor  # [n, C']
-    scores: Tensor | None = None  # [n, T, k] the split's score vectors, on split steps
-
-
-@dataclass
-class _Share:
-    """What one process hands over at a step's gather."""
-
-    rows: _Rows | None  # None after an error on this process
-    error: str | None  # the error that stopped this process's diagnostics
-    dump_dir: Path | None  # the dump directory it was given (the main process writes the dump)
-
-
-def gather_shares(share: _Share) -> list[_Share]:
-    """Every process's share, in process order (accelerate's `gather_object`, that is
-    `torch.distributed.all_gather_object`: pickled, any shapes); `[share]` with one process."""
-    from accelerate.utils import gather_object
-
-    return gather_object([share])
-
-
-def _concat_rows(parts: Sequence[_Rows]) -> _Rows:
-    """The processes' rows one after the other, each tensor right-padded with 0 to the widest."""
-
-    def cat(tensors: list[Tensor]) -> Tensor:  # [n_r, C_r, ...] -> [Σ n_r, max C_r, ...]
-        width = max(x.shape[1] for x in tensors)
-        pads = [x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:]) for x in tensors]
-        return torch.cat([torch.cat([x, pad], 1) for x, pad in zip(tensors, pads, strict=True)])
-
-    scores = [p.scores for p in parts]
-    return _Rows(
-        prompt_ids=[ids for p in parts for ids in p.prompt_ids],
-        completion_ids=cat([p.completion_ids for p in parts]),
-        completion_mask=cat([p.completion_mask for p in parts]),
-        tool_mask=cat([p.tool_mask for p in parts]),
-        advantages=(torch.cat if parts[0].advantages.ndim == 1 else cat)(
-            [p.advantages for p in parts]  # [n] TRL's, [n, C] token-level ones (`advantages=`)
-        ),
-        rewards=torch.cat([p.rewards for p in parts]),
-        logprobs=cat([p.logprobs for p in parts]),
-        sum_pi2=cat([p.sum_pi2 for p in parts]),
-        scores=None if any(x is None for x in scores) else cat(scores),  # type: ignore[misc]
-    )
-
-
-def rows_of(p: _Pending) -> _Rows:
-    """The rows of one process's generation batch `p` as they stand (no forward run)."""
-    x = p.inputs
-    prompt_mask = x["prompt_mask"].bool().cpu()
-    completion_mask = x["completion_mask"].cpu()
-    tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
-    return _Rows(
-        prompt_ids=[
-            ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
-        ],
-        completion_ids=x["completion_ids"].cpu(),
-        completion_mask=completion_mask,
-        tool_mask=tool,
-        advantages=x["advantages"].detach().cpu(),
-        rewards=p.rewards,
-        logprobs=p.logprobs,
-        sum_pi2=p.sum_pi2,
-    )
 
 
 def _describe(error: Exception) -> str:
@@ -258,13 +148,13 @@ class LiveDiagnostics:
         self._main = trainer.accelerator.is_main_process
         self._error: str | None = None  # this process's error, not yet handed over
         self._dirs_checked = False
-        self._pending: _Pending | None = None
-        self._rewards: Tensor | None = None
+        self._pending: Pending | None = None
+        self.rewards_per_func: Tensor | None = None  # TRL's `_calculate_rewards`, [B_all, F]
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
-        self._job: tuple[_Pending, Future] | None = None
+        self._job: tuple[Pending, Future] | None = None
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
         loss_type = getattr(trainer, "loss_type", "")
@@ -304,7 +194,7 @@ class LiveDiagnostics:
 
     def rewards(self, original: Callable[..., Tensor], *args: Any) -> Tensor:
         rewards_per_func = original(*args)
-        self._rewards = rewards_per_func  # [B_all, F], every process's rows
+        self.rewards_per_func = rewards_per_func  # every process's rows
         return rewards_per_func
 
     def compute_loss(self, original: Callable[..., Tensor], model: Any, inputs: dict) -> Tensor:
@@ -371,10 +261,10 @@ class LiveDiagnostics:
                 hint="Install a tested TRL (pip install 'trl==1.16.*').",
             )
         n, c = output["completion_ids"].shape
-        rows = self._local_rewards(n)
+        rows = local_rewards(self.trainer, self.rewards_per_func, n)
         logged = (step - 1) // self.every  # this step's rank among the logged steps
         split = self.split_every > 0 and logged % self.split_every == 0
-        self._pending = _Pending(
+        self._pending = Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
             rewards=rows,
@@ -387,22 +277,6 @@ class LiveDiagnostics:
             scores=torch.zeros(n, c, self.split_k) if split else None,
         )
         output[ROW_KEY] = torch.arange(n, device=output["completion_ids"].device)
-
-    def _local_rewards(self, n: int) -> Tensor:
-        """This process's rewards `[n]`, formed as TRL forms them: Σ_f weight_f · r_f, NaN
-        rewards left out (`nansum`), NaN where every function returned None, clamped to
-        RLOOTrainer's `reward_clip_range` where it has one."""
-        assert self._rewards is not None, "TRL scored no completion"
-        t = self.trainer
-        start = t.accelerator.process_index * n  # TRL's `process_slice`
-        per_func = self._rewards[start : start + n].float()  # [n, F]
-        weights = t.reward_weights.to(per_func.device)[None, :]
-        rewards = (per_func * weights).nansum(1)
-        rewards[torch.isnan(per_func).all(1)] = torch.nan
-        clip = getattr(t, "reward_clip_range", None)
-        if clip:
-            rewards = rewards.clamp(min=clip[0], max=clip[1])
-        return rewards.detach().cpu()
 
     def _take(
         self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
@@ -417,7 +291,7 @@ class LiveDiagnostics:
             self._finish(p)
 
     def _keep(
-        self, p: _Pending, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list
+        self, p: Pending, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list
     ) -> None:
         """The loss forward's log p and Σπ² of the micro-step's `rows`, and on split steps their
         scores from its hidden states."""
@@ -438,7 +312,7 @@ class LiveDiagnostics:
         else:
             p.from_loss = False  # this forward was not the fused one: one extra forward
 
-    def _finish(self, p: _Pending) -> None:
+    def _finish(self, p: Pending) -> None:
         """Every process, at the micro-step that trained the last of its rows (before that
         micro-step's backward pass): its share handed over; the main process measures."""
         rows = None
@@ -448,7 +322,7 @@ class LiveDiagnostics:
             except Exception as e:  # noqa: BLE001  an extra forward can fail on one process
                 self._fail(p.step, _describe(e))
         try:
-            shares = gather_shares(_Share(rows, self._error, self.dump_dir))
+            shares = gather_shares(Share(rows, self._error, self.dump_dir))
         except Exception as e:  # noqa: BLE001  no agreement is possible without the group
             self._fail(p.step, f"the step's rows could not be gathered ({_describe(e)})")
             self._switch_off()
@@ -461,7 +335,7 @@ class LiveDiagnostics:
         if self._main:
             self._guard(p.step, self._submit, p, shares)
 
-    def _local_rows(self, p: _Pending) -> _Rows:
+    def _local_rows(self, p: Pending) -> Rows:
         """This process's rows of `p`, with log p and Σπ² from one extra forward where the
         loss's forward gave none, and the split's scores on split steps. The scores need the
         weights that sampled the batch: before the optimizer step, here."""
@@ -469,18 +343,18 @@ class LiveDiagnostics:
         rows.scores = p.scores  # caught from the loss's forward, or None
         extra_split = p.split and p.scores is None
         if not p.from_loss or extra_split:
-            own = self._batch(p.step, rows, grouped=False)  # the forward's input
+            own = step_batch(self.trainer, p.step, rows, grouped=False)  # the forward's input
             if not p.from_loss:
                 rows.logprobs, rows.sum_pi2 = self._forward_stats(own)
-                own = self._batch(p.step, rows, grouped=False)
+                own = step_batch(self.trainer, p.step, rows, grouped=False)
             if extra_split:
                 try:
-                    rows.scores = split_scores(self._policy(), own, self.split_k)
+                    rows.scores = split_scores(policy(self.trainer), own, self.split_k)
                 except Exception as e:  # noqa: BLE001  the split alone stops
                     self._drop_split(p, _describe(e))
         return rows
 
-    def _drop_split(self, p: _Pending, what: str) -> None:
+    def _drop_split(self, p: Pending, what: str) -> None:
         """The split's scores failed at `p`'s step (its check of the output layer, its extra
         forward): say once why, and go on without the split, the rest of the diagnostics
         untouched (a failure of the split alone once switched every metric off)."""
@@ -494,20 +368,20 @@ class LiveDiagnostics:
         self.split_every = 0
         p.split, p.scores = False, None
 
-    def _submit(self, p: _Pending, shares: list[_Share]) -> None:
+    def _submit(self, p: Pending, shares: list[Share]) -> None:
         """The main process: the step's batch from every process's rows, its tables computed
         beside the backward pass and the optimizer step (torch's kernels release the GIL);
         `collect`, at the step's end, logs them before TRL does."""
         self._check_dump_dirs(shares)
-        rows = _concat_rows([s.rows for s in shares if s.rows is not None])
-        batch = self._batch(p.step, rows)
+        rows = concat_rows([s.rows for s in shares if s.rows is not None])
+        batch = step_batch(self.trainer, p.step, rows)
         check_whole_groups(batch, f"TRL step {p.step}")
         scores = rows.scores
         if scores is not None:  # zero past each response (the caught ones span the completion)
             scores = scores[:, : batch.valid.shape[1]] * batch.valid[..., None]
         self._job = (p, self._worker.submit(self.core.measure, batch, p.step, scores))
 
-    def _check_dump_dirs(self, shares: list[_Share]) -> None:
+    def _check_dump_dirs(self, shares: list[Share]) -> None:
         """Warn once where another process was given a dump directory that is not the main
         process's: the main process writes every process's rows, to its own `dump_dir`."""
         if self._dirs_checked:
@@ -535,76 +409,25 @@ class LiveDiagnostics:
             self._job = None
             self._guard(p.step, self._log, p, job)
 
-    def _log(self, p: _Pending, job: Future) -> None:
+    def _log(self, p: Pending, job: Future) -> None:
         metrics = job.result()  # the worker's error, if any, is raised here
         metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
         # The all-parameter estimate joins the pools on the split's steps, which log the step's
         # P, N and L̄ (`dynamics` reading the log back pools the same rows).
+        # They join the full record too; the trainer's log has them from `ddp_noise.py` itself.
         params = self.params.last if self.params is not None else {}
-        metrics = self.core.finish(p.step, metrics, params)
-        logged = self.trainer._metrics["train"]
-        for name, value in self.core.logged(metrics).items():
-            if math.isfinite(value):  # an undefined z or ratio is left out, not logged as NaN
-                logged[name].append(value)
-
-    def _batch(self, step: int, rows: _Rows, *, grouped: bool = True) -> ResponseBatch:
-        """The `ResponseBatch` of `rows`: the step's, its groups the consecutive blocks of
-        `num_generations` rows of TRL's generation batch; or (`grouped=False`) one process's
-        share as one group, the input of a forward pass over it."""
-        t = self.trainer
-        n, c = rows.completion_ids.shape
-        generations = t.num_generations if grouped else max(n, 1)
-        prompts = rows.prompt_ids
-        if grouped and (
-            n % generations or any(prompts[i] != prompts[i - i % generations] for i in range(n))
-        ):
-            raise InputError(
-                f"the step's groups are not whole: its {n} rows, gathered from "
-                f"{self._processes} process(es), are not blocks of num_generations={generations} "
-                "completions of one prompt each.",
-                hint="TRL's sampler repeats each prompt num_generations times in a row; a "
-                "sampler or data collator that reorders the batch breaks its groups.",
-            )
-        # A response runs to its last completion token (mask 1); a truncated one that TRL
-        # masked out entirely (`mask_truncated_completions`) to the full width.
-        positions = torch.arange(c)
-        last = torch.where(rows.completion_mask.bool(), positions, -1).amax(-1)
-        length = torch.where(last >= 0, last + 1, c)
-        return ResponseBatch.from_padded(
-            group_names=[f"s{step}-g{k}" for k in range(n // generations)],
-            group=torch.arange(n) // generations,
-            prompt_ids=prompts,
-            response_ids=rows.completion_ids,
-            length=length,
-            tool_mask=rows.tool_mask,
-            **round_off_clamped(rows.logprobs, rows.sum_pi2),
-            temperature=t.temperature,
-            step=step,
-            reward=rows.rewards,
-            trainer_advantage=rows.advantages,
+        if self.swap is not None and self.swap.needs_energy:
+            metrics[EXTRA_FORWARD] = self.swap.took_forward
+        metrics = self.core.finish(p.step, metrics | params)
+        log_to_trl(
+            self.trainer, {k: v for k, v in self.core.logged(metrics).items() if k not in params}
         )
-
-    def _policy(self) -> torch.nn.Module:
-        """The trainer's model, unwrapped from its accelerator."""
-        return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` of the policy that sampled `batch`: those its advantages were
         computed from (`attach(advantages=...)`), else one no-grad forward."""
         sampled = self.swap.sampled_stats(batch) if self.swap is not None else None
-        return sampled if sampled is not None else self.no_grad_stats(batch)
-
-    def no_grad_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
-        """log p and Σπ² `[B, T]` from one no-grad forward of the policy."""
-        model = self._policy()
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                stats = checkpoint_stats(model, batch)
-        finally:
-            model.train(was_training)
-        return stats.logprob, stats.sum_pi2
+        return sampled if sampled is not None else no_grad_stats(self.trainer, batch)
 
 
 def attach(
@@ -659,7 +482,7 @@ def attach(
     the trainer has already trained (the diagnostics start with its next `train()`)."""
     import trl
 
-    supported = _supported(trainer)
+    supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
             "attach() was already called on this trainer: a second call would measure every "
@@ -684,11 +507,11 @@ def attach(
         raise InputError(f"split_every must be a whole number ≥ 0 or None; got {split_every!r}.")
     if not isinstance(split_k, int) or split_k < 1:
         raise InputError(f"split_k must be a whole number ≥ 1; got {split_k!r}.")
-    sharding = _sharding(trainer)
-    if split_every and sharding is not None:
+    sharded = sharding(trainer)
+    if split_every and sharded is not None:
         raise InputError(
             f"the within/between split recomputes the logits from the output layer's weight "
-            f"outside the forward pass, where {sharding} holds only a shard of it on each "
+            f"outside the forward pass, where {sharded} holds only a shard of it on each "
             "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
             hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
             "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
@@ -718,7 +541,7 @@ def attach(
     folder = None if dump_dir is None else Path(dump_dir)
     if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
         folder = check_dump_dir(folder)
-    fused = _fused_head()
+    fused = fused_head()
     live = LiveDiagnostics(
         trainer,
         supported,
@@ -735,49 +558,6 @@ def attach(
     _install(trainer, live, fused)
     setattr(trainer, LIVE_ATTRIBUTE, live)
     return live
-
-
-def _supported(trainer: Any) -> Supported:
-    """What `attach` knows of `trainer`'s class; an `InputError` for one it cannot hook."""
-    import trl
-
-    kinds = [name for name in SUPPORTED if getattr(trl, name, None) is not None]
-    name = next((k for k in kinds if isinstance(trainer, getattr(trl, k))), None)
-    if name is None:
-        raise InputError(
-            f"attach() takes a trl.{' or trl.'.join(kinds)}; got a {type(trainer).__name__}.",
-            hint="Construct the trainer first, then call attach(trainer) before train().",
-        )
-    missing = [h for h in HOOKS if not callable(getattr(trainer, h, None))]
-    if missing:
-        raise InputError(
-            f"TRL {trl.__version__}'s {name} has no {', '.join(missing)}, the hook(s) "
-            f"attach() uses; it is tested with TRL {', '.join(TESTED)}.",
-            hint="Install a tested TRL (pip install 'trl==1.16.*'), or dump the batches "
-            "yourself and run otb-diag energy on them.",
-        )
-    return SUPPORTED[name]
-
-
-def _sharding(trainer: Any) -> str | None:
-    """ "FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
-    (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
-    if getattr(trainer, "is_fsdp_enabled", False):
-        return "FSDP"
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
-        return "DeepSpeed ZeRO-3"
-    return None
-
-
-def _fused_head() -> Callable[..., None] | None:
-    """TRL's `add_fused_lm_head` when it can compute `log_sum_sq_probs`, else None."""
-    try:
-        from trl.kernels.chunked_logprob import OPTIONAL_OUTPUTS
-        from trl.trainer.utils import add_fused_lm_head
-    except ImportError:
-        return None
-    return add_fused_lm_head if "log_sum_sq_probs" in OPTIONAL_OUTPUTS else None
 
 
 def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | None) -> None:
@@ -812,7 +592,8 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
 
         model.forward = types.MethodType(capturing, model)
 
-    live.params = install_ddp_noise(trainer)  # first: its metrics are in when `_Live` logs
+    # First: its metrics are in when `_Live` logs; each step's at the dashboard's level.
+    live.params = install_ddp_noise(trainer, lambda m: log_to_trl(trainer, live.core.logged(m)))
 
     class _Live(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:

@@ -46,6 +46,14 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.integrations.generation_stats import GenerationStats
 from otb_diag.integrations.step_metrics import split_baselines
+from otb_diag.integrations.trl_rows import (
+    Pending,
+    local_rewards,
+    no_grad_stats,
+    policy,
+    rows_of,
+    step_batch,
+)
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
 from otb_diag.maths.estimators.registry import baseline_names, get_baseline, trainer_baseline
@@ -90,8 +98,9 @@ class AdvantageSwap:
         self.passthrough = documented and record == trainer_baseline("trl")
         self.needs_energy = get_baseline(self.name).needs_energy
         self._sampled: tuple[int, Tensor, Tensor] | None = None  # step, log p, Σπ² [B, T]
+        self.took_forward = 0.0  # 1.0 when the latest batch's W took a no-grad forward
         self.caught = (  # log p and Σπ² of generate's own forwards
-            GenerationStats(live._policy(), trainer.temperature)
+            GenerationStats(policy(trainer), trainer.temperature)
             if self.needs_energy and not self.passthrough
             else None
         )
@@ -105,12 +114,10 @@ class AdvantageSwap:
 
     def advantages(self, output: dict[str, Any]) -> Tensor:
         """`[B, C]` float32 advantages of the generated batch `output` (TRL's dict)."""
-        from otb_diag.integrations.trl import _Pending, rows_of
-
         step = self.trainer.state.global_step + 1
         n, c = output["completion_ids"].shape
         zeros = torch.zeros(n, c)
-        pending = _Pending(
+        pending = Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
             rewards=self._rewards(n),
@@ -119,17 +126,17 @@ class AdvantageSwap:
             seen=torch.zeros(n, dtype=torch.bool),
         )
         rows = rows_of(pending)
-        batch = self.live._batch(step, rows)  # this process's groups, whole (else an InputError)
+        batch = step_batch(self.trainer, step, rows)  # this process's groups, whole
         if self.needs_energy:
             taken = self.caught.taken() if self.caught is not None else None
             fits = taken is not None and taken[0].shape[0] == n and taken[0].shape[1] >= c
             if fits:
                 rows.logprobs, rows.sum_pi2 = (x[:, :c] for x in taken)
             else:  # not generated in one `generate` call of this process: one more forward
-                rows.logprobs, rows.sum_pi2 = self.live.no_grad_stats(batch)
-            batch = self.live._batch(step, rows)  # clamped as a dump reads back
+                rows.logprobs, rows.sum_pi2 = no_grad_stats(self.trainer, batch)
+            batch = step_batch(self.trainer, step, rows)  # clamped as a dump reads back
             self._sampled = (step, batch.logprobs, batch.sum_pi2)
-            self.trainer._metrics["train"][EXTRA_FORWARD].append(float(not fits))
+            self.took_forward = float(not fits)  # logged with the step (`LiveDiagnostics._log`)
         estimator = Estimator(options=self.options)
         found = batch_advantages(batch, self._w(batch), [self.name], estimator)
         registry = found.by_baseline[self.name]  # [B, T]: A_t = (G_t − B_t)·mask_t
@@ -141,7 +148,7 @@ class AdvantageSwap:
         """This process's `[n]` rewards as TRL formed them; an unscorable completion (every
         reward function returned None: TRL gives it advantage 0, outside its group's
         statistics) has no place in a group baseline, so it stops the run with its reason."""
-        rewards = self.live._local_rewards(n)
+        rewards = local_rewards(self.trainer, self.live.rewards_per_func, n)
         if bool(torch.isnan(rewards).any()):
             raise InputError(
                 f"step {self.trainer.state.global_step + 1}: a completion has no reward (every "

@@ -149,12 +149,14 @@ class ByHand(TrainerCallback):
 
 out = Path(sys.argv[1])
 with session():  # the group accelerate finds and uses; left together (runtime/torchrun.py)
-    for mode in ("plain", "attach"):
+    for mode in ("plain", "attach", "default"):
         trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
         if mode == "attach":
             attach(trainer, split_every=1, metrics="all")  # the split's steps pool the estimate too
             hand = ByHand(trainer.model)
             trainer.add_callback(hand)
+        if mode == "default":
+            attach(trainer, split_every=1)  # the dashboard's level, under DDP
         trainer.train()
         rank = dist.get_rank()
         if rank == 0:
@@ -163,6 +165,9 @@ with session():  # the group accelerate finds and uses; left together (runtime/t
             logged = [e for e in trainer.state.log_history if "otb/split/params/total" in e]
             record = {"logged": logged, "by_hand": hand.steps, "world": dist.get_world_size()}
             (out / f"rank{rank}.json").write_text(json.dumps(record))
+        if mode == "default" and rank == 0:
+            keys = [[k for k in e if k.startswith("otb/")] for e in trainer.state.log_history]
+            (out / "default_keys.json").write_text(json.dumps(keys[:-1]))  # less TRL's summary
 os._exit(0)  # written and left: no interpreter teardown (docs/live.md, known issue)
 """
 
@@ -175,6 +180,10 @@ def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
     result = torchrun(2, tmp_path, Path(__file__).parent, script=script, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     plain, attached = (torch.load(tmp_path / f"{m}.pt") for m in ("plain", "attach"))
+    # A default attach under DDP logs at most 20 otb/ keys a step (166 before the levels).
+    steps = json.loads((tmp_path / "default_keys.json").read_text())
+    assert len(steps) == 3 and all(8 <= len(keys) <= 20 for keys in steps), steps
+    assert not any(k.startswith("otb/split/") for keys in steps for k in keys)
     assert plain.keys() == attached.keys()
     assert all(torch.equal(plain[k], attached[k]) for k in plain)  # the training is untouched
     for rank in (0, 1):

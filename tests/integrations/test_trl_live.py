@@ -31,7 +31,9 @@ from otb_diag.errors import InputError
 from otb_diag.integrations import live_core
 from otb_diag.integrations import trl as trl_integration
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
-from otb_diag.integrations.trl import LOSS_AGGREGATION, _Share, attach
+from otb_diag.integrations.trl import attach
+from otb_diag.integrations.trl_rows import Share
+from otb_diag.integrations.trl_support import LOSS_AGGREGATION
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
@@ -376,7 +378,7 @@ def test_a_process_group_that_fails_to_gather_switches_off(
 ) -> None:
     import otb_diag.integrations.trl as live
 
-    def broken(share: _Share) -> list[_Share]:
+    def broken(share: Share) -> list[Share]:
         raise RuntimeError("[gloo] Connection closed by peer (simulated)")
 
     monkeypatch.setattr(live, "gather_shares", broken)
@@ -396,11 +398,11 @@ def test_another_processs_error_stops_every_process_at_the_gather(
     too, quietly, so no process waits at a later gather for one that stopped."""
     import otb_diag.integrations.trl as live
 
-    handed: list[_Share] = []
+    handed: list[Share] = []
 
-    def gather(share: _Share) -> list[_Share]:
+    def gather(share: Share) -> list[Share]:
         handed.append(share)
-        return [share, _Share(None, "OutOfMemoryError: (simulated)", None)]
+        return [share, Share(None, "OutOfMemoryError: (simulated)", None)]
 
     monkeypatch.setattr(live, "gather_shares", gather)
     trainer = toy_trainer(tmp_path / "run", 2)
@@ -422,9 +424,9 @@ def test_the_main_processs_error_is_handed_over_at_the_next_gather(
     process stops there, and step 3 gathers nothing."""
     import otb_diag.integrations.trl as live
 
-    handed: list[_Share] = []
+    handed: list[Share] = []
 
-    def gather(share: _Share) -> list[_Share]:
+    def gather(share: Share) -> list[Share]:
         handed.append(share)
         return [share]
 
@@ -468,7 +470,7 @@ def test_a_dump_directory_given_to_another_process_is_named(tmp_path: Path) -> N
     trainer = toy_trainer(tmp_path / "run", 1)
     main, elsewhere = tmp_path / "main", tmp_path / "elsewhere"
     diagnostics = attach(trainer, dump_dir=main)
-    shares = [_Share(None, None, main), _Share(None, None, None), _Share(None, None, elsewhere)]
+    shares = [Share(None, None, main), Share(None, None, None), Share(None, None, elsewhere)]
     match = re.escape(
         f"own dump_dir ({main}); the dump_dir given elsewhere (process 2: {elsewhere})"
     )
@@ -479,7 +481,7 @@ def test_a_dump_directory_given_to_another_process_is_named(tmp_path: Path) -> N
         diagnostics._check_dump_dirs(shares)  # said once
     alone = attach(toy_trainer(tmp_path / "other", 1))  # the main process was given none
     with pytest.warns(RuntimeWarning, match="own dump_dir \\(none, so nothing is dumped\\)"):
-        alone._check_dump_dirs([_Share(None, None, None), _Share(None, None, elsewhere)])
+        alone._check_dump_dirs([Share(None, None, None), Share(None, None, elsewhere)])
 
 
 def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from otb_diag.integrations.step_metrics import (
     split_metrics,
     step_metrics,
 )
-from otb_diag.integrations.trl import LOSS_AGGREGATION, SUPPORTED
+from otb_diag.integrations.trl_support import LOSS_AGGREGATION, SUPPORTED
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.estimators.registry import trainer_baseline
