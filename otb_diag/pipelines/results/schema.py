@@ -18,8 +18,10 @@ from otb_diag.errors import InputError
 # range and the saving at equal variance as fields (`results/variance.py:ClaimVerdict`);
 # dynamics' `budget`, the logged split pooled over the run, and collapse.json's `arms` (the
 # comparison at equal tokens); energy's empty responses and zero-tail tokens, verl's proxies in
-# verl's convention (issue 34).
-SCHEMA_VERSION = 2
+# verl's convention (issue 34). 3: the recommendation's `reference` holds the numbers its
+# sentence reads (its knee in prompts and the tokens' interval), so the sentence can be
+# rewritten from the record alone (`maths/variance/knee.py:recommendation_text`).
+SCHEMA_VERSION = 3
 
 T = TypeVar("T")
 
