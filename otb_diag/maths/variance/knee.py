@@ -10,9 +10,9 @@ estimates of `noise_scale.py` and their intervals; `recommend` picks the cheapes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from otb_diag.maths.estimators.registry import TRUE_SUFFIX
@@ -64,35 +64,17 @@ def noise_table(
     return pd.DataFrame(records)
 
 
-def _knee_text(row: pd.Series) -> str:
-    tokens = row["noise_scale_tokens"]
-    return (
-        f"{row['baseline']} at N = {int(row['group_size'])}: knee at ~{row['noise_scale']:.3g} "
-        f"prompts ({tokens / 1e3:.3g} k tokens a step; 95 % "
-        f"{_bound(row['noise_scale_tokens_low'] / 1e3)}–"
-        f"{_bound(row['noise_scale_tokens_high'] / 1e3)} k)"
-    )
-
-
-def _bound(x: float) -> str:
-    return "∞" if math.isinf(x) else f"{x:.3g}"
-
-
 def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
     """The (baseline, N) with the fewest tokens per step at the knee, among rows whose `|G|²`
     interval lies above 0, in the most exact mode with a signal and the table's first
     aggregation; beside `mean` at `current_n` (the nearest measured N when it was not measured)
     and the share of the noise that no baseline can remove there (the between-prompt spread).
     `-true` rows (energies no trainer has) are not candidates. `claim` is None, and the text
-    says why, when no knee is resolved."""
+    says why, when no knee is resolved. The text is `recommendation_text` of the rest."""
     modes = [m for m in PREFERRED_MODES if (table["mode"] == m).any()]
     if not modes:
-        return {
-            "mode": None,
-            "claim": None,
-            "text": "no knee: proxy scores carry no signal (|G|² = 0 by construction); "
-            "run with --mode head or full",
-        }
+        out: dict[str, Any] = {"mode": None, "claim": None}
+        return {**out, "text": recommendation_text(out)}
     mode = modes[0]
     rows = table[table["mode"] == mode]
     rows = rows[rows["aggregation"] == rows["aggregation"].iloc[0]]
@@ -101,47 +83,73 @@ def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
     ref = rows[(rows["baseline"] == REFERENCE) & (rows["group_size"] == n_ref)]
     candidates = rows[rows["grad_sq_resolved"] & ~rows["baseline"].str.endswith(TRUE_SUFFIX)]
     prompts = int(rows["prompts"].iloc[0])
-    few = prompts < FEW_PROMPTS
-    out: dict[str, Any] = {
+    out = {
         "mode": mode,
         "aggregation": str(rows["aggregation"].iloc[0]),
         "current_n": current_n,
         "reference_n": n_ref,
         "prompts": prompts,
-        "few_prompts": few,
+        "few_prompts": prompts < FEW_PROMPTS,
+        "claim": None,
     }
-    parts = []
-    if candidates.empty:
-        out["claim"] = None
-        parts.append(
-            f"{mode} mode: |G|² is not resolved from zero for any baseline and N (its 95 % "
-            "interval reaches 0), so no knee is claimed"
-        )
-    else:
+    if not candidates.empty:
         best = candidates.loc[candidates["noise_scale_tokens"].idxmin()]
         out["claim"] = {
             "baseline": str(best["baseline"]),
             "group_size": int(best["group_size"]),
-            **{c: float(best[c]) for c in ("noise_scale", "noise_scale_tokens")},
-            "noise_scale_tokens_low": float(best["noise_scale_tokens_low"]),
-            "noise_scale_tokens_high": float(best["noise_scale_tokens_high"]),
+            **{c: float(best[c]) for c in _KNEE_NUMBERS},
         }
-        parts.append(_knee_text(best))
     if not ref.empty:
         r = ref.iloc[0]
-        between = 1 - float(r["within_share"])
         out["reference"] = {
             "baseline": REFERENCE,
             "group_size": n_ref,
             "resolved": bool(r["grad_sq_resolved"]),
             "noise_scale_tokens": float(r["noise_scale_tokens"]),
             "noise_scale_low": float(r["noise_scale_low"]),
-            "between_share": between,
+            "between_share": 1 - float(r["within_share"]),
+            "noise_scale": float(r["noise_scale"]),
+            "noise_scale_tokens_low": float(r["noise_scale_tokens_low"]),
+            "noise_scale_tokens_high": float(r["noise_scale_tokens_high"]),
         }
-        if r["grad_sq_resolved"]:
-            parts.append(_knee_text(r))
+    return {**out, "text": recommendation_text(out)}
+
+
+# The numbers a knee's sentence reads (`_knee_text`), besides its baseline and N.
+_KNEE_NUMBERS = (
+    "noise_scale",
+    "noise_scale_tokens",
+    "noise_scale_tokens_low",
+    "noise_scale_tokens_high",
+)
+
+
+def recommendation_text(advice: Mapping[str, Any]) -> str:
+    """The recommendation's sentence from its record's fields alone (`recommend`'s, or a
+    summary.json's or figures.json's `noise_scale` as read back, where a non-finite number is
+    null, `_number`): the knee claimed or why none is, `mean` at the reference N beside it, the
+    between-prompt share no baseline can remove, and the caveats (N not measured, few
+    prompts)."""
+    mode = advice["mode"]
+    if mode is None:
+        return (
+            "no knee: proxy scores carry no signal (|G|² = 0 by construction); "
+            "run with --mode head or full"
+        )
+    claim, ref, n_ref = advice["claim"], advice.get("reference"), advice["reference_n"]
+    parts = []
+    if claim is None:
+        parts.append(
+            f"{mode} mode: |G|² is not resolved from zero for any baseline and N (its 95 % "
+            "interval reaches 0), so no knee is claimed"
+        )
+    else:
+        parts.append(_knee_text(claim))
+    if ref is not None:
+        if ref["resolved"]:
+            parts.append(_knee_text(ref))
         else:
-            at_least = r["noise_scale_low"]
+            at_least = _number(ref["noise_scale_low"])
             parts.append(
                 f"{REFERENCE} at N = {n_ref}: |G|² not resolved from zero, so no knee "
                 + (
@@ -150,22 +158,41 @@ def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
                     else "(no signal measurable at all: |G|² ≤ 0 across its interval)"
                 )
             )
-        if np.isfinite(between) and between > 0:
+        between = _number(ref["between_share"])
+        if math.isfinite(between) and between > 0:
             parts.append(
                 f"between-prompt spread is {between:.0%} of {REFERENCE}'s noise at N = {n_ref}, "
                 f"so no baseline can cut its knee by more than {1 - between:.0%}"
             )
-        elif np.isfinite(between):  # the noise corrections exceed the measured spread
+        elif math.isfinite(between):  # the noise corrections exceed the measured spread
             parts.append(
                 f"no between-prompt spread is measurable in {REFERENCE}'s noise at N = {n_ref} "
                 "(its estimate is below 0), so a baseline could act on all of it"
             )
-    if n_ref != current_n:
-        parts.append(f"N = {current_n} was not measured; compared at N = {n_ref}")
-    if few:
+    if n_ref != advice["current_n"]:
+        parts.append(f"N = {advice['current_n']} was not measured; compared at N = {n_ref}")
+    if advice["few_prompts"]:
         parts.append(
-            f"only {prompts} prompts: the between-prompt terms and |G|² rest on them, so their "
-            f"intervals are wide (use ≥ {FEW_PROMPTS})"
+            f"only {advice['prompts']} prompts: the between-prompt terms and |G|² rest on them, "
+            f"so their intervals are wide (use ≥ {FEW_PROMPTS})"
         )
-    out["text"] = "; ".join(parts) + "."
-    return out
+    return "; ".join(parts) + "."
+
+
+def _knee_text(knee: Mapping[str, Any]) -> str:
+    """One knee in words: a record with `baseline`, `group_size` and `_KNEE_NUMBERS`."""
+    scale, tokens, low, high = (_number(knee[c]) for c in _KNEE_NUMBERS)
+    return (
+        f"{knee['baseline']} at N = {int(knee['group_size'])}: knee at ~{scale:.3g} prompts "
+        f"({tokens / 1e3:.3g} k tokens a step; 95 % {_bound(low / 1e3)}–{_bound(high / 1e3)} k)"
+    )
+
+
+def _number(x: float | None) -> float:
+    """A number of a recommendation's record: null (how a JSON file holds a non-finite number,
+    `io/atomic.py:json_text`; here an unbounded interval) reads as inf."""
+    return math.inf if x is None else float(x)
+
+
+def _bound(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.3g}"

@@ -19,8 +19,11 @@ from otb_diag.errors import InputError
 # dynamics' `budget`, the logged split pooled over the run, and collapse.json's `arms` (the
 # comparison at equal tokens); energy's empty responses and zero-tail tokens, verl's proxies in
 # verl's convention (issue 34). 3: dynamics' `otb` holds each metric family's values of one
-# step, the last that logged the family, and `otb_steps` which step (issue 40).
-SCHEMA_VERSION = 3
+# step, the last that logged the family, and `otb_steps` which step (issue 40). 4: the
+# recommendation's `reference` holds the numbers its sentence reads (its knee in prompts and the
+# tokens' interval), so the sentence can be rewritten from the record alone
+# (`maths/variance/knee.py:recommendation_text`; issue 42).
+SCHEMA_VERSION = 4
 
 T = TypeVar("T")
 

@@ -159,7 +159,8 @@ class KneeClaim:
 
 @dataclass(frozen=True)
 class KneeReference:
-    """The mean baseline at the trained N, and the share of its noise between prompts."""
+    """The mean baseline at the trained N, the share of its noise between prompts, and its
+    knee with the interval (`maths/variance/knee.py:recommendation_text` words them)."""
 
     baseline: str
     group_size: int
@@ -167,6 +168,9 @@ class KneeReference:
     noise_scale_tokens: float
     noise_scale_low: float
     between_share: float
+    noise_scale: float
+    noise_scale_tokens_low: float
+    noise_scale_tokens_high: float
 
 
 @dataclass(frozen=True, kw_only=True)

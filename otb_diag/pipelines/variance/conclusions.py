@@ -94,49 +94,56 @@ def headline(variance: pd.DataFrame) -> list[HeadlineRow]:
 
 def paper_claim(rows: list[HeadlineRow], max_n: int) -> list[ClaimVerdict]:
     """Per mode, the paper's headline read off the `headline` rows at N = 4 (`max_n`: the
-    largest N measured), at equal gradient variance: OTB at N = 4 matches the mean baseline at
-    N′, `1 − 4/N′` fewer sampled tokens, and "N = 4 ≈ N = 32" is `reproduced` (N′ ≥ 32),
-    `not reproduced` (N′ < 32, measured) or `undecided` (N′ beyond `max_n` < 32). The text
-    names the paper's own number beside it, > 65 % fewer tokens at equal score over training:
-    a different quantity, not measured here. No row at N = 4 (pools smaller than 8, or N = 4
+    largest N measured), by `claim_verdict`. No row at N = 4 (pools smaller than 8, or N = 4
     not requested) gives no verdict."""
-    verdicts = []
-    for h in rows:
-        if h.group_size != CLAIM_N:
-            continue
-        equiv, where = h.equivalent_mean_group_size, h.equivalent_range  # N′ inf when beyond
-        why = ""
-        if where == "beyond" and max_n < CLAIM_EQUIVALENT_N:
-            verdict = "undecided"
-            why = (
-                f" (N′ = {CLAIM_EQUIVALENT_N} needs N = {CLAIM_EQUIVALENT_N} measured, pools of "
-                f"M ≥ {2 * CLAIM_EQUIVALENT_N})"
-            )
-        elif equiv >= CLAIM_EQUIVALENT_N:
-            verdict = "reproduced"
-        else:
-            verdict = "not reproduced"
-        matched = {"beyond": f"N′ > {max_n}", "below": f"N′ ≤ {equiv:.1f}"}.get(
-            where or "", f"N′ = {equiv:.1f}"
+    return [
+        claim_verdict(
+            h.mode, h.equivalent_mean_group_size, h.equivalent_range, h.token_savings, max_n
         )
-        text = (
-            f"at equal gradient variance, OTB at N = {CLAIM_N} matches mean at {matched} "
-            f"({_saving(h.token_savings, where)}; the paper reports > "
-            f"{percent(PAPER_TOKEN_SAVING)} fewer tokens at equal score over training, a "
-            f"different quantity); N = {CLAIM_N} ≈ N = {CLAIM_EQUIVALENT_N} at equal variance: "
-            f"{verdict}{why}"
+        for h in rows
+        if h.group_size == CLAIM_N
+    ]
+
+
+def claim_verdict(
+    mode: str, equiv: float, where: str | None, token_savings: float, max_n: int
+) -> ClaimVerdict:
+    """The paper's headline in one mode at equal gradient variance, from OTB's N′ at N = 4
+    (`equiv`, inf beyond the measured N; `where`, its range) and `token_savings` = `1 − 4/N′`
+    (`max_n`: the largest N measured): OTB at N = 4 matches the mean baseline at N′, that many
+    fewer sampled tokens, and "N = 4 ≈ N = 32" is `reproduced` (N′ ≥ 32), `not reproduced`
+    (N′ < 32, measured) or `undecided` (N′ beyond `max_n` < 32). The text names the paper's own
+    number beside it, > 65 % fewer tokens at equal score over training: a different quantity,
+    not measured here."""
+    why = ""
+    if where == "beyond" and max_n < CLAIM_EQUIVALENT_N:
+        verdict = "undecided"
+        why = (
+            f" (N′ = {CLAIM_EQUIVALENT_N} needs N = {CLAIM_EQUIVALENT_N} measured, pools of "
+            f"M ≥ {2 * CLAIM_EQUIVALENT_N})"
         )
-        verdicts.append(
-            ClaimVerdict(
-                mode=h.mode,
-                equivalent_mean_group_size=equiv,
-                equivalent_range=where,
-                token_savings=h.token_savings,
-                verdict=verdict,
-                text=text,
-            )
-        )
-    return verdicts
+    elif where == "beyond" or equiv >= CLAIM_EQUIVALENT_N:  # N′ inf (JSON null) beyond
+        verdict = "reproduced"
+    else:
+        verdict = "not reproduced"
+    matched = {"beyond": f"N′ > {max_n}", "below": f"N′ ≤ {equiv:.1f}"}.get(
+        where or "", f"N′ = {equiv:.1f}"
+    )
+    text = (
+        f"at equal gradient variance, OTB at N = {CLAIM_N} matches mean at {matched} "
+        f"({_saving(token_savings, where)}; the paper reports > "
+        f"{percent(PAPER_TOKEN_SAVING)} fewer tokens at equal score over training, a "
+        f"different quantity); N = {CLAIM_N} ≈ N = {CLAIM_EQUIVALENT_N} at equal variance: "
+        f"{verdict}{why}"
+    )
+    return ClaimVerdict(
+        mode=mode,
+        equivalent_mean_group_size=equiv,
+        equivalent_range=where,
+        token_savings=token_savings,
+        verdict=verdict,
+        text=text,
+    )
 
 
 def _saving(saving: float, where: str | None) -> str:

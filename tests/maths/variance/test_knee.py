@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from otb_diag.maths.variance.knee import noise_table, recommend
+from otb_diag.io.atomic import json_text
+from otb_diag.maths.variance.knee import noise_table, recommend, recommendation_text
 from otb_diag.maths.variance.paired_draws import BaselineSpec, DrawSet, PairedDraws
 
 SIZES = (2, 4, 8, 16)
@@ -128,3 +130,24 @@ def test_few_prompts_are_flagged() -> None:
     rows[0]["prompts"] = 8
     advice = recommend(pd.DataFrame(rows), current_n=8)
     assert advice["few_prompts"] and "only 8 prompts" in advice["text"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "current_n"),
+    [
+        ([knee_row("otb", 4, 150.0, True), knee_row("mean", 8, 300.0, True)], 8),  # both knees
+        ([knee_row("otb", 4, 150.0, False), knee_row("mean", 8, 300.0, False)], 6),  # none
+        ([{**knee_row("mean", 8, 300.0, False), "noise_scale_low": math.inf}], 8),  # no signal
+        ([{**knee_row("mean", 8, 300.0, True), "within_share": 1.02}], 8),  # between below 0
+        ([{**knee_row("mean", 8, 300.0, True), "noise_scale_tokens_high": math.inf}], 8),
+        ([knee_row("otb", 4, 150.0, True, mode="proxy")], 8),  # no mode with a signal
+    ],
+)
+def test_the_text_is_rewritten_from_the_record_alone(rows: list[dict], current_n: int) -> None:
+    """`recommendation_text` gives `recommend`'s sentence back from its record, also as a
+    JSON file holds it (non-finite numbers as null): a committed record's sentence can be
+    checked against today's wording (tests/pipelines/test_committed_figures.py)."""
+    advice = recommend(pd.DataFrame(rows), current_n=current_n)
+    record = {k: v for k, v in advice.items() if k != "text"}
+    assert recommendation_text(record) == advice["text"]
+    assert recommendation_text(json.loads(json_text(record))) == advice["text"]
