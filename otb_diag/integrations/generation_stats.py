@@ -36,7 +36,7 @@ class GenerationStats:
     """Installed on `model` (a transformers causal LM): wraps its `generate` and hooks its
     forward. After each `generate` call, `taken()` gives `(log p [B, C], Σπ² [B, C])` of the C
     tokens it generated for its B rows, at temperature `temperature`; None when the call could
-    not be read (no `logits` in the output, rows that changed)."""
+    not be read (no `logits` in the output, beam search, several tokens a decoding step)."""
 
     def __init__(self, model: nn.Module, temperature: float) -> None:
         self.tau = float(temperature)
@@ -48,10 +48,16 @@ class GenerationStats:
 
         @functools.wraps(generate)
         def generating(*args: Any, **kwargs: Any) -> Any:
-            self._steps, self._last, self._taken = [], None, None
+            config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+            beams = kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1
+            # Beam search reorders the rows at every step: its rows' statistics are not read.
+            self._steps, self._last, self._taken = [] if beams == 1 else None, None, None
             try:
                 output = generate(*args, **kwargs)
-                self._taken = self._finish(output)
+                try:
+                    self._taken = self._finish(output)
+                except Exception:  # noqa: BLE001  never the trainer's generation: no stats
+                    self._taken = None
                 return output
             finally:
                 self._steps, self._last = None, None
@@ -63,8 +69,10 @@ class GenerationStats:
             return
         logits = getattr(output, "logits", None)
         ids = kwargs.get("input_ids")
-        if logits is None or ids is None:
-            self._steps = None  # a forward this hook cannot read: no stats for this call
+        if logits is None or ids is None or (self._steps and ids.shape[1] != 1):
+            # A forward this hook cannot read, or a decoding step of several tokens at once
+            # (assisted or speculative decoding): no stats for this call.
+            self._steps = None
             return
         with no_autocast(logits.device):
             log_pi = torch.log_softmax(logits[:, -1].float() / self.tau, dim=-1)  # [B, V]

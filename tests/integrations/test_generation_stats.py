@@ -58,6 +58,16 @@ def test_generate_s_forwards_give_the_full_forward_s_statistics(autocast) -> Non
     assert bool((caught[0].exp().square() <= caught[1] + 1e-6).all())  # p² ≤ Σπ²
 
 
+def test_beam_search_is_not_caught() -> None:
+    """Beam search reorders its rows at every step: no statistics rather than wrong ones."""
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()
+    stats = GenerationStats(model, TAU)
+    prompts = torch.tensor([[5, 6, 7, 8]])
+    model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), num_beams=2,
+                   do_sample=False, max_new_tokens=3, pad_token_id=0)  # fmt: skip
+    assert stats.taken() is None
+
+
 def test_a_forward_outside_generate_is_not_caught() -> None:
     model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()
     stats = GenerationStats(model, TAU)
