@@ -55,17 +55,24 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.budget_stream import DECAY, WINDOW
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
+DEFAULT_ESTIMATOR = "grpo"  # the estimator audited when the caller names none
+DEFAULT_LOSS_AGG = "token-mean"  # verl's `actor.loss_agg_mode` default
+
+
+def audited_estimator(adv_estimator: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The registry estimator (name, options) verl's `adv_estimator` names; None: no audit."""
+    return (resolve_name(adv_estimator), {}) if adv_estimator else None
 
 
 def compute_otb_metrics(
     batch: Any,
     *,
-    adv_estimator: str | None = "grpo",
+    adv_estimator: str | None = DEFAULT_ESTIMATOR,
     temperature: float | None = None,
     baselines: Sequence[str] | None = None,
     model: Any = None,
     scores: Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = DEFAULT_LOSS_AGG,
     split_k: int = SPLIT_K,
 ) -> dict[str, float]:
     """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
@@ -80,7 +87,7 @@ def compute_otb_metrics(
     by `verl_scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
     on one process: head-mode scores of dimension `split_k` from one extra no-grad forward; the
     batch needs `prompts`); the last two give the same numbers."""
-    audited = (resolve_name(adv_estimator), {}) if adv_estimator else None
+    audited = audited_estimator(adv_estimator)
     step = verl_batch(batch, temperature)
     if scores is None and model is None:
         scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
@@ -140,11 +147,10 @@ class BudgetTracker:
         after this step, at the tracker's level."""
         metrics = compute_otb_metrics(batch, **options)
         if self.core is None:
-            estimator = options.get("adv_estimator", "grpo")
             self.core = LiveCore(
-                (resolve_name(estimator), {}) if estimator else None,
+                audited_estimator(options.get("adv_estimator", DEFAULT_ESTIMATOR)),
                 options.get("baselines"),
-                options.get("loss_agg_mode", "token-mean"),
+                options.get("loss_agg_mode", DEFAULT_LOSS_AGG),
                 level=self.level,
                 record_dir=self.record_dir,
                 window=self.window,

@@ -156,8 +156,10 @@ def otb_record(state_path: Path) -> dict[int, dict[str, Any]]:
     none. A line without a whole-number `step` is an `InputError` naming it."""
     found = [f / OTB_RECORD for f in (state_path.parent, state_path.parent.parent)]
     record = next((f for f in found if f.is_file()), None)
+    if record is None:
+        return {}
     rows: dict[int, dict[str, Any]] = {}
-    for number, row in _json_objects(record, record.read_text(encoding="utf-8")) if record else ():
+    for number, row in _json_objects(record, record.read_text(encoding="utf-8")):
         step = row.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             raise InputError(
