@@ -4,6 +4,8 @@ For models of ~5 M, ~25 M and ~100 M parameters and one response of T ∈ {256, 
 (`--quick`: the ~5 M model at T = 256 only):
 - forward mode (jvp): seconds per response and direction, and that ÷ a bare forward (target ≤ 3),
   with the query-chunked attention the engine uses and, in the same run, with eager attention;
+  and the cost model's estimate of that pass (`plan_full`, its calibration included) ÷ the
+  measured time (target: within 2× either way, so `--budget` refuses only what would not fit);
 - reverse mode (vjp, k directions): seconds per response, measured on the first `--prefix`
   tokens and extrapolated to T by the cost model's `Σ_t L_t` (marked "extrapolated");
 - peak resident memory of a forward-mode pass (each attention) ÷ a bare forward's (target ≤ 3),
@@ -33,7 +35,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.policy.scores.chunked_attention import NAME
-from otb_diag.policy.scores.cost import _prefix_work, _sub_batch
+from otb_diag.policy.scores.cost import _prefix_work, _sub_batch, plan_full
 from otb_diag.policy.scores.directions import Block, select_parameters
 from otb_diag.policy.scores.forward_mode import eager_attention, forward_scores
 from otb_diag.policy.scores.reverse_mode import _Columns, reverse_scores
@@ -129,14 +131,17 @@ def measure(
     jvp, jvp_cpu = (
         x / directions for x in wall_and_cpu(lambda: jvp_pass(model, batch, directions))
     )
+    params = select_parameters(model, None)
+    one_pass = [Block("all", tuple(params), directions, 0)]  # what jvp_pass runs
+    estimate = plan_full(model, batch, params, one_pass, 0, engine="jvp", budget_s=None).forward_s
     head = {"model": name, "params": sum(p.numel() for p in model.parameters()), "V": vocab,
             "T": length, "bare_forward_s": bare, "jvp_s_per_direction": jvp,
-            "jvp_over_bare": jvp / bare, "jvp_over_bare_cpu": jvp_cpu / bare_cpu}  # fmt: skip
+            "jvp_over_bare": jvp / bare, "jvp_over_bare_cpu": jvp_cpu / bare_cpu,
+            "estimate_over_measured": estimate / (jvp * directions)}  # fmt: skip
     if jvp_only:
         return head
     eager = timed(lambda: jvp_pass(model, batch, directions, "eager")) / directions
     bare_rss = max(peak(name, length, "bare", vocab), 1e-9)
-    params = select_parameters(model, None)
     cut = _sub_batch(batch, [0], prefix)
     blocks = [Block("all", tuple(params), k, 0)]
     # the direction columns are drawn once per run: timed apart, not extrapolated
@@ -175,11 +180,16 @@ def describe(r: dict, k: int) -> str:
     def verdict(x: float, target: float = 3) -> str:
         return "PASS" if x <= target else "FAIL"
 
+    def within(ratio: float) -> str:  # `--budget` honest: the estimate within 2x either way
+        return "PASS" if 0.5 <= ratio <= 2 else "FAIL"
+
     head = (
         f"{r['model']:>5} ({r['params'] / 1e6:.1f} M, V={r['V']}) T={r['T']:>5}: jvp "
         f"{r['jvp_s_per_direction']:.3f} s/direction, bare forward {r['bare_forward_s']:.3f} s: "
         f"jvp_over_bare {r['jvp_over_bare']:.2f} [{verdict(r['jvp_over_bare'], CPU_TARGET)} <= "
-        f"{CPU_TARGET}] (in CPU seconds: {r['jvp_over_bare_cpu']:.2f})"
+        f"{CPU_TARGET}] (in CPU seconds: {r['jvp_over_bare_cpu']:.2f}); cost model "
+        f"{r['estimate_over_measured']:.2f} x measured [{within(r['estimate_over_measured'])} "
+        "within 2x]"
     )
     if "vjp_s" not in r:
         return head

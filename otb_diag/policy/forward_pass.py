@@ -15,6 +15,7 @@ of tokens, so the extra memory is `O(chunk · V)` and `[B, T, V]` never exists.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -89,20 +90,58 @@ def output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float 
     return head.weight, bias, scale, getattr(config, "final_logit_softcapping", None)
 
 
+def head_weight(weight: Tensor) -> Tensor:
+    """The output embedding `[V, d]` as `head_logits` multiplies it, made once per pass: the weight
+    itself where the device multiplies its dtype into fp32 products (fp32; bf16/fp16 on CUDA), else
+    an fp32 copy (the CPU has no half × half → fp32 product; the upcast is exact)."""
+    weight = weight.detach()
+    if weight.dtype == torch.float32 or _half_into_fp32(weight.device.type, weight.dtype):
+        return weight
+    return weight.float()
+
+
+@functools.cache
+def _half_into_fp32(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether `torch.mm(a, b, out_dtype=torch.float32)` runs for `dtype` inputs on `device_type`
+    (CUDA, and the meta device, in torch ≥ 2.8; the CPU does not), read once by trying it."""
+    one = torch.ones(1, 1, dtype=dtype, device=device_type)
+    try:
+        return torch.mm(one, one, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
 def head_logits(
-    h: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None, out: Tensor | None = None
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    softcap: float | None,
+    scale: float = 1.0,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """fp32 logits `[N, V]` from already-scaled hidden states `h [N, d]` and an fp32 `weight`.
+    """fp32 logits `[N, V]` `= c · tanh((U (s·h) + b) / c)` from the final hidden states `h [N, d]`
+    (any dtype) and the output layer of `output_layer` with `weight` from `head_weight`.
 
     out: an `[N, V]` fp32 buffer to write them into (default: a new tensor).
+    An fp32 weight multiplies `h` upcast, in fp32. A half-precision weight multiplies `h` in its
+    own dtype, which is a half model's hidden state's already (its own head does the same), on the
+    tensor cores with fp32 accumulation and an fp32 result: the same inputs as upcasting both, so
+    only the order of the fp32 sums differs, while the upcast `[V, d]` weight and the fp32 product
+    off the tensor cores had taken 46 % of the statistics pass's GPU time (issue 41).
     fp32 under a caller's autocast too (a trainer's `bf16=True` runs the live hooks inside one,
     which would otherwise multiply in bf16 and return bf16 logits).
     """
     with no_autocast(h.device):
-        if bias is None:
-            z = torch.matmul(h, weight.T, out=out)
+        if weight.dtype != torch.float32:
+            z = torch.mm(h.to(weight.dtype), weight.T, out_dtype=torch.float32, out=out)
+        elif bias is None:
+            z = torch.matmul(h.float(), weight.T, out=out)
         else:
-            z = torch.addmm(bias.float(), h, weight.T, out=out)  # U h + b in one pass
+            z = torch.addmm(bias.float(), h.float(), weight.T, out=out)  # U h + b in one pass
+        if weight.dtype != torch.float32 and bias is not None:
+            z.add_(bias.float())
+    if scale != 1.0:
+        z.mul_(scale)  # U (s·h) = s · (U h); exact to rounding, and `output_layer` has no bias then
     if softcap is not None:
         z.div_(softcap).tanh_().mul_(softcap)  # c · tanh(z / c)
     return z
@@ -111,6 +150,8 @@ def head_logits(
 def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
     """Autocast off on `device`'s type inside (a no-op where none is on): otb-diag's own
     arithmetic keeps the precision it states whatever mixed precision its caller trains in."""
+    if not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()  # a device with no autocast (meta) has none to switch off
     return torch.autocast(device.type, enabled=False)
 
 
@@ -145,7 +186,7 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
 
     Catches heads this module does not know (an extra scaling, a transform, a backbone whose last
     hidden state is not what the head reads) on a short probe sequence: one forward of the model,
-    whose backbone output is caught by a hook and multiplied through `head_logits` (fp32).
+    whose backbone output is caught by a hook and multiplied through `head_logits`.
 
     The tolerance follows the precision the model's own head ran in, read off its output: 1e-4
     for fp32; 3e-2 where it ran in half precision, bf16/fp16 weights or an autocast around the
@@ -182,7 +223,7 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
             f"{type(model).__name__}: its forward does not run its backbone "
             f"({type(model.base_model).__name__}), so its logits cannot be rebuilt"
         )
-    z = head_logits(caught["hidden"][0].float() * scale, weight.float(), bias, softcap)
+    z = head_logits(caught["hidden"][0], head_weight(weight), bias, softcap, scale)
     head_dtype = caught["head"].dtype if "head" in caught else weight.dtype
     tol = 1e-4 if head_dtype == torch.float32 else 3e-2
     err = (z - ref).abs().max().item()
@@ -196,7 +237,10 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
 
 
 # Statistics pass defaults. The CPU keeps `[chunk, V]` buffers small enough to stay in cache and
-# batches of `BATCH_TOKENS`; on CUDA both come from the free memory (`stats_plan`).
+# batches of `BATCH_TOKENS`; on CUDA both come from the free memory (`stats_plan`), capped where a
+# larger size only adds memory: 4,096 tokens already keep the head's product on the tensor cores
+# busy, and a batch of 32,768 tokens is as long as the longest response users score (an 8,192-token
+# chunk's two fp32 buffers, 10 GiB at V = 151,936, had made the pass's peak 1.8× a bare forward's).
 STATS_CHUNK = 256
 BATCH_TOKENS = 16384
 STATS_BUFFERS = 2  # fp32 `[chunk, V]` buffers of the statistics pass: the logits and the scratch
@@ -204,8 +248,8 @@ ACTIVATION_BYTES_PER_WIDTH = (
     16 * 4
 )  # fp32 activations of a no-grad forward, per token and unit of d
 PLANNED_SHARE = 0.25  # of the free memory, for each of the two: the logit chunk, the batch
-MAX_STATS_CHUNK = 8192
-MAX_BATCH_TOKENS = 1 << 17
+MAX_STATS_CHUNK = 4096
+MAX_BATCH_TOKENS = 1 << 15
 
 
 def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, int]:
@@ -258,8 +302,8 @@ def response_token_stats(
     check_head: verify first that the logits can be rebuilt (`check_output_layer`).
     Returns fp32 `TokenStats [B, T]` on the model's device, `h_sq` included; entry `[i, t]` is
     response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
-    Memory beyond the forward pass: two `[chunk, V]` fp32 buffers, plus an fp32 copy of the
-    output embedding (`V · d · 4` bytes) when the model is in half precision.
+    Memory beyond the forward pass: two `[chunk, V]` fp32 buffers (plus, off CUDA, an fp32 copy
+    of a half-precision output embedding, `head_weight`).
     The inputs are checked and indexed where they are (the CPU for `checkpoint_stats`), then
     queued to the device: nothing here waits for the device.
     """
@@ -294,21 +338,24 @@ def response_token_stats(
 
     parts = []
     with torch.no_grad(), eval_mode(model):
-        hidden = final_hidden(model, input_ids, attention_mask)
+        # No mask: the rows are right-padded (checked above), so causal attention never reads the
+        # padding from a real token, and the backbone runs the same unmasked causal attention
+        # kernel as a bare forward (a mask made it take three attention calls a layer on CUDA).
+        hidden = final_hidden(model, input_ids, None)
         h = hidden[rows, target_pos - 1]  # [N, d]: the logits at P + t − 2 predict y_t (1-based t)
         targets = input_ids[rows, target_pos]  # [N]
-        weight32 = weight.float()  # fp32 logit maths even for half-precision models (no-op if fp32)
+        weight_h = head_weight(weight)  # fp32 products of a half weight without an fp32 copy
         # The logits and the statistics' scratch, [chunk, V] each, reused by every chunk.
         z_buf = torch.empty(min(chunk_size, len(rows)), weight.shape[0], device=device)
         e_buf = torch.empty_like(z_buf)
         for lo in range(0, len(rows), chunk_size):
             chunk = slice(lo, lo + chunk_size)
-            h32 = h[chunk].float() * scale
-            n = len(h32)
-            z = head_logits(h32, weight32, bias, softcap, out=z_buf[:n])  # [chunk, V], never [N, V]
+            n = len(h[chunk])
+            z = head_logits(h[chunk], weight_h, bias, softcap, scale, out=z_buf[:n])  # [chunk, V]
             chunk_tau = tau[rows[chunk]] if tempered else None
             s = _stats_in_place(z, targets[chunk], chunk_tau, e_buf[:n])
-            parts.append(replace(s, h_sq=h32.square().sum(-1)))  # ‖h_t‖²
+            h_sq = (h[chunk].float() * scale).square().sum(-1)  # ‖s·h_t‖², what the head reads
+            parts.append(replace(s, h_sq=h_sq))
 
     def to_grid(name: str) -> Tensor:
         grid = torch.zeros(len(start), len(t), device=device)

@@ -8,7 +8,7 @@ step `s` (0 for a response's first token) to the drawn tokens `[B]`, each an exa
 - `RowNoise`, per-row streams (`rollouts sample`): the Gumbel-max trick
   `y_b = argmax_v (z_bv + g_bv)`, `g = −log(−log u)`, with `u_bv` a counter-based hash of
   (row seed, step, token id) (`hash_uniforms`): vectorized over `[B, V]` (the ids in chunks of
-  `HASH_COLUMNS`), the same operations per step whatever B, no generator and no RNG call, so a
+  `hash_columns`), the same operations per step whatever B, no generator and no RNG call, so a
   row draws the same whatever rows share its batch;
 - `GlobalRng`, torch's global RNG (`train`, `lab build`): `torch.multinomial(softmax(z), 1)`,
   exactly the draw of Hugging Face's `generate(do_sample=True)` (its `_sample`: fp32 scores,
@@ -51,6 +51,14 @@ UNIFORM_BITS = 23
 HASH_COLUMNS = 4096
 
 
+def hash_columns(device: torch.device, vocab: int) -> int:
+    """Token ids `hash_uniforms` hashes at once on `device`: `HASH_COLUMNS` on the CPU (the
+    scratch above); on CUDA all V, as the three `[B, V]` int64 tensors (0.3 GB at B = 256,
+    V = 49,152) cost less there than the ~12 launches of each of 12 chunks a step (the sampler
+    ran at 0.88x a bare `generate` on an H200, issue 41)."""
+    return vocab if device.type == "cuda" else HASH_COLUMNS
+
+
 def _mix(x: Tensor, rounds: int = 3) -> Tensor:
     """SplitMix64's output function on int64 `x` (any shape), in place, returned; `rounds=2`
     leaves out the last xorshift `x ^= x >>> 31`, which changes only the low 33 bits.
@@ -83,13 +91,14 @@ def hash_uniforms(seeds: Tensor, step: int, vocab: int) -> Tensor:
     beyond has probability 6e-8). Two rows' (or steps') streams overlap only when their keys
     differ by γ·d for some |d| < V: probability about 2V/2^64 per pair.
     seeds: `[B]` int64, the rows' seeds. The same operations whatever B: the ids are hashed
-    `HASH_COLUMNS` at a time into the `[B, V]` result, whose conversion and centring are exact
+    `hash_columns` at a time into the `[B, V]` result, whose conversion and centring are exact
     (integers below 2^23, a power-of-two scale), so the chunking changes no bit.
     """
     keys = _stream_keys(seeds, step)[:, None]  # [B, 1]
     u = torch.empty(len(seeds), vocab, device=seeds.device)
-    for lo in range(0, vocab, HASH_COLUMNS):
-        hi = min(lo + HASH_COLUMNS, vocab)
+    columns = hash_columns(seeds.device, vocab)
+    for lo in range(0, vocab, columns):
+        hi = min(lo + columns, vocab)
         ids = torch.arange(lo + 1, hi + 1, device=seeds.device)  # [c]: v + 1
         # Only the top 23 bits are kept: the last xorshift does not reach them.
         x = _mix(keys + ids * _GOLDEN, rounds=2)  # [B, c]

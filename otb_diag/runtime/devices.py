@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -160,3 +161,11 @@ def _say_once(message: str) -> None:
     if message not in _said:
         _said.add(message)
         print(message, file=sys.stderr)
+
+
+def device_seconds(device: torch.device) -> float:
+    """`time.perf_counter()` once the work queued on `device` is done: differences of two reads
+    time that work, where CUDA returns from a call before its kernels have run."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

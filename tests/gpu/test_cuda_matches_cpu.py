@@ -30,8 +30,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.maths.energy.token_stats import stats_from_logits
 from otb_diag.maths.response_batch import ResponseBatch, pad
-from otb_diag.policy.forward_pass import checkpoint_stats
+from otb_diag.policy.forward_pass import (
+    checkpoint_stats,
+    final_hidden,
+    head_logits,
+    output_layer,
+    response_token_stats,
+)
 from otb_diag.policy.noise import RowNoise
 from otb_diag.policy.sampling import Sampling, row_seed, sample_batch
 from otb_diag.policy.scores.token_scores import proxy_scores, token_scores
@@ -45,6 +52,7 @@ pytestmark = [
     ),
 ]
 F32_REL, BF16_REL = 1e-4, 5e-2
+HALF_HEAD_REL = 1e-4  # fp32 sums in another order, relative to the norm (measured on CPU: < 2e-5)
 SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
 
@@ -99,6 +107,28 @@ def make_batch(prompts, responses, taus) -> ResponseBatch:
         temperature=torch.tensor(taus), step=[None] * n, is_weights=None, logprobs=None,
         sum_pi2=None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("build", MODELS)
+def test_half_head_product_against_the_upcast_one(build) -> None:
+    """The bf16 head multiplied on DEVICE with fp32 accumulation (`forward_pass.py:head_logits`;
+    on CUDA `torch.mm(..., out_dtype=float32)`) against the same bf16 values upcast and multiplied
+    in fp32 on DEVICE: the same inputs, so the statistics agree to `HALF_HEAD_REL` of their norm
+    (the CPU emulation of the summation order, tests/policy/test_head_precision.py, measured
+    1.7e-5 of the largest value on SmolLM2)."""
+    model = build().to(torch.bfloat16).to(DEVICE)
+    vocab = model.config.vocab_size
+    ids = torch.randint(1, vocab, (1, 65), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    fast = response_token_stats(model, ids, torch.ones_like(ids), torch.tensor([1]))
+    with torch.no_grad():
+        h = final_hidden(model, ids, None)[0, :-1].float()
+        weight, _, scale, softcap = output_layer(model)
+        upcast = head_logits(h * scale, weight.float(), None, softcap)
+        assert output_layer(model)[1] is None  # these models' heads have no bias
+    want = stats_from_logits(upcast, ids[0, 1:])
+    for name in ("logprob", "prob", "sum_pi2", "entropy", "w"):
+        got = getattr(fast, name)[0].cpu()
+        assert_close_to_norm(got, getattr(want, name).cpu(), rel=HALF_HEAD_REL, msg=name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])

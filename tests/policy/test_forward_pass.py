@@ -29,6 +29,8 @@ from otb_diag.io.load_options import LoadOptions
 from otb_diag.maths.energy.token_stats import cumulative_energy, sequence_energy, stats_from_logits
 from otb_diag.policy.forward_pass import (
     BATCH_TOKENS,
+    MAX_BATCH_TOKENS,
+    MAX_STATS_CHUNK,
     STATS_CHUNK,
     check_output_layer,
     checkpoint_stats,
@@ -338,11 +340,12 @@ def test_cumulative_energy_hand_case():
 def test_stats_plan_from_a_given_free_memory():
     model = tiny_gpt2()  # V = 50, d = 32: a chunk row is 2 · 4 · 50 = 400 bytes, a token 2 KiB
     assert stats_plan(model) == (STATS_CHUNK, BATCH_TOKENS)  # the CPU's sizes when not told
-    # 4 GiB free, a quarter each: 2^30 / 400 → 2^21, capped at 8192; 2^30 / 2048 = 2^19 tokens,
-    # capped at 2^17
-    assert stats_plan(model, free_bytes=4 * 2**30) == (8192, 2**17)
-    # 8 MiB free: 2 MiB / 400 B = 5242 rows → 4096; 2 MiB / 2 KiB = 1024 tokens → the floor
-    assert stats_plan(model, free_bytes=8 * 2**20) == (4096, BATCH_TOKENS)
+    # 4 GiB free, a quarter each: 2^30 / 400 → 2^21, capped at 4096; 2^30 / 2048 = 2^19 tokens,
+    # capped at 2^15
+    assert stats_plan(model, free_bytes=4 * 2**30) == (MAX_STATS_CHUNK, MAX_BATCH_TOKENS)
+    assert (MAX_STATS_CHUNK, MAX_BATCH_TOKENS) == (4096, 2**15)
+    # 2 MiB free: 512 KiB / 400 B = 1310 rows → 1024; 512 KiB / 2 KiB = 256 tokens → the floor
+    assert stats_plan(model, free_bytes=2 * 2**20) == (1024, BATCH_TOKENS)
     assert stats_plan(model, free_bytes=0) == (STATS_CHUNK, BATCH_TOKENS)
 
 

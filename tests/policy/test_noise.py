@@ -155,6 +155,9 @@ def test_the_hash_scratch_is_a_chunk_of_ids_and_changes_no_bit(monkeypatch) -> N
             RowNoise([row_seed(0, i, 0) for i in range(rows)])(torch.zeros(rows, 33), 4)
         counts.append(ops.ops)
     assert counts[0] == counts[1] == counts[2]
+    # CUDA hashes every id at once (the same bits, as above); the CPU a chunk at a time
+    assert noise.hash_columns(torch.device("cuda"), 49_152) == 49_152
+    assert noise.hash_columns(torch.device("cpu"), 49_152) == noise.HASH_COLUMNS
 
 
 def test_global_rng_is_one_multinomial_per_step_for_any_number_of_rows() -> None:

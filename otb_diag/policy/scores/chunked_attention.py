@@ -76,11 +76,11 @@ def chunked_attention_forward(
     q = query.reshape(batch, kv_heads, group, q_len, head_dim)
     k, v = key[:, :, None], value[:, :, None]  # [B, kv_heads, 1, Lk, D]: broadcast over the group
     masks = None if attention_mask is None else _grouped(attention_mask[..., :kv_len], kv_heads)
+    bounds = kept_keys(masks, q_len, kv_len, rows)  # [first, last) of each chunk's keys
     out = []
-    for lo in range(0, q_len, rows):
+    for lo, (first, last) in zip(range(0, q_len, rows), bounds, strict=True):
         hi = min(lo + rows, q_len)
         mask = None if masks is None else masks[:, :, :, lo:hi]
-        first, last = _kept_keys(mask, kv_len)
         scores = q[:, :, :, lo:hi] @ k[:, :, :, first:last].transpose(-1, -2) * scaling
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)  # Gemma-2: c·tanh(s/c)
@@ -101,15 +101,23 @@ def _grouped(mask: Tensor, kv_heads: int) -> Tensor:
     return mask.unflatten(1, (kv_heads, mask.shape[1] // kv_heads))
 
 
-def _kept_keys(mask: Tensor | None, kv_len: int) -> tuple[int, int]:
-    """`[first, last)`: the keys some row of the chunk attends to (all when the mask is absent,
-    batched under vmap, or drops every key, as for a padding-only chunk)."""
-    if mask is None or is_batchedtensor(mask):
-        return 0, kv_len
-    kept = (mask > torch.finfo(mask.dtype).min / 2).flatten(0, -2).any(0).nonzero()  # [n, 1]
-    if len(kept) == 0:
-        return 0, kv_len
-    return int(kept[0, 0]), int(kept[-1, 0]) + 1
+def kept_keys(masks: Tensor | None, q_len: int, kv_len: int, rows: int) -> list[tuple[int, int]]:
+    """`[first, last)` of each of the `⌈Lq / rows⌉` chunks of `rows` query rows: the keys some row
+    of the chunk attends to under `masks [..., Lq, Lk]` (additive; all `Lk` keys when it is
+    absent, batched under vmap, or drops every key of a chunk, as for a padding-only one).
+
+    Read off the device once for all the chunks: a read per chunk made a GPU wait for its queue
+    to drain once per chunk and layer, and chunks multiply with T (issue 41)."""
+    n = -(-q_len // rows)
+    if masks is None or is_batchedtensor(masks):
+        return [(0, kv_len)] * n
+    kept = (masks > torch.finfo(masks.dtype).min / 2).flatten(0, -3).any(0)  # [Lq, Lk]
+    kept = nn.functional.pad(kept, (0, 0, 0, n * rows - q_len)).view(n, rows, kv_len).any(1)
+    first = kept.int().argmax(-1)  # [n]: the first kept key
+    last = kv_len - kept.flip(-1).int().argmax(-1)  # one past the last
+    some = kept.any(-1)
+    bounds = torch.stack([torch.where(some, first, 0), torch.where(some, last, kv_len)])
+    return list(zip(*bounds.tolist(), strict=True))
 
 
 ALL_ATTENTION_FUNCTIONS.register(NAME, chunked_attention_forward)

@@ -8,7 +8,8 @@ per packed batch the draw of every direction's tangent over its block's paramete
     forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)  +  s_r · batches · Σ_b k_b n_b
 
 with `s_f` the seconds per direction and token measured on a calibration batch of about
-`CALIBRATION_TOKENS` tokens, less its draws, and `s_r` the seconds per drawn element (a direction
+`calibration_tokens` tokens (more on a GPU, whose cost per token falls as a call fills it), less
+its draws, and `s_r` the seconds per drawn element (a direction
 over all `n` selected parameters timed apart): the draws do not grow with the tokens, so counting
 them per token would overstate long batches and understate short ones.
 
@@ -38,7 +39,6 @@ the attention's chunk of scores from `ATTENTION_SHARE` of it.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -58,9 +58,15 @@ from otb_diag.policy.scores.forward_mode import (
     switchable,
 )
 from otb_diag.policy.scores.reverse_mode import HOLD_BYTES, PENDING_BYTES, reverse_scores
+from otb_diag.runtime.devices import device_seconds
 from otb_diag.runtime.memory import available_memory, rows_that_fit
 
+# Padded tokens of forward mode's timed calibration call. The CPU's cost per token is flat from a
+# few hundred tokens, so a short call suffices; a GPU's falls until a call fills the device, so
+# 256 tokens mostly timed its launch overhead and the estimate came out 1.6-5.3x over on an H200
+# (issue 41): there the call takes whole rows, as a real call does, up to GPU_CALIBRATION_TOKENS.
 CALIBRATION_TOKENS = 256
+GPU_CALIBRATION_TOKENS = 4096
 # Forward mode on the CPU packs at most this many padded tokens per batch. Its cost per direction
 # and token grows with the batch (25 M model, 8 directions, rows of 520 tokens, 2 threads:
 # 1.05-1.35 µs at 520-1040 tokens a batch, 1.4-1.5 at 2080, 1.7-1.8 at 4160), as the tangents of
@@ -259,21 +265,22 @@ def plan_full(
     calibration: dict[str, float] = {}
     forward_s = reverse_s = math.inf
     if nd and engine in ("auto", "jvp"):
-        cal = _sub_batch(batch, _calibration_rows(batch, CALIBRATION_TOKENS), CALIBRATION_TOKENS)
+        size = min(calibration_tokens(device), batch_tokens)
+        cal = _sub_batch(batch, _calibration_rows(batch, size), size)
         one = [Block("calibration", tuple(params), nd, 0)]
         warm = _sub_batch(batch, _calibration_rows(batch, 1), 4)  # first-call costs, untimed
         forward_scores(model, warm, params, one, seed, batch_tokens=batch_tokens,
                        directions_batch=nd, chunk_size=head_chunk,
                        attention_scores=attention(nd))  # fmt: skip
-        t0 = time.perf_counter()
+        t0 = device_seconds(device)
         forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
                        directions_batch=nd, chunk_size=head_chunk,
                        attention_scores=attention(nd))  # fmt: skip
-        cal_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        cal_s = device_seconds(device) - t0
+        t0 = device_seconds(device)
         for name, p in params.items():
             unit_pieces(seed, range(1), name, p.shape, device)
-        draw_s = time.perf_counter() - t0  # one direction over all n parameters
+        draw_s = device_seconds(device) - t0  # one direction over all n parameters
         cal_tokens = len(cal.prompt_ids) * max(p + t for p, t in _rows(cal))
         per_token = max(cal_s - nd * draw_s, 0.0) / (nd * cal_tokens)
         drawn = len(groups) * sum(b.k * sum(params[x].numel() for x in b.params) for b in blocks)
@@ -310,6 +317,11 @@ def plan_full(
             "--directions-per-block) or parameters (--params).",
         )
     return plan
+
+
+def calibration_tokens(device: torch.device) -> int:
+    """Padded tokens of forward mode's calibration call on `device` (see `CALIBRATION_TOKENS`)."""
+    return GPU_CALIBRATION_TOKENS if device.type == "cuda" else CALIBRATION_TOKENS
 
 
 def head_chunk_for(device: torch.device, vocab: int, available_bytes: float) -> int:
@@ -379,20 +391,20 @@ def _reverse_estimate(
     n = sum(p.numel() for p in params.values())
     cal = _sub_batch(batch, _calibration_rows(batch, CALIBRATION_TOKENS), min(chunk, 16))
     one = [Block("calibration", tuple(params), 1, 0)]
-    t0 = time.perf_counter()
+    t0 = device_seconds(device)
     for name, p in params.items():
         projection_columns(seed, range(1), name, p.numel(), 1, device)
-    draw_s = time.perf_counter() - t0  # one direction over all parameters
-    t0 = time.perf_counter()
+    draw_s = device_seconds(device) - t0  # one direction over all parameters
+    t0 = device_seconds(device)
     reverse_scores(model, cal, params, one, seed, chunk)
-    backward_s = max(time.perf_counter() - t0 - draw_s, 1e-9) / max(
+    backward_s = max(device_seconds(device) - t0 - draw_s, 1e-9) / max(
         _prefix_work(_rows(cal), chunk), 1
     )
     width = min(n, 1 << 18)
     g, cols = torch.randn(chunk, width, device=device), torch.randn(width, k_total, device=device)
-    t0 = time.perf_counter()
+    t0 = device_seconds(device)
     g @ cols
-    project_s = (time.perf_counter() - t0) / (chunk * width * k_total)
+    project_s = (device_seconds(device) - t0) / (chunk * width * k_total)
     tokens = sum(t for _, t in rows)
     products = 1 if n * k_total * 4 <= HOLD_BYTES else max(1, tokens * 4 * n // PENDING_BYTES)
     total = (

@@ -46,6 +46,7 @@ from otb_diag.policy.forward_pass import (
     eval_mode,
     final_hidden,
     head_logits,
+    head_weight,
     output_layer,
     pack_by_tokens,
     pad_batch,
@@ -241,7 +242,7 @@ def _logit_score(z: Tensor, targets: Tensor, tau: Tensor, softcap: float | None)
 class HeadSketch:
     """The output layer and the Kronecker factors of head mode, on the layer's device.
 
-    weight: `[V, d]` fp32 (a copy for half-precision models), bias `[V]` or None, scale s and
+    weight: `[V, d]` as `forward_pass.py:head_weight` gives it, bias `[V]` or None, scale s and
     softcap c as `forward_pass.py:output_layer` reads them; p1 `[V, k₁]`, p2 `[d (+1), k₂]` from
     `head_sketch_matrices`. Built once, it scores any number of tokens (`head_sketch`)."""
 
@@ -261,10 +262,10 @@ def head_sketch_of(model: nn.Module, k: int, seed: int, *, check: bool = True) -
         check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)
     p1, p2 = head_sketch_matrices(weight.shape[0], weight.shape[1] + (bias is not None), k, seed)
-    with torch.no_grad():
-        weight32 = weight.detach().float()  # fp32 logit maths (no copy for an fp32 head)
     bias = None if bias is None else bias.detach()
-    return HeadSketch(weight32, bias, scale, softcap, p1.to(weight.device), p2.to(weight.device))
+    return HeadSketch(
+        head_weight(weight), bias, scale, softcap, p1.to(weight.device), p2.to(weight.device)
+    )
 
 
 def head_sketch(
@@ -312,8 +313,8 @@ def head_sketch_from_hidden(
     with torch.no_grad():
         for lo in range(0, len(targets), chunk_size):
             c = slice(lo, lo + chunk_size)
+            z = head_logits(hidden[c], sketch.weight, sketch.bias, sketch.softcap, sketch.scale)
             h = hidden[c].float() * sketch.scale  # the head reads s · h
-            z = head_logits(h, sketch.weight, sketch.bias, sketch.softcap)  # [chunk, V]
             out, norm = head_sketch(
                 h, z, targets[c], tau[c], (sketch.p1, sketch.p2), biased, sketch.softcap
             )

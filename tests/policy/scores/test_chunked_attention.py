@@ -101,9 +101,9 @@ def test_causal_chunks_skip_the_keys_after_their_last_row(monkeypatch) -> None:
     """With a causal mask, query rows [lo, hi) read keys [0, hi) only: the scores formed add up
     to the lower triangle by blocks, not L × L."""
     seen = []
-    real = chunked_attention._kept_keys
+    real = chunked_attention.kept_keys
     monkeypatch.setattr(
-        chunked_attention, "_kept_keys", lambda m, n: seen.append(real(m, n)) or seen[-1]
+        chunked_attention, "kept_keys", lambda *a: seen.extend(real(*a)) or real(*a)
     )
     q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)
     causal = (
@@ -117,13 +117,35 @@ def test_causal_chunks_skip_the_keys_after_their_last_row(monkeypatch) -> None:
     assert_close_to_norm(out, full.transpose(1, 2), rel=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+def test_kept_keys_of_every_chunk_read_at_once_match_each_chunk_read_alone(rows) -> None:
+    """Causal with a sliding window of 3, right padding of 2 in one row and a per-head mask: each
+    chunk's `[first, last)` is the span of keys some row of it keeps (all keys for a chunk that
+    keeps none: the padding-only rows of a batch of one padded row)."""
+    low = torch.finfo(torch.float32).min
+    i = torch.arange(8)
+    allowed = (i[None] <= i[:, None]) & (i[:, None] - i[None] < 3)  # [Lq, Lk]
+    masks = torch.where(allowed, 0.0, low)[None, None, None].repeat(2, 1, 2, 1, 1)
+    masks[1, :, 1] = low  # row 1, head group 1: nothing kept
+    padded = masks[:1].clone()
+    padded[..., 6:, :] = low  # query rows 6, 7: padding, keep nothing
+    for m in (masks, padded):
+        got = chunked_attention.kept_keys(m, 8, 8, rows)
+        want = []
+        for lo in range(0, 8, rows):
+            kept = (m[..., lo : lo + rows, :] > low / 2).flatten(0, -2).any(0).nonzero()[:, 0]
+            want.append((int(kept[0]), int(kept[-1]) + 1) if len(kept) else (0, 8))
+        assert got == want
+    assert chunked_attention.kept_keys(None, 8, 6, rows) == [(0, 6)] * -(-8 // rows)
+
+
 def test_a_planned_chunk_of_scores_sets_the_query_rows(monkeypatch) -> None:
     """Rows per chunk are ⌊scores / (B · heads · keys)⌋: `SCORES_PER_CHUNK` outside a plan, the
     planned number inside `scores_per_chunk`, and back after it."""
     seen = []
-    real = chunked_attention._kept_keys
+    real = chunked_attention.kept_keys
     monkeypatch.setattr(
-        chunked_attention, "_kept_keys", lambda m, n: seen.append(real(m, n)) or seen[-1]
+        chunked_attention, "kept_keys", lambda *a: seen.extend(real(*a)) or real(*a)
     )
     monkeypatch.setattr(chunked_attention, "SCORES_PER_CHUNK", 2 * 4 * 8 * 4)  # 4 rows
     q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)

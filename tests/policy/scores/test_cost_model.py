@@ -86,7 +86,7 @@ def test_auto_choice_counts_work_and_ignores_the_clock(monkeypatch: pytest.Monke
     chosen = {plan(model, batch, budget_s=None).engine}
     for tick in (1e-9, 1e3):  # every timed interval looks tiny, then huge
         clock = iter(range(10**6))
-        monkeypatch.setattr(full_cost.time, "perf_counter", lambda c=clock, t=tick: next(c) * t)
+        monkeypatch.setattr(full_cost, "device_seconds", lambda _d, c=clock, t=tick: next(c) * t)
         chosen.add(plan(model, batch, budget_s=None).engine)
     assert len(chosen) == 1
     # Hand count: N = 10 parameters, n = 4 selected, K = 2, rows (P, T) = (1, 3), chunk 2.
@@ -149,3 +149,27 @@ def test_head_chunk_is_planned_from_the_free_memory() -> None:
     # 3 rows · 2 heads · 8 positions: all the scores of the batch are fewer than a CPU chunk
     assert planned.attention_scores == 3 * 2 * 8 * 8
     assert plan(model, batch, engine="jvp", budget_s=None, head_chunk=3).head_chunk == 3
+
+
+def test_calibration_call_takes_the_devices_calibration_size(monkeypatch) -> None:
+    """The timed calibration call takes `calibration_tokens(device)` padded tokens: 256 on the
+    CPU, and on a GPU whole rows up to 4,096, as a real call does (a short call times a GPU's
+    launch overhead: the estimate was 1.6-5.3x over on an H200, issue 41)."""
+    assert full_cost.calibration_tokens(torch.device("cpu")) == full_cost.CALIBRATION_TOKENS == 256
+    assert full_cost.calibration_tokens(torch.device("cuda")) == 4096
+    model, batch = gpt2(), make_batch()
+    timed: list[list[int]] = []
+    real = full_cost.forward_scores
+
+    def spy(model, cal, *args, **kwargs):
+        timed.append(cal.length.tolist())
+        return real(model, cal, *args, **kwargs)
+
+    monkeypatch.setattr(full_cost, "forward_scores", spy)
+    for size in (4, 4096):  # a cut of the longest row; every row, whole
+        monkeypatch.setattr(full_cost, "calibration_tokens", lambda device, size=size: size)
+        plan(model, batch, engine="jvp", budget_s=None)
+    longest = max(len(r) for r in RESPONSES)
+    cut, whole = timed[1], timed[3]  # each plan: a warm-up call, then the timed one
+    assert cut == [4]
+    assert sorted(whole) == sorted(len(r) for r in RESPONSES) and max(whole) == longest
