@@ -1,7 +1,7 @@
 """The trainer-neutral core of the live diagnostics: one step's rows in, its `otb/` metrics out.
 
 Every live adapter (TRL's `attach`, verl's `BudgetTracker`, a plain PyTorch loop:
-tests/integrations/test_live_core.py) translates its trainer's hooks, rows, groups and logger,
+tests/integrations/plain_loop.py) translates its trainer's hooks, rows, groups and logger,
 and hands each measured step to one `LiveCore`, which holds everything else:
 
     measure(batch, step, scores)   the step's metrics (`step_metrics.py:step_and_split_metrics`:
