@@ -6,9 +6,9 @@ tests/integrations/test_live_sharded.py:
 The embedded checkpoint is sharded by `fully_shard` (each transformer block, then the whole
 model: every parameter, the output layer's included, a DTensor holding its share of the rows on
 each process), each process samples and trains its share of each step's prompts, and the main
-process measures each whole step with the live core's metrics but the split (which `attach`
-refuses under FSDP). The main process writes what it logged at each step, `OUT/logged.json`;
-every process the warnings raised while it ran, `OUT/warnings{rank}.json`."""
+process measures each whole step the core gathered with the live core's metrics but the split
+(which `attach` refuses under FSDP). The main process writes what it logged at each step,
+`OUT/logged.json`; every process the warnings raised while it ran, `OUT/warnings{rank}.json`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from otb_diag.integrations.live_core import LiveCore
 from otb_diag.io.scenarios import default_checkpoint
-from otb_diag.runtime.torchrun import session
+from otb_diag.runtime.torchrun import Dist, session
 
 
 def main(out: Path, tau: float, steps: list[list[str]]) -> None:
@@ -36,10 +36,11 @@ def main(out: Path, tau: float, steps: list[list[str]]) -> None:
         fully_shard(block)
     fully_shard(model)
     tokenizer = AutoTokenizer.from_pretrained(default_checkpoint())
-    core = LiveCore(("mean", {}), None, AGGREGATION, record_dir=out if rank == 0 else None)
+    record = out if rank == 0 else None
+    core = LiveCore(("mean", {}), None, AGGREGATION, record_dir=record, place=Dist(rank, world))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        logged = plain_loop(model, tokenizer, core, steps, tau, rank=rank, world=world)
+        logged = plain_loop(model, tokenizer, core, steps, tau)
     said = [f"{w.category.__name__}: {w.message}" for w in caught]
     (out / f"warnings{rank}.json").write_text(json.dumps(said))
     if rank == 0:

@@ -3,7 +3,8 @@ mean as baseline, no trainer library) on the embedded checkpoint, handing each s
 `LiveCore` as TRL's and verl's adapters hand theirs. tests/integrations/test_live_core.py runs it
 on one process; tests/integrations/test_live_sharded.py on 2 gloo processes under FSDP2's
 `fully_shard` (`plain_fsdp.py`), each process sampling and training its own groups and the main
-one measuring the step gathered from all.
+one measuring the step the core gathered from all, on the core's worker thread beside the
+backward pass.
 
 Each group is sampled by its own `generate` call, seeded by its step and prompt, so its rows do
 not depend on the process that samples it: the sharded run's steps are the one-process run's.
@@ -119,17 +120,6 @@ def group_loss(model: nn.Module, g: Group, tau: float) -> Tensor:
     return -(g.advantage[:, None] * token_logp * valid).sum()
 
 
-def gathered(groups: list[Group], world: int) -> list[Group]:
-    """Every process's groups in prompt order (process r sampled prompts r, r + world, …)."""
-    if world == 1:
-        return groups
-    import torch.distributed as dist
-
-    shares: list[list[Group]] = [[] for _ in range(world)]
-    dist.all_gather_object(shares, groups)
-    return [shares[i % world][i // world] for i in range(sum(map(len, shares)))]
-
-
 def plain_loop(
     model: nn.Module,
     tokenizer: object,
@@ -139,30 +129,30 @@ def plain_loop(
     *,
     split_k: int | None = None,
     lr: float = 0.1,
-    rank: int = 0,
-    world: int = 1,
 ) -> list[Step]:
-    """One step for each prompt list of `steps`, process `rank` of `world` sampling and training
-    prompts rank, rank + world, …; the main process measures each whole step by `core` (the
-    split from head-mode scores of dimension `split_k`, one process only) and returns what it
+    """One step for each prompt list of `steps`, process r of W (`core.place`) sampling and
+    training prompts r, r + W, …; the main process measures each whole step by `core` (the split
+    from head-mode scores of dimension `split_k`, one process only) and returns what it
     logged."""
     caught = GenerationStats(model, tau)  # log p and Σπ² of the sampling forwards
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    rank, world = core.place.rank, core.place.world_size
     logged = []
     for step, prompts in enumerate(steps, 1):
         mine = [
             sample_group(model, tokenizer, caught, prompts[i], tau, 1000 * step + i, world > 1)
             for i in range(rank, len(prompts), world)
         ]
-        every = gathered(mine, world)
-        if rank == 0:
+        shares = core.gather(step, mine.copy) if core.enabled else None  # [W][groups]
+        if shares is not None and core.place.is_main:
+            every = [shares[i % world][i // world] for i in range(len(prompts))]  # prompt order
             batch = step_batch(prompts, every, step, tau)
             scores = None
             if split_k is not None:  # the split's scores: the weights that sampled the batch
                 model.eval()
                 scores = token_scores(model, batch, "head", split_k, 0).proj
                 model.train()
-            metrics = core.measure(batch, step, scores)
+            core.submit(batch, step, scores)  # measured beside the backward pass
         loss = sum(group_loss(model, g, tau) for g in mine) / (N * len(mine) * MAX_NEW)
         optimizer.zero_grad()
         loss.backward()  # under FSDP: the mean over the processes, reduce-scattered
@@ -170,6 +160,7 @@ def plain_loop(
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP
         optimizer.step()
         core.add_grad_norm(step, grad_norm)
-        if rank == 0:
-            logged.append(Step(core.finish(step, metrics), grad_norm))
+        collected = core.collect()  # the main process's measured step; an error is raised
+        if collected is not None:
+            logged.append(Step(collected[1], grad_norm))
     return logged
