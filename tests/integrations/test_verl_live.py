@@ -36,7 +36,7 @@ from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index, returns_to_go
-from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
     draw_estimates,
@@ -256,7 +256,8 @@ def test_equal_rewards_give_otb_no_split_signal() -> None:
         assert split[f"otb/split/otb/{name}"] == split[f"otb/split/grpo/{name}"] == 0.0, name
     for name in ("within_share", "snr"):
         assert all(np.isnan(split[f"otb/split/{b}/{name}"]) for b in baselines), name
-    assert split["otb/split/otb/noise_scale"] == split["otb/split/grpo/noise_scale"] == np.inf
+    noise_scales = [split[f"otb/split/{b}/{ONE_STEP_NOISE_SCALE}"] for b in baselines]
+    assert noise_scales == [np.inf, np.inf]
     tail = split_metrics(batch, scores, baselines, "token-mean")  # zero tail on
     assert tail["otb/split/otb/within"] > 0 and tail["otb/split/grpo/within"] == 0.0
 
