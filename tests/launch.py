@@ -1,7 +1,8 @@
 """Launching otb-diag or a script on several gloo processes with torchrun (CPU), for the
 tests that check what several processes do: tests/runtime/test_torchrun.py (the commands),
-tests/integrations/test_trl_processes.py (TRL's trainers with `attach`) and
-tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP). Every script it
+tests/integrations/test_trl_processes.py (TRL's trainers with `attach`),
+tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP) and
+tests/integrations/test_live_sharded.py (the live core under FSDP2). Every script it
 launches joins and leaves the group through `otb_diag.runtime.torchrun.session`, as otb-diag
 does: a rank that tears gloo down on its own can abort after its work is done."""
 
@@ -13,7 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import otb_diag
+
 BIN = Path(sys.executable).parent / "otb-diag"
+ROOT = Path(otb_diag.__file__).resolve().parents[1]  # the repository the tests import
 
 
 def torchrun(
@@ -29,6 +33,9 @@ def torchrun(
     # ambiguous abbreviation of its own --nnodes/--nproc-per-node.
     cmd += ["--", str(script)] if script else ["--no-python", "--", str(BIN)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OTB_DIAG_DIST_TIMEOUT_S": "120"}
+    # The launched processes import the otb_diag this one imports: a git worktree's, not the
+    # folder the editable install points at (its finder comes after PYTHONPATH's entries).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
     # so a failure in CI says where that rank was.
     env["PYTHONFAULTHANDLER"] = "1"

@@ -11,7 +11,11 @@ inside `generate`, keeps per step
     log p_t = log π_t(y_t)                                 `[B]`, y_t read at the next step
 
 (y_t is the next forward's input; the last one from `generate`'s output), in fp32 whatever
-autocast the forward ran under. That is `O(B · V)` a token beside the forward's `O(params)`:
+autocast the forward ran under. Under `synced_gpus` (transformers' default for a model sharded
+by FSDP or DeepSpeed ZeRO-3 over several processes) a process whose rows have all ended goes on
+running forwards, appending no token, until every process's have: those steps lie past its
+tokens and are cut off (the first of them still reads the last token's log p, its input being
+that token). That is `O(B · V)` a token beside the forward's `O(params)`:
 the extra no-grad forward it replaces cost 15–40 % of a step (issue 40).
 
 The processed scores a logits processor would see come after `generate`'s warpers (top-k,
@@ -41,6 +45,7 @@ class GenerationStats:
     def __init__(self, model: nn.Module, temperature: float) -> None:
         self.tau = float(temperature)
         self._steps: list[tuple[Tensor, Tensor | None]] | None = None  # (Σπ², log p of y_{t−1})
+        self._prompt_width = 0  # the first forward's input: the tokens before the generated ones
         self._last: Tensor | None = None  # [B, V] log π of the latest step
         self._taken: tuple[Tensor, Tensor] | None = None
         model.register_forward_hook(self._hook, with_kwargs=True)
@@ -76,6 +81,8 @@ class GenerationStats:
             return
         with no_autocast(logits.device):
             log_pi = torch.log_softmax(logits[:, -1].float() / self.tau, dim=-1)  # [B, V]
+        if not self._steps:
+            self._prompt_width = ids.shape[1]
         previous = None
         if self._last is not None:  # y_{t−1} is this forward's last input token
             previous = self._last.gather(1, ids[:, -1:])[:, 0]
@@ -83,15 +90,17 @@ class GenerationStats:
         self._last = log_pi
 
     def _finish(self, output: Any) -> tuple[Tensor, Tensor] | None:
-        """`(log p, Σπ²)` `[B, C]` on the CPU, C the steps run; the last token's log p from
-        the returned sequences."""
+        """`(log p, Σπ²)` `[B, C]` on the CPU, C the tokens generated (the steps run, less a
+        synced process's steps past its tokens); the last token's log p from the next step's
+        input, or without one from the returned sequences."""
         sequences = output if isinstance(output, Tensor) else getattr(output, "sequences", None)
         if not self._steps or self._last is None or sequences is None:
             return None
+        generated = sequences.shape[1] - self._prompt_width
         last = self._last.gather(1, sequences[:, -1:].to(self._last.device))[:, 0]
-        logps = [lp for _, lp in self._steps[1:]] + [last]
-        sum_pi2 = torch.stack([s for s, _ in self._steps], 1)
-        return torch.stack(logps, 1).cpu(), sum_pi2.cpu()
+        logps = torch.stack([lp for _, lp in self._steps[1:]] + [last], 1)[:, :generated]
+        sum_pi2 = torch.stack([s for s, _ in self._steps], 1)[:, :generated]
+        return logps.cpu(), sum_pi2.cpu()
 
     def taken(self) -> tuple[Tensor, Tensor] | None:
         """The last `generate` call's `(log p, Σπ²)` `[B, C]`, once; None when there is none."""

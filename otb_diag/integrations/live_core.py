@@ -1,40 +1,79 @@
 """The trainer-neutral core of the live diagnostics: one step's rows in, its `otb/` metrics out.
 
 Every live adapter (TRL's `attach`, verl's `BudgetTracker`, a plain PyTorch loop:
-tests/integrations/test_live_core.py) translates its trainer's hooks, rows, groups and logger,
+tests/integrations/plain_loop.py) translates its trainer's hooks, rows, groups and logger,
 and hands each measured step to one `LiveCore`, which holds everything else:
 
+    gather(step, rows)             every process's rows of the step, in process order (one
+                                   collective; `[rows()]` on one process), or None where the
+                                   diagnostics stop (below)
     measure(batch, step, scores)   the step's metrics (`step_metrics.py:step_and_split_metrics`:
                                    energy, proxies, audit, and the split where scores are
-                                   given) and its dump; pure but for the dump, so an adapter
-                                   may run it on a worker thread
+                                   given) and its dump; pure but for the dump
+    submit(batch, step, scores)    `measure` on the core's worker thread, beside the trainer's
+    collect(pooled_too)            backward pass and optimizer step; `collect`, at the step's
+                                   end, waits for it and `finish`es the step
     finish(step, metrics)          the collapse watch (`collapse_watch.py`), the split pooled
                                    over the steps (`maths/variance/budget_stream.py`), the
                                    full record (`metric_levels.py:FullRecord`); every metric
     logged(metrics)                what the dashboard gets at the run's level (`metric_levels`)
     add_grad_norm(step, value)     the trainer's gradient norm, for the collapse watch
+    guard(step, fn, ...)           `fn`, an error in it said once (`fail`) instead of raised
+
+With several processes, each collects its rows of the step and every one calls `gather` at the
+same point of the step; the main process measures the whole step and writes its dump. The
+diagnostics stop at an error (`fail`: said once, naming the step and the process), never the
+training: on one process at once; with several, the failing process hands its error over at the
+next gather, where every process stops together (one that stopped alone would leave the others
+waiting at the gather).
 
 Its memory is the same whatever the run's length: the watch's windows, the pools' window of step
-tuples and moments, the last step's metrics.
+tuples and moments, the last step's metrics, one step's rows and metrics in flight.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
+from otb_diag.errors import InputError
 from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.dump import dump_step
 from otb_diag.integrations.metric_levels import FullRecord, logged_at
 from otb_diag.integrations.step_metrics import PREFIX, split_baselines, step_and_split_metrics
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.variance.budget_stream import DECAY, WINDOW, BudgetPools
+from otb_diag.runtime.torchrun import Dist
 
 # The variance series of the collapse watch: the proxy `dynamics` reads as `proxy2` of a log.
 WATCHED_PROXY = f"{PREFIX}proxy/grpo/proxy2_total_power"
+R = TypeVar("R")  # an adapter's rows of a step on one process
+
+
+def describe(error: Exception) -> str:
+    """The sentence a warning gives of `error`: an `InputError`'s own, else its type and text."""
+    return str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+
+
+@dataclass
+class Share(Generic[R]):
+    """What one process hands over at a step's gather."""
+
+    rows: R | None  # its rows of the step; None after an error on this process
+    error: str | None  # the error that stopped this process's diagnostics
+    dump_dir: Path | None  # the dump directory it was given (the main process writes the dump)
+
+
+def gather_shares(share: Share[R], place: Dist) -> list[Share[R]]:
+    """Every process's share, in process order (`Dist.all_gather`, that is
+    `torch.distributed.all_gather_object`: pickled, any shapes); `[share]` with one process."""
+    return place.all_gather(share)
 
 
 class LiveCore:
@@ -44,7 +83,8 @@ class LiveCore:
     known; baselines: those whose proxies are logged (None: the registry's defaults);
     aggregation: how the trainer's loss averages per-token terms (`maths/aggregation.py`);
     level: `metric_levels.LEVELS`; record_dir: where `otb_metrics.jsonl` goes (None: nowhere);
-    dump_dir: where each measured step is dumped as rollouts (None: not dumped)."""
+    dump_dir: where each measured step is dumped as rollouts (None: not dumped; the main
+    process's is used); place: this process's rank among the trainer's processes."""
 
     def __init__(
         self,
@@ -57,6 +97,7 @@ class LiveCore:
         dump_dir: Path | None = None,
         window: int = WINDOW,
         decay: float = DECAY,
+        place: Dist | None = None,
     ) -> None:
         self.audited = audited
         self.baselines = baselines
@@ -68,6 +109,82 @@ class LiveCore:
         self.watch = CollapseWatch()
         self.budget = BudgetPools(PREFIX, window, decay)  # `otb/budget/...`
         self.last: dict[str, float] = {}  # the latest step's metrics (for a user's own use)
+        self.place = place or Dist()  # one process by default
+        self.enabled = True
+        self.error: str | None = None  # this process's error, not yet handed over
+        self._dirs_checked = False
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
+        self._job: tuple[int, Future, dict[str, float]] | None = None
+
+    # -- errors and processes ----------------------------------------------------------------
+
+    def guard(self, step: int, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` (for step `step`); on any error, `fail` (the training goes on)."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001  the training must not die of a diagnostic
+            self.fail(step, describe(e))
+
+    def fail(self, step: int, what: str) -> None:
+        """Say once that the diagnostics stop at `step`, and why. One process stops here;
+        with several, this one hands `what` over at the next gather, where all stop."""
+        if self.error is None:
+            where = f" (process {self.place.rank})" * (self.place.world_size > 1)
+            warnings.warn(
+                f"otb-diag live diagnostics switched off at step {step}{where}: {what}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.error = what
+        if self.place.world_size == 1:
+            self.enabled = False
+
+    def gather(self, step: int, rows: Callable[[], R]) -> list[R] | None:
+        """Every process's `rows()` of `step`, in process order, on every process; None where
+        the diagnostics stop: this process's error or another's (handed over here: every
+        process stops together) or the gather's own failure. A collective: every process calls
+        it at the same point of the step, even after its own error."""
+        mine = None
+        if self.error is None:
+            try:
+                mine = rows()
+            except Exception as e:  # noqa: BLE001  a forward can fail on one process
+                self.fail(step, describe(e))
+        try:
+            shares = gather_shares(Share(mine, self.error, self.dump_dir), self.place)
+        except Exception as e:  # noqa: BLE001  no agreement is possible without the group
+            self.fail(step, f"the step's rows could not be gathered ({describe(e)})")
+            self.enabled = False
+            return None
+        if any(s.error is not None for s in shares):
+            self.enabled = False  # every process, together (the failing one has said why)
+            return None
+        if self.place.is_main:
+            self._check_dump_dirs(shares)
+        return [s.rows for s in shares]  # type: ignore[misc]  no error: every share has rows
+
+    def _check_dump_dirs(self, shares: Sequence[Share]) -> None:
+        """Warn once where another process was given a dump directory that is not the main
+        process's: the main process writes every process's rows, to its own `dump_dir`."""
+        if self._dirs_checked:
+            return
+        self._dirs_checked = True
+        other = {
+            i: s.dump_dir
+            for i, s in enumerate(shares)
+            if s.dump_dir is not None and s.dump_dir != self.dump_dir
+        }
+        if other:
+            given = ", ".join(f"process {i}: {d}" for i, d in other.items())
+            main = self.dump_dir or "none, so nothing is dumped"
+            warnings.warn(
+                f"otb-diag: the main process writes the dump of every process's rows, to its "
+                f"own dump_dir ({main}); the dump_dir given elsewhere ({given}) is not used.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    # -- a step's metrics ----------------------------------------------------------------------
 
     def measure(
         self, batch: ResponseBatch, step: int, scores: Tensor | None = None
@@ -79,6 +196,35 @@ class LiveCore:
         if self.dump_dir is not None:
             dump_step(self.dump_dir, batch, step, self.audited)
         return metrics
+
+    def submit(
+        self,
+        batch: ResponseBatch,
+        step: int,
+        scores: Tensor | None = None,
+        known: Mapping[str, float] | None = None,
+    ) -> None:
+        """`measure` on the core's worker thread, while the trainer's backward pass and
+        optimizer step run (torch's kernels release the GIL); `known`: metrics the adapter
+        already has, joined to the measured ones. `collect` at the step's end takes them."""
+        job = self._worker.submit(self.measure, batch, step, scores)
+        self._job = (step, job, dict(known or {}))
+
+    @property
+    def measuring(self) -> int | None:
+        """The step submitted and not yet collected; None when there is none."""
+        return self._job[0] if self._job is not None else None
+
+    def collect(
+        self, pooled_too: Mapping[str, float] | None = None
+    ) -> tuple[int, dict[str, float]] | None:
+        """The submitted step and its every metric (`finish`, with `pooled_too`), once the
+        worker is done; None when none is waiting. Raises the worker's error."""
+        if self._job is None:
+            return None
+        step, job, known = self._job
+        self._job = None
+        return step, self.finish(step, job.result() | known, pooled_too)
 
     def add_grad_norm(self, step: int, value: float) -> None:
         self.watch.add_grad_norm(step, value)

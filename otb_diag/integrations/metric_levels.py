@@ -26,7 +26,9 @@ HEADLINE = (
     "otb_over_mean/proxy2_total_power",  # OTB's variance proxy over the mean baseline's
     "otb_over_mean/without_zero_tail/proxy2_total_power",  # the same without verl's zero tail
     "budget/{own}/window/within_share",  # the share of the noise within prompts, pooled
-    "budget/{own}/window/noise_scale",  # the knee in prompts a step, pooled, with its interval
+    # the knee in prompts a step pooled over the run's split steps, with its interval (not one
+    # step's, `split/<b>/one_step_noise_scale`, left to the full record)
+    "budget/{own}/window/noise_scale",
     "budget/{own}/window/noise_scale_low",
     "budget/{own}/window/noise_scale_high",
     "budget/{own}/window/resolved",  # 1 when |G|²'s interval lies above 0 (a knee is claimed)

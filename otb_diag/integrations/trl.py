@@ -6,16 +6,16 @@
 
 This module is TRL's adapter: its hooks and its logger. The rest lives in one module an idea:
 which trainers and TRL versions it takes (`trl_support.py`), a step's rows put back together
-from the micro-steps and gathered across processes (`trl_rows.py`), the trainer-neutral core
-that measures, pools, watches and records a step (`live_core.py`), OTB's advantages in place of
-TRL's (`trl_advantages.py`).
+from the micro-steps (`trl_rows.py`), the trainer-neutral core that gathers them across
+processes, measures on its worker thread, pools, watches and records a step (`live_core.py`),
+OTB's advantages in place of TRL's (`trl_advantages.py`).
 
 Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`; `rloo_trainer.py` has
 the same hooks):
 - the batch: `_generate_and_score_completions`' rows and `_calculate_rewards`' rewards, put
   back together from the micro-steps and, with several processes, gathered to the main one in
   process order: the whole batch, whole groups, one computation, one log entry, one dump file,
-  one step's rows in memory (`trl_rows.py`).
+  one step's rows in memory (`trl_rows.py`, `live_core.py:LiveCore.gather`).
 - Σπ² and log p: from the loss's own forward. TRL's fused LM head (`add_fused_lm_head`) computes,
   tile by tile, the per-token fields it is asked for; `attach` asks it for `log_sum_sq_probs`
   too, and reads `log_probs` and `log_sum_sq_probs` off the forward `_compute_loss` runs, at no
@@ -23,10 +23,10 @@ the same hooks):
   Liger's loss), one extra no-grad forward gives them (`policy/forward_pass.py:checkpoint_stats`);
   `otb/sum_pi2_from_loss_logits` says which (1 or 0).
 - the metrics: `step_metrics.py:step_metrics` (the functions of `otb-diag energy`), computed on
-  a worker thread while the step's backward pass and optimizer step run, then appended (at the
-  trainer's `on_step_end`, before it logs) to its own metric lists (`trainer._metrics["train"]`),
-  which TRL averages over the logging window and hands to every logger: `trainer_state.json`,
-  W&B, TensorBoard.
+  the core's worker thread while the step's backward pass and optimizer step run, then appended
+  (at the trainer's `on_step_end`, before it logs) to its own metric lists
+  (`trainer._metrics["train"]`), which TRL averages over the logging window and hands to every
+  logger: `trainer_state.json`, W&B, TensorBoard.
 - the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
 - the within/between split and SNR (`split_every`): per-token score vectors of the output layer
   (head mode, `policy/scores/token_scores.py:head_sketch`) from the hidden states of the loss's
@@ -52,7 +52,6 @@ import functools
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,7 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.integrations.ddp_noise import install_ddp_noise
 from otb_diag.integrations.dump import check_dump_dir
-from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.live_core import LiveCore, describe
 from otb_diag.integrations.metric_levels import check_level
 from otb_diag.integrations.split_capture import HiddenCatch
 from otb_diag.integrations.step_metrics import (
@@ -81,9 +80,7 @@ from otb_diag.integrations.trl_rows import (
     ROW_KEY,
     Pending,
     Rows,
-    Share,
     concat_rows,
-    gather_shares,
     local_rewards,
     no_grad_stats,
     policy,
@@ -104,12 +101,9 @@ from otb_diag.integrations.trl_support import (
 )
 from otb_diag.maths.estimators.registry import get_baseline, trainer_baseline
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.runtime.torchrun import Dist
 
 LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
-
-
-def _describe(error: Exception) -> str:
-    return str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
 
 
 class LiveDiagnostics:
@@ -121,9 +115,8 @@ class LiveDiagnostics:
 
     With several processes each one collects its share of the step's rows; once the micro-steps
     have trained on all of them (the same micro-step in every process), every process hands its
-    share over (`gather_shares`) and the main one computes, logs and dumps the whole step. A
-    process whose diagnostics fail says so at once and hands the error over at the next gather,
-    where every process stops together: one that stopped alone would leave the others waiting."""
+    share over (`LiveCore.gather`, which also stops every process together on an error) and the
+    main one computes, logs and dumps the whole step."""
 
     def __init__(
         self,
@@ -143,23 +136,17 @@ class LiveDiagnostics:
         self.extra_forward = extra_forward
         self.split_every = split_every  # 0: no split
         self.split_k = split_k
-        self.enabled = True
-        self._processes = trainer.accelerator.num_processes
-        self._main = trainer.accelerator.is_main_process
-        self._error: str | None = None  # this process's error, not yet handed over
-        self._dirs_checked = False
         self._pending: Pending | None = None
         self.rewards_per_func: Tensor | None = None  # TRL's `_calculate_rewards`, [B_all, F]
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
-        self._job: tuple[Pending, Future] | None = None
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
         loss_type = getattr(trainer, "loss_type", "")
         # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
         # (when its settings are the documented ones) and OTB; measured on the main process.
+        accelerator = trainer.accelerator
         self.core = LiveCore(
             trainer_baseline(supported.registry) if documented else None,
             baselines,
@@ -167,7 +154,13 @@ class LiveDiagnostics:
             level=level,
             record_dir=trainer.args.output_dir,
             dump_dir=dump_dir,
+            place=Dist(accelerator.process_index, accelerator.num_processes),
         )
+
+    @property
+    def enabled(self) -> bool:
+        """False once the diagnostics stopped (an error, said once; `LiveCore.fail`)."""
+        return self.core.enabled
 
     @property
     def audited(self) -> tuple[str, dict[str, Any]] | None:
@@ -189,7 +182,7 @@ class LiveDiagnostics:
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
         output = original(inputs)
         if self.enabled and self.trainer.model.training:
-            self._guard(self.trainer.state.global_step + 1, self._start, output)
+            self.core.guard(self.trainer.state.global_step + 1, self._start, output)
         return output
 
     def rewards(self, original: Callable[..., Tensor], *args: Any) -> Tensor:
@@ -209,7 +202,7 @@ class LiveDiagnostics:
         finally:
             captured, self._captured = self._captured, None
         if live:
-            self._guard(self._pending.step, self._take, inputs, rows, captured, hidden)
+            self.core.guard(self._pending.step, self._take, inputs, rows, captured, hidden)
         return loss
 
     def capture(self, output: Any) -> None:
@@ -222,31 +215,6 @@ class LiveDiagnostics:
             self.core.add_grad_norm(step, float(logs["grad_norm"]))
 
     # -- the work ----------------------------------------------------------------------------
-
-    def _guard(self, step: int, fn: Callable[..., None], *args: Any) -> None:
-        """Run `fn` (for step `step`); on any error, `_fail` (the training goes on untouched)."""
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001  the training must not die of a diagnostic
-            self._fail(step, _describe(e))
-
-    def _fail(self, step: int, what: str) -> None:
-        """Say once that the diagnostics stop at `step`, and why. One process stops here;
-        with several, this one hands `what` over at the next gather, where all stop."""
-        if self._error is None:
-            where = f" (process {self.trainer.accelerator.process_index})" * (self._processes > 1)
-            warnings.warn(
-                f"otb-diag live diagnostics switched off at step {step}{where}: {what}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            self._error = what
-        if self._processes == 1:
-            self._switch_off()
-
-    def _switch_off(self) -> None:
-        self.enabled = False
-        self._pending = None
 
     def _start(self, output: dict[str, Any]) -> None:
         step = self.trainer.state.global_step + 1  # the step this batch trains (TRL's log step)
@@ -284,7 +252,7 @@ class LiveDiagnostics:
         p = self._pending
         assert p is not None
         rows = rows.cpu()
-        self._guard(p.step, self._keep, p, inputs, rows, captured, hidden)
+        self.core.guard(p.step, self._keep, p, inputs, rows, captured, hidden)
         p.seen[rows] = True  # even after an error: this process still comes to the gather
         if self.enabled and bool(p.seen.all()):
             self._pending = None
@@ -302,7 +270,7 @@ class LiveDiagnostics:
                         hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
                     )
                 except Exception as e:  # noqa: BLE001  the split alone stops
-                    self._drop_split(p, _describe(e))
+                    self._drop_split(p, describe(e))
             else:
                 p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
         if captured and p.from_loss:
@@ -315,25 +283,13 @@ class LiveDiagnostics:
     def _finish(self, p: Pending) -> None:
         """Every process, at the micro-step that trained the last of its rows (before that
         micro-step's backward pass): its share handed over; the main process measures."""
-        rows = None
-        if self._error is None:
-            try:
-                rows = self._local_rows(p)
-            except Exception as e:  # noqa: BLE001  an extra forward can fail on one process
-                self._fail(p.step, _describe(e))
-        try:
-            shares = gather_shares(Share(rows, self._error, self.dump_dir))
-        except Exception as e:  # noqa: BLE001  no agreement is possible without the group
-            self._fail(p.step, f"the step's rows could not be gathered ({_describe(e)})")
-            self._switch_off()
+        shares = self.core.gather(p.step, lambda: self._local_rows(p))
+        if shares is None:
             return
-        if any(s.error is not None for s in shares):
-            self._switch_off()  # every process, together (the failing one has said why)
-            return
-        if p.split and any(s.rows is not None and s.rows.scores is None for s in shares):
+        if p.split and any(rows.scores is None for rows in shares):
             self.split_every = 0  # a process dropped the split (it has said why): all drop it
-        if self._main:
-            self._guard(p.step, self._submit, p, shares)
+        if self.core.place.is_main:
+            self.core.guard(p.step, self._submit, p, shares)
 
     def _local_rows(self, p: Pending) -> Rows:
         """This process's rows of `p`, with log p and Σπ² from one extra forward where the
@@ -351,7 +307,7 @@ class LiveDiagnostics:
                 try:
                     rows.scores = split_scores(policy(self.trainer), own, self.split_k)
                 except Exception as e:  # noqa: BLE001  the split alone stops
-                    self._drop_split(p, _describe(e))
+                    self._drop_split(p, describe(e))
         return rows
 
     def _drop_split(self, p: Pending, what: str) -> None:
@@ -368,60 +324,36 @@ class LiveDiagnostics:
         self.split_every = 0
         p.split, p.scores = False, None
 
-    def _submit(self, p: Pending, shares: list[Share]) -> None:
-        """The main process: the step's batch from every process's rows, its tables computed
-        beside the backward pass and the optimizer step (torch's kernels release the GIL);
-        `collect`, at the step's end, logs them before TRL does."""
-        self._check_dump_dirs(shares)
-        rows = concat_rows([s.rows for s in shares if s.rows is not None])
+    def _submit(self, p: Pending, shares: list[Rows]) -> None:
+        """The main process: the step's batch from every process's rows, measured on the core's
+        worker thread beside the backward pass and the optimizer step; `collect`, at the step's
+        end, logs it before TRL does."""
+        rows = concat_rows(shares)
         batch = step_batch(self.trainer, p.step, rows)
         check_whole_groups(batch, f"TRL step {p.step}")
         scores = rows.scores
         if scores is not None:  # zero past each response (the caught ones span the completion)
             scores = scores[:, : batch.valid.shape[1]] * batch.valid[..., None]
-        self._job = (p, self._worker.submit(self.core.measure, batch, p.step, scores))
-
-    def _check_dump_dirs(self, shares: list[Share]) -> None:
-        """Warn once where another process was given a dump directory that is not the main
-        process's: the main process writes every process's rows, to its own `dump_dir`."""
-        if self._dirs_checked:
-            return
-        self._dirs_checked = True
-        other = {
-            i: s.dump_dir
-            for i, s in enumerate(shares)
-            if s.dump_dir is not None and s.dump_dir != self.dump_dir
-        }
-        if other:
-            given = ", ".join(f"process {i}: {d}" for i, d in other.items())
-            main = self.dump_dir or "none, so nothing is dumped"
-            warnings.warn(
-                f"otb-diag: the main process writes the dump of every process's rows, to its "
-                f"own dump_dir ({main}); the dump_dir given elsewhere ({given}) is not used.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        known = {f"{PREFIX}sum_pi2_from_loss_logits": float(p.from_loss)}
+        if self.swap is not None and self.swap.needs_energy:
+            known[EXTRA_FORWARD] = self.swap.took_forward
+        self.core.submit(batch, p.step, scores, known)
 
     def collect(self) -> None:
         """Log the step's metrics (the trainer's `on_step_end`, before its `log`)."""
-        if self._job is not None:
-            p, job = self._job
-            self._job = None
-            self._guard(p.step, self._log, p, job)
+        step = self.core.measuring
+        if step is not None:
+            self.core.guard(step, self._log)
 
-    def _log(self, p: Pending, job: Future) -> None:
-        metrics = job.result()  # the worker's error, if any, is raised here
-        metrics[f"{PREFIX}sum_pi2_from_loss_logits"] = float(p.from_loss)
+    def _log(self) -> None:
         # The all-parameter estimate joins the pools on the split's steps, which log the step's
         # P, N and L̄ (`dynamics` reading the log back pools the same rows).
         # They join the full record too; the trainer's log has them from `ddp_noise.py` itself.
         params = self.params.last if self.params is not None else {}
-        if self.swap is not None and self.swap.needs_energy:
-            metrics[EXTRA_FORWARD] = self.swap.took_forward
-        metrics = self.core.finish(p.step, metrics | params)
-        log_to_trl(
-            self.trainer, {k: v for k, v in self.core.logged(metrics).items() if k not in params}
-        )
+        collected = self.core.collect(params)  # the worker's error, if any, is raised here
+        if collected is not None:
+            logged = self.core.logged(collected[1])
+            log_to_trl(self.trainer, {k: v for k, v in logged.items() if k not in params})
 
     def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
         """log p and Σπ² `[B, T]` of the policy that sampled `batch`: those its advantages were

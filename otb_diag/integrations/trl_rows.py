@@ -1,5 +1,5 @@
-"""A TRL step's rows: put back together from the micro-steps that train on them, handed over
-across processes, and made the step's `ResponseBatch`.
+"""A TRL step's rows: put back together from the micro-steps that train on them, concatenated
+once every process has handed its share over, and made the step's `ResponseBatch`.
 
 TRL's `_generate_and_score_completions` returns `prompt_ids`, `completion_ids`,
 `completion_mask` and `advantages` of the process's share of the generation batch; the rewards
@@ -8,14 +8,14 @@ TRL slices its `process_slice`). TRL then shuffles the rows and splits them over
 gradient-accumulation micro-steps, so each row is tagged with its position (`ROW_KEY`) to put the
 share back together (`Pending`). TRL hands process r the rows [r·n, (r+1)·n) of its generation
 batch, whose groups are consecutive blocks of `num_generations` rows, so a group can straddle two
-processes: once a share is whole, every process hands it over (`gather_shares`) and the main
-process concatenates them in process order (`concat_rows`): the whole batch, whole groups."""
+processes: once a share is whole, every process hands it over (`live_core.py:LiveCore.gather`)
+and the main process concatenates them in process order (`concat_rows`): the whole batch, whole
+groups."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,23 +60,6 @@ class Rows:
     logprobs: Tensor  # [n, C'] (C' ≥ the longest response)
     sum_pi2: Tensor  # [n, C']
     scores: Tensor | None = None  # [n, T, k] the split's score vectors, on split steps
-
-
-@dataclass
-class Share:
-    """What one process hands over at a step's gather."""
-
-    rows: Rows | None  # None after an error on this process
-    error: str | None  # the error that stopped this process's diagnostics
-    dump_dir: Path | None  # the dump directory it was given (the main process writes the dump)
-
-
-def gather_shares(share: Share) -> list[Share]:
-    """Every process's share, in process order (accelerate's `gather_object`, that is
-    `torch.distributed.all_gather_object`: pickled, any shapes); `[share]` with one process."""
-    from accelerate.utils import gather_object
-
-    return gather_object([share])
 
 
 def concat_rows(parts: Sequence[Rows]) -> Rows:

@@ -87,7 +87,20 @@ def compute_otb_metrics(
     by `verl_scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
     on one process: head-mode scores of dimension `split_k` from one extra no-grad forward; the
     batch needs `prompts`); the last two give the same numbers."""
+    step, scores = step_and_scores(batch, temperature, model, scores, split_k)
     audited = audited_estimator(adv_estimator)
+    return step_and_split_metrics(step, audited, baselines, scores, loss_agg_mode)
+
+
+def step_and_scores(
+    batch: Any,
+    temperature: float | None = None,
+    model: Any = None,
+    scores: Tensor | None = None,
+    split_k: int = SPLIT_K,
+) -> tuple[ResponseBatch, Tensor | None]:
+    """The step's `ResponseBatch` of a verl batch and its split's scores `[B, T, k]` (None: no
+    split), as `compute_otb_metrics` takes them (its docstring)."""
     step = verl_batch(batch, temperature)
     if scores is None and model is None:
         scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
@@ -101,18 +114,22 @@ def compute_otb_metrics(
                 f"tokens; got shape {list(scores.shape)}.",
                 field="scores",
             )
-    return step_and_split_metrics(step, audited, baselines, scores, loss_agg_mode)
+    return step, scores
 
 
 class BudgetTracker:
     """`compute_otb_metrics` across a run's steps, on the live core every adapter shares
     (`live_core.py:LiveCore`): the split pooled over the steps, the collapse watch, the
-    dashboard's level and the full record. One per trainer, called where
+    dashboard's level, the full record and the worker thread. One per trainer, called where
     `compute_otb_metrics` would be, with its arguments:
 
         otb = BudgetTracker()                                     # in the trainer's __init__
         metrics.update(otb(batch, step, adv_estimator=..., model=...,
                            grad_norm=metrics.get("actor/grad_norm")))   # each step
+
+    or, to measure while verl's actor updates on its workers (the driver waits for them),
+    `otb.submit(...)` with the same arguments before `update_actor` and
+    `metrics.update(otb.collect())` after it.
 
     Its calls with a split (`scores` or `model`) add `otb/budget/<baseline>/<window|ema>/...`
     (`maths/variance/budget_stream.py`); `grad_norm` (verl's last logged `actor/grad_norm`)
@@ -145,12 +162,30 @@ class BudgetTracker:
     ) -> dict[str, float]:
         """`compute_otb_metrics(batch, **options)`, the collapse watch's and the pooled budget
         after this step, at the tracker's level."""
-        metrics = compute_otb_metrics(batch, **options)
+        self.submit(batch, step, grad_norm=grad_norm, **options)
+        return self.collect()
+
+    def submit(
+        self,
+        batch: Any,
+        step: int | None = None,
+        *,
+        grad_norm: float | None = None,
+        adv_estimator: str | None = DEFAULT_ESTIMATOR,
+        baselines: Sequence[str] | None = None,
+        loss_agg_mode: str = DEFAULT_LOSS_AGG,
+        **reading: Any,
+    ) -> None:
+        """The step's rows and scores read off `batch` on the caller's thread
+        (`step_and_scores`, `reading` its arguments; `model=`'s forward runs here, with the
+        weights that sampled the batch), its metrics measured on the core's worker thread;
+        `collect` takes them."""
+        rows, scores = step_and_scores(batch, **reading)
         if self.core is None:
             self.core = LiveCore(
-                audited_estimator(options.get("adv_estimator", DEFAULT_ESTIMATOR)),
-                options.get("baselines"),
-                options.get("loss_agg_mode", DEFAULT_LOSS_AGG),
+                audited_estimator(adv_estimator),
+                baselines,
+                loss_agg_mode,
                 level=self.level,
                 record_dir=self.record_dir,
                 window=self.window,
@@ -159,7 +194,13 @@ class BudgetTracker:
         at = step if step is not None else 0
         if grad_norm is not None:
             self.core.add_grad_norm(at, float(grad_norm))
-        return self.core.logged(self.core.finish(at, metrics))
+        self.core.submit(rows, at, scores)
+
+    def collect(self) -> dict[str, float]:
+        """The submitted step's metrics, the collapse watch's and the pooled budget, at the
+        tracker's level; {} when none was submitted. Raises the measuring's error."""
+        collected = self.core.collect() if self.core is not None else None
+        return self.core.logged(collected[1]) if collected is not None else {}
 
 
 def dump_batch(

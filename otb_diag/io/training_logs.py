@@ -18,8 +18,9 @@ declared in its module under `otb_diag/io/trainers/` (its signature and key map)
   `otb_diag.integrations.trl.attach` logged it.
 
 Every run becomes a DataFrame with the columns of `COLUMNS`, NaN (or None) where the log has
-no such key, then any `otb/...` metric the live diagnostics logged (docs/live.md), sorted by
-step; a step logged twice (a resumed run) keeps its last row.
+no such key, then any `otb/...` metric the live diagnostics logged (docs/live.md; one renamed
+since, the one-step noise scale, under today's name, `budget_stream.py:current_name`), sorted
+by step; a step logged twice (a resumed run) keeps its last row.
 `variance_proxy` holds verl's `proxy2_total_power` when the log has it and `proxy3_pure_noise`
 otherwise; `variance_proxy_kind` says which. proxy2 comes first because it is forward-only:
 proxy3 subtracts the squared gradient norm, so it moves with the very surge it should precede
@@ -47,6 +48,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.trainers import log_trainer
 from otb_diag.io.trainers.trl import OTB_RECORD, REWARD_KEY, TRL, trainer_state
 from otb_diag.maths.estimators.registry import families
+from otb_diag.maths.variance.budget_stream import current_name
 
 COLUMNS = (
     "step",
@@ -249,7 +251,7 @@ def _tidy(
     group_size = _constant(raw, "group_size")
     frame["group_size"] = float(group_size) if group_size is not None else np.nan
     live = {
-        key: pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=float)
+        current_name(key, OTB_PREFIX): pd.to_numeric(raw[key], errors="coerce").to_numpy(float)
         for key in raw.columns
         if str(key).startswith(OTB_PREFIX)
     }  # added at once: a live log has hundreds (one by one fragments the frame)

@@ -58,6 +58,33 @@ def test_generate_s_forwards_give_the_full_forward_s_statistics(autocast) -> Non
     assert bool((caught[0].exp().square() <= caught[1] + 1e-6).all())  # p² ≤ Σπ²
 
 
+def test_a_synced_process_s_steps_past_its_tokens_are_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under `synced_gpus` (FSDP, ZeRO-3) a process whose rows have all ended runs forwards
+    until every process's have, appending no token: here two more, as if another process were
+    still generating. The statistics cover the tokens generated, as without them."""
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()
+    stats = GenerationStats(model, TAU)
+    peers = iter([True, True])  # another process's rows still running for two more steps
+
+    def synced(this_peer_finished: bool, *_: object, **__: object) -> bool:
+        return next(peers, False) if this_peer_finished else True
+
+    monkeypatch.setattr(model, "_has_unfinished_sequences", synced)
+    prompts = torch.tensor([[14, 18, 10, 12, 8, 19]] * 2)  # "C:684=": 4 tokens, <end> the last
+    torch.manual_seed(0)
+    sequences = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                               do_sample=True, temperature=TAU, top_k=0, max_new_tokens=8,
+                               pad_token_id=0, synced_gpus=True)  # fmt: skip
+    logp, sum_pi2 = full_forward(model, sequences, prompts.shape[1])
+    caught = stats.taken()
+    assert caught is not None and sequences.shape[1] - prompts.shape[1] < 8  # ended early
+    assert caught[0].shape == caught[1].shape == logp.shape
+    torch.testing.assert_close(caught[0], logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(caught[1], sum_pi2, atol=1e-5, rtol=0)
+
+
 def test_beam_search_is_not_caught() -> None:
     """Beam search reorders its rows at every step: no statistics rather than wrong ones."""
     model = AutoModelForCausalLM.from_pretrained(default_checkpoint()).eval()

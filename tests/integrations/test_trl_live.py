@@ -30,9 +30,9 @@ from unwritten_figures import unwritten_figures
 from otb_diag.errors import InputError
 from otb_diag.integrations import live_core
 from otb_diag.integrations import trl as trl_integration
+from otb_diag.integrations.live_core import Share
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.trl import attach
-from otb_diag.integrations.trl_rows import Share
 from otb_diag.integrations.trl_support import LOSS_AGGREGATION
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
@@ -40,6 +40,7 @@ from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.variance.step_split import SPLIT
 from otb_diag.policy.scores.token_scores import token_scores
+from otb_diag.runtime.torchrun import Dist
 
 pytestmark = pytest.mark.external  # runs TRL
 runner = CliRunner()
@@ -376,12 +377,10 @@ def test_rloo_with_a_kl_penalty_is_not_audited(tmp_path: Path) -> None:
 def test_a_process_group_that_fails_to_gather_switches_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import otb_diag.integrations.trl as live
-
-    def broken(share: Share) -> list[Share]:
+    def broken(share: Share, place: Dist) -> list[Share]:
         raise RuntimeError("[gloo] Connection closed by peer (simulated)")
 
-    monkeypatch.setattr(live, "gather_shares", broken)
+    monkeypatch.setattr(live_core, "gather_shares", broken)
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     match = r"switched off at step 1: the step's rows could not be gathered \(RuntimeError: \[gloo"
@@ -396,18 +395,16 @@ def test_another_processs_error_stops_every_process_at_the_gather(
     """Process 1's diagnostics failed (its extra forward ran out of memory, say; it said so):
     it hands the error over at the step's gather, and this process, which had none, stops there
     too, quietly, so no process waits at a later gather for one that stopped."""
-    import otb_diag.integrations.trl as live
-
     handed: list[Share] = []
 
-    def gather(share: Share) -> list[Share]:
+    def gather(share: Share, place: Dist) -> list[Share]:
         handed.append(share)
         return [share, Share(None, "OutOfMemoryError: (simulated)", None)]
 
-    monkeypatch.setattr(live, "gather_shares", gather)
+    monkeypatch.setattr(live_core, "gather_shares", gather)
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
-    diagnostics._processes = 2  # as under torchrun with 2 processes
+    diagnostics.core.place = Dist(0, 2)  # as under torchrun with 2 processes
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
@@ -422,22 +419,20 @@ def test_the_main_processs_error_is_handed_over_at_the_next_gather(
     """The main process's tables fail at step 1 (after that step's gather): it says so at once,
     logs nothing more, and at step 2's gather hands the error over instead of its rows; every
     process stops there, and step 3 gathers nothing."""
-    import otb_diag.integrations.trl as live
-
     handed: list[Share] = []
 
-    def gather(share: Share) -> list[Share]:
+    def gather(share: Share, place: Dist) -> list[Share]:
         handed.append(share)
         return [share]
 
     def broken(*_: object, **__: object) -> dict:
         raise ValueError("planted")
 
-    monkeypatch.setattr(live, "gather_shares", gather)
+    monkeypatch.setattr(live_core, "gather_shares", gather)
     monkeypatch.setattr(live_core, "step_and_split_metrics", broken)
     trainer = toy_trainer(tmp_path / "run", 3)
     diagnostics = attach(trainer)
-    diagnostics._processes = 2
+    diagnostics.core.place = Dist(0, 2)
     with pytest.warns(RuntimeWarning, match=r"at step 1 \(process 0\): ValueError: planted"):
         trainer.train()
     assert [(s.rows is None, s.error) for s in handed] == [
@@ -464,24 +459,26 @@ def test_a_trl_whose_batch_lacks_a_field_is_named(tmp_path: Path) -> None:
     assert not diagnostics.enabled
 
 
-def test_a_dump_directory_given_to_another_process_is_named(tmp_path: Path) -> None:
-    """The main process writes the dump: another process's own directory is named, once; one
-    given none (`dump_dir=... if rank == 0 else None`) is fine."""
-    trainer = toy_trainer(tmp_path / "run", 1)
+def test_a_dump_directory_given_to_another_process_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main process writes the dump: another process's own directory is named at the
+    gather, once; one given none (`dump_dir=... if rank == 0 else None`) is fine."""
     main, elsewhere = tmp_path / "main", tmp_path / "elsewhere"
-    diagnostics = attach(trainer, dump_dir=main)
-    shares = [Share(None, None, main), Share(None, None, None), Share(None, None, elsewhere)]
+    others = [Share("rows 1", None, None), Share("rows 2", None, elsewhere)]
+    monkeypatch.setattr(live_core, "gather_shares", lambda share, place: [share, *others])
+    diagnostics = attach(toy_trainer(tmp_path / "run", 1), dump_dir=main)
     match = re.escape(
         f"own dump_dir ({main}); the dump_dir given elsewhere (process 2: {elsewhere})"
     )
     with pytest.warns(RuntimeWarning, match=match):
-        diagnostics._check_dump_dirs(shares)
+        assert diagnostics.core.gather(1, lambda: "rows 0") == ["rows 0", "rows 1", "rows 2"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        diagnostics._check_dump_dirs(shares)  # said once
+        diagnostics.core.gather(2, lambda: "rows 0")  # said once
     alone = attach(toy_trainer(tmp_path / "other", 1))  # the main process was given none
     with pytest.warns(RuntimeWarning, match="own dump_dir \\(none, so nothing is dumped\\)"):
-        alone._check_dump_dirs([Share(None, None, None), Share(None, None, elsewhere)])
+        alone.core.gather(1, lambda: "rows 0")
 
 
 def test_the_extra_forward_gives_what_energys_forward_gives(tmp_path: Path) -> None:

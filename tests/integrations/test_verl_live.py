@@ -9,6 +9,7 @@ variance-compare's draws, and 0 under OTB at a step whose groups all have equal 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
+from otb_diag.integrations import live_core
 from otb_diag.integrations.collapse_watch import CollapseWatch
 from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.verl import (
@@ -34,7 +36,7 @@ from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.returns import group_index, returns_to_go
-from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
     draw_estimates,
@@ -254,7 +256,8 @@ def test_equal_rewards_give_otb_no_split_signal() -> None:
         assert split[f"otb/split/otb/{name}"] == split[f"otb/split/grpo/{name}"] == 0.0, name
     for name in ("within_share", "snr"):
         assert all(np.isnan(split[f"otb/split/{b}/{name}"]) for b in baselines), name
-    assert split["otb/split/otb/noise_scale"] == split["otb/split/grpo/noise_scale"] == np.inf
+    noise_scales = [split[f"otb/split/{b}/{ONE_STEP_NOISE_SCALE}"] for b in baselines]
+    assert noise_scales == [np.inf, np.inf]
     tail = split_metrics(batch, scores, baselines, "token-mean")  # zero tail on
     assert tail["otb/split/otb/within"] > 0 and tail["otb/split/grpo/within"] == 0.0
 
@@ -299,6 +302,33 @@ def test_the_budget_tracker_pools_the_split_across_calls() -> None:
     assert not any(k.startswith("otb/budget/") for k in tracker(verl_shaped(seed=9)))
     few = BudgetTracker(metrics="default")(verl_shaped(seed=1), 1, scores=scores)
     assert 0 < len(few) <= 20 and "otb/budget/grpo/window/resolved" in few
+
+
+def test_the_budget_tracker_measures_while_the_caller_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`submit` reads the batch and returns while the live core's worker thread measures it
+    (verl's actor update runs meanwhile); `collect` then gives what one call gives."""
+    fields = verl_shaped(seed=5)
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(5))
+    expected = BudgetTracker()(fields, 1, scores=scores, grad_norm=2.0)
+    released, threads = threading.Event(), []
+    measure = live_core.step_and_split_metrics
+
+    def held(*args: object, **kwargs: object) -> dict[str, float]:
+        threads.append(threading.current_thread().name)
+        assert released.wait(timeout=60), "submit waited for the measuring"
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(live_core, "step_and_split_metrics", held)
+    tracker = BudgetTracker()
+    assert tracker.collect() == {}  # nothing submitted
+    tracker.submit(fields, 1, scores=scores, grad_norm=2.0)
+    released.set()  # the caller goes on; the worker was waiting for it
+    out = tracker.collect()
+    assert len(threads) == 1 and threads[0].startswith("otb-diag")
+    assert out.keys() == expected.keys() and _nan_equal(out, expected)
+    assert tracker.collect() == {}  # collected once
 
 
 def _nan_equal(a: dict, b: dict) -> bool:

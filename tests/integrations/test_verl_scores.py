@@ -20,6 +20,7 @@ from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED
 from otb_diag.integrations.verl import compute_otb_metrics, verl_batch
 from otb_diag.integrations.verl_scores import OTB_SCORES, forward_scores
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE
 from otb_diag.maths.variance.step_split import SPLIT
 from otb_diag.policy.scores.token_scores import token_scores
 
@@ -64,8 +65,8 @@ def assert_same_split(ours: dict, theirs: dict, prompts: int) -> None:
     """The same metrics, the split's to float32 rounding of the two forwards' scores (they pad
     the rows differently, so hidden states differ in the last bits): `within`, `between`,
     `total` and `within_share` relative 1e-6; `grad_sq = |ḡ|² − total/P`, a difference of two
-    terms, to 1e-6 of their size; `noise_scale` and `snr`, its ratios to `total`, to the
-    relative error that carries."""
+    terms, to 1e-6 of their size; the one-step noise scale and `snr`, its ratios to `total`, to
+    the relative error that carries."""
     assert ours.keys() == theirs.keys()
     split = [k for k in ours if k.startswith("otb/split/") and k.count("/") == 3]
     for key in [k for k in ours if k not in split]:  # the split's step shape too (P, N, L̄)
@@ -82,7 +83,7 @@ def assert_same_split(ours: dict, theirs: dict, prompts: int) -> None:
         assert got["grad_sq"] == pytest.approx(want["grad_sq"], abs=1e-6 * terms), b
         # grad_sq's relative error (an exact 0, grpo's |G|² on some batches: exact ratios)
         carried = 1e-6 * terms / abs(want["grad_sq"]) + 1e-6 if want["grad_sq"] else 0.0
-        for name in ("snr", "noise_scale"):  # P |G|² / total, total / |G|² (inf if |G|² ≤ 0)
+        for name in ("snr", ONE_STEP_NOISE_SCALE):  # P |G|² / total, total / |G|² (inf if ≤ 0)
             assert got[name] == pytest.approx(want[name], rel=carried), (b, name)
     assert all(ours[f"otb/split/{b}/within"] > 0 for b in ("otb",)), "a split with something in it"
 

@@ -17,7 +17,7 @@ from small_runs import dynamics, report
 
 from otb_diag.errors import InputError
 from otb_diag.io.training_logs import read_training_log
-from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 
@@ -153,6 +153,18 @@ def test_dynamics_on_the_real_run_gives_its_live_pools_back(tmp_path: Path) -> N
         "a step); you train with 8 prompts a step"
     )
     assert "the knee is at least 45.6 prompts" in grpo.sentence and not grpo.window["resolved"]
+
+
+def test_a_log_from_before_the_rename_reads_under_today_s_names() -> None:
+    """The real run's log, written when one step's noise scale was `otb/split/<b>/noise_scale`,
+    reads with it under today's name, every value as logged; the pooled knee keeps its name."""
+    state = json.loads(SMOLLM2_RUN.read_text())
+    old = "otb/split/otb/noise_scale"
+    logged = {e["step"]: e[old] for e in state["log_history"] if old in e}
+    frame = read_training_log(SMOLLM2_RUN).frame.set_index("step")
+    assert len(logged) > 20 and old not in frame
+    assert frame[f"otb/split/otb/{ONE_STEP_NOISE_SCALE}"].dropna().to_dict() == logged
+    assert frame["otb/budget/otb/window/noise_scale"].notna().any()
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)

@@ -10,6 +10,9 @@ In (a step's logged metrics, keys under a prefix such as `otb/`):
     split/prompts, split/group_size,             the step's P, N and mean response tokens L̄
     split/mean_response_tokens                   (`STEP_SHAPE`), shared by every name
 
+The step's own ratios (`split/<name>/within_share`, `snr` and `ONE_STEP_NOISE_SCALE`,
+`step_split.py`) are not pooled: the pools' ratios are ratios of the pooled terms.
+
 Out, for every name pooled so far: `budget/<name>/<pool>/<field>` with `<pool>` `window` (the
 last `window` split steps) or `ema` (decay `decay` a split step), `<field>` a `pooling.Pooled`
 field or `resolved` (1 or 0).
@@ -26,6 +29,12 @@ SPLIT = "split/"
 BUDGET = "budget/"
 STEP_SHAPE = ("prompts", "group_size", "mean_response_tokens")  # P, N, L̄ of the step
 POOLS = ("window", "ema")
+# One step's noise scale B = total / |G|² is logged as `split/<name>/one_step_noise_scale`, so
+# that it does not read as the pooled knee beside it, `budget/<name>/<pool>/noise_scale` (on a
+# dashboard both were once `noise_scale`). Logs written before name it as `RENAMED` says;
+# `current_name` reads them under today's name.
+ONE_STEP_NOISE_SCALE = "one_step_noise_scale"
+RENAMED = {"noise_scale": ONE_STEP_NOISE_SCALE}  # a split field's former name -> its name
 WINDOW = 100  # split steps in the window
 DECAY = 0.95  # the EMA's weight per split step: n_eff → (1 + β)/(1 − β) = 39 steps
 
@@ -64,6 +73,17 @@ class BudgetPools:
         if out:
             self.last_step = step
         return out
+
+
+def current_name(key: str, prefix: str) -> str:
+    """`key` of a logged metric under today's name: `<prefix>split/<name>/<field>` with `field`
+    a former name of `RENAMED` renamed, any other key as it is. Read from the key's end, as
+    `split_names` reads it (a name may hold "/")."""
+    split = prefix + SPLIT
+    head, _, field = key.rpartition("/")
+    if key.startswith(split) and len(head) > len(split) and field in RENAMED:
+        return f"{head}/{RENAMED[field]}"
+    return key
 
 
 def split_names(keys: Iterable[str], split: str, fields: tuple[str, ...] = ("total",)) -> list[str]:

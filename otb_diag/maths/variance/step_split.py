@@ -19,7 +19,10 @@ weights `w ρ²`), with no factor ρ of their own. With `m_p = ĝ_p` and
     between      = S_m − within            E S_m = between + within
     total        = within + between = S_m  tr Σ; the step's own variance is total / P
     |G|²         = ‖m̄‖² − S_m / P           unbiased: E‖m̄‖² = |G|² + tr Σ / P
-    within_share = within / total,  noise_scale B = total / |G|²,  snr = P · |G|² / total
+    within_share = within / total,  one_step_noise_scale = total / |G|²,  snr = P · |G|² / total
+
+(the noise scale named for the one step it rests on, `budget_stream.py`'s `ONE_STEP_NOISE_SCALE`:
+the run's knee is the noise scale pooled over its steps, `pooling.py`).
 
 These are `noise_scale.decompose`'s estimates, the N responses of a prompt taken as N draws of a
 one-response estimate from an infinite pool (fresh samples: no pool correction), its `within` then
@@ -27,15 +30,15 @@ divided by N; the rounding floor of `|G|²` is decompose's. An advantage `A = G 
 `ROUNDOFF_ULPS` ulps of `|G|` and `|B|` (`without_rounding`) is the rounding of that difference,
 not signal, and counts as 0: a step whose groups all have equal rewards then gives `within =
 between = |G|² = 0` under OTB (`B = Σ W G / (Σ W + ε)`, an ulp off `G`) as under `mean`, its ratios
-undefined (`noise_scale` inf, `within_share` and `snr` 0/0), as decompose treats an unresolved
-`|G|²`. Two advantages of OTB's there are not rounding and stay: `A = G` on the zero tail of a
-group's strictly longest member (`B = 0`), and `A = G ε / (Σ W + ε)` where the group's `Σ W_t` is
-small enough for verl's `ε = 1e-8` to count (1e-4 of `G` at `Σ W_t = 1e-4`, a first token every
-response is near-certain of). `within` is exact for a baseline independent of the group's rewards
-(`none`: the `x_i` of a prompt are independent draws) and first-order for the group baselines
-(mean, grpo, OTB), whose baseline ties a group's `x_i` together, as for `noise_scale.py`'s pool
-corrections. Every term is a trace, computed in the projected space of the scores
-(`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios. Prompts are the samples of
+undefined (`one_step_noise_scale` inf, `within_share` and `snr` 0/0), as decompose treats an
+unresolved `|G|²`. Two advantages of OTB's there are not rounding and stay: `A = G` on the zero
+tail of a group's strictly longest member (`B = 0`), and `A = G ε / (Σ W + ε)` where the group's
+`Σ W_t` is small enough for verl's `ε = 1e-8` to count (1e-4 of `G` at `Σ W_t = 1e-4`, a first
+token every response is near-certain of). `within` is exact for a baseline independent of the
+group's rewards (`none`: the `x_i` of a prompt are independent draws) and first-order for the group
+baselines (mean, grpo, OTB), whose baseline ties a group's `x_i` together, as for
+`noise_scale.py`'s pool corrections. Every term is a trace, computed in the projected space of the
+scores (`E[(Sx)·(Sy)] = x·y`); the projection cancels in the ratios. Prompts are the samples of
 `between` and `|G|²`: with the few prompts of one step they are noisy, so read them over many
 steps.
 """
@@ -47,7 +50,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.maths.aggregation import aggregation_weights
-from otb_diag.maths.variance.budget_stream import STEP_SHAPE
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, STEP_SHAPE
 from otb_diag.maths.variance.noise_scale import (
     ROUNDOFF_ULPS,
     PromptMoments,
@@ -55,8 +58,8 @@ from otb_diag.maths.variance.noise_scale import (
     signal_and_noise,
 )
 
-# What `step_split` returns, in order (`noise_scale.decompose`'s names).
-SPLIT = ("within", "between", "total", "grad_sq", "within_share", "noise_scale", "snr")
+# What `step_split` returns, in order (`noise_scale.decompose`'s names but the noise scale's).
+SPLIT = ("within", "between", "total", "grad_sq", "within_share", ONE_STEP_NOISE_SCALE, "snr")
 
 
 def without_rounding(advantages: Tensor, returns: Tensor) -> Tensor:
@@ -107,6 +110,7 @@ def step_split(contributions: Tensor, group: Tensor) -> dict[str, float]:
     with np.errstate(divide="ignore", invalid="ignore"):  # P = 1: no spread between prompts
         terms = decompose(one_response)  # within of one response; between, |G|² as above
         estimates = signal_and_noise(terms["within"] / n, terms["between"], terms["grad_sq"], p)
+    estimates[ONE_STEP_NOISE_SCALE] = estimates["noise_scale"]  # the name says: one step's
     return {name: float(estimates[name][0]) for name in SPLIT}
 
 

@@ -9,7 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from otb_diag.maths.variance.budget_stream import POOLS, BudgetPools
+from otb_diag.maths.variance.budget_stream import (
+    ONE_STEP_NOISE_SCALE,
+    POOLS,
+    BudgetPools,
+    current_name,
+)
 from otb_diag.maths.variance.pooling import EmaPool, WindowPool
 
 
@@ -23,7 +28,7 @@ def step(rng: np.random.Generator) -> dict[str, float]:
         "otb/split/grpo/between": t - w,
         "otb/split/grpo/total": t,
         "otb/split/grpo/grad_sq": g,
-        "otb/split/grpo/noise_scale": t / g,
+        f"otb/split/grpo/{ONE_STEP_NOISE_SCALE}": t / g,  # a step's own ratio: not pooled
         "otb/split/params/total": 10 * t,
         "otb/split/params/grad_sq": 10 * g + rng.normal(),
         "otb/energy/sequence_mean": 3.0,
@@ -76,3 +81,23 @@ def test_the_prefix_is_the_callers(prefix: str) -> None:
     metrics = {prefix + k.removeprefix("otb/"): v for k, v in step(rng).items()}
     out = BudgetPools(prefix).update(metrics)
     assert f"{prefix}budget/grpo/window/noise_scale" in out
+
+
+def test_a_former_name_of_a_split_field_reads_as_today_s() -> None:
+    """One step's noise scale was logged as `split/<name>/noise_scale`, which read as the pooled
+    knee beside it: a log of then reads under today's name, from the key's end (a name may hold
+    "/"); the pooled knee, the step's shape and every other key stay as they are."""
+    renamed = {
+        "otb/split/grpo/noise_scale": f"otb/split/grpo/{ONE_STEP_NOISE_SCALE}",
+        "otb/split/org/base:v2/noise_scale": f"otb/split/org/base:v2/{ONE_STEP_NOISE_SCALE}",
+    }
+    kept = [
+        "otb/budget/grpo/window/noise_scale",
+        "otb/split/grpo/within_share",
+        f"otb/split/grpo/{ONE_STEP_NOISE_SCALE}",
+        "otb/split/prompts",
+        "otb/split/noise_scale",  # no estimator's name: no split field
+        "noise_scale",
+    ]
+    assert {k: current_name(k, "otb/") for k in renamed} == renamed
+    assert [current_name(k, "otb/") for k in kept] == kept

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from otb_diag.maths.estimators.otb import otb_baseline
+from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE
 from otb_diag.maths.variance.noise_scale import ROUNDOFF_ULPS
 from otb_diag.maths.variance.step_split import (
     response_contributions,
@@ -36,7 +37,7 @@ def test_a_step_by_hand() -> None:
         "total": 6.5,
         "grad_sq": 10.0,
         "within_share": 1 / 6.5,
-        "noise_scale": 0.65,
+        ONE_STEP_NOISE_SCALE: 0.65,
         "snr": 2 * 10 / 6.5,
     }
     assert split == pytest.approx(expected, rel=1e-12)
@@ -130,7 +131,7 @@ def test_equal_rewards_give_no_signal_under_otb() -> None:
     split = step_split(x, group)
     silent = step_split(torch.zeros_like(x), group)  # exact zero advantages
     assert split["within"] == split["between"] == split["grad_sq"] == split["total"] == 0.0
-    assert split["noise_scale"] == math.inf
+    assert split[ONE_STEP_NOISE_SCALE] == math.inf
     for name in ("within_share", "snr"):
         assert math.isnan(split[name]) and math.isnan(silent[name])
     assert {k: v for k, v in split.items() if k not in ("within_share", "snr")} == {
@@ -155,4 +156,4 @@ def test_a_moving_group_keeps_its_advantages() -> None:
     assert split["within"] > 0
     for name in ("within", "between", "total", "within_share"):
         assert split[name] == pytest.approx(raw[name], rel=1e-6), name
-    assert split["grad_sq"] == 0.0 and split["noise_scale"] == math.inf
+    assert split["grad_sq"] == 0.0 and split[ONE_STEP_NOISE_SCALE] == math.inf

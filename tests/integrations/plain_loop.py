@@ -1,0 +1,166 @@
+"""The live core's third adapter: a plain PyTorch policy-gradient loop (REINFORCE with the group
+mean as baseline, no trainer library) on the embedded checkpoint, handing each step's rows to
+`LiveCore` as TRL's and verl's adapters hand theirs. tests/integrations/test_live_core.py runs it
+on one process; tests/integrations/test_live_sharded.py on 2 gloo processes under FSDP2's
+`fully_shard` (`plain_fsdp.py`), each process sampling and training its own groups and the main
+one measuring the step the core gathered from all, on the core's worker thread beside the
+backward pass.
+
+Each group is sampled by its own `generate` call, seeded by its step and prompt, so its rows do
+not depend on the process that samples it: the sharded run's steps are the one-process run's.
+The loss is `Σ_i Σ_t −A_i log π(y_it) / (B · MAX_NEW)` over the B rows of the process (a
+constant length, so that FSDP's mean over the processes of their gradients is the gradient of
+the one-process loss over all rows: `seq-mean-token-sum-norm`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from trl_toy import correct
+
+from otb_diag.integrations.generation_stats import GenerationStats
+from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.step_metrics import round_off_clamped
+from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.scores.token_scores import token_scores
+
+N, MAX_NEW = 4, 6  # responses a prompt, tokens a response at most
+AGGREGATION = "seq-mean-token-sum-norm"  # the loss's (module docstring)
+END = 2  # the toy tokenizer's <end>
+
+
+@dataclass
+class Group:
+    """One prompt's N sampled responses, on the process that sampled them."""
+
+    prompt_ids: list[int]
+    response_ids: Tensor  # [N, C], 0 after <end>
+    length: Tensor  # [N] through <end>, C without one
+    logprobs: Tensor  # [N, C] of the sampling policy (`GenerationStats`)
+    sum_pi2: Tensor  # [N, C]
+    reward: Tensor  # [N]
+
+    @property
+    def advantage(self) -> Tensor:
+        """`[N]` A = R − the group's mean."""
+        return self.reward - self.reward.mean()
+
+
+@dataclass
+class Step:
+    """What the loop logged at a step (main process): every metric `LiveCore.finish` gave, and
+    the gradient norm it fed the collapse watch."""
+
+    metrics: dict[str, float]
+    grad_norm: float
+
+
+def sample_group(
+    model: nn.Module,
+    tokenizer: object,
+    caught: GenerationStats,
+    prompt: str,
+    tau: float,
+    seed: int,
+    synced: bool,
+) -> Group:
+    """N responses to `prompt` at temperature `tau`, drawn under `seed`; `synced`: several
+    processes generate together (FSDP: every forward is a collective, transformers' synced_gpus)."""
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])  # type: ignore[operator]
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=tau,
+            top_k=0, max_new_tokens=MAX_NEW, num_return_sequences=N, pad_token_id=0,
+            synced_gpus=synced,
+        )  # fmt: skip
+    taken = caught.taken()
+    assert taken is not None, "generate's forwards were not caught"
+    response = out[:, ids.shape[1] :]
+    assert taken[0].shape == response.shape, "not the generated tokens' statistics"
+    ended = response == END
+    width = response.shape[1]
+    length = torch.where(ended.any(1), ended.int().argmax(1) + 1, width)
+    texts = tokenizer.batch_decode(response, skip_special_tokens=True)  # type: ignore[attr-defined]
+    reward = torch.tensor(correct([prompt] * N, texts))
+    return Group(ids[0].tolist(), response, length, *taken, reward)
+
+
+def padded(tensors: Sequence[Tensor]) -> Tensor:
+    """`[n_g, C_g]` tensors one after the other, right-padded with 0 to the widest."""
+    width = max(x.shape[1] for x in tensors)
+    return torch.cat([nn.functional.pad(x, (0, width - x.shape[1])) for x in tensors])
+
+
+def step_batch(prompts: Sequence[str], groups: Sequence[Group], step: int, tau: float):
+    """The step's `ResponseBatch` (`[B, T]`, B = N · the groups, in prompt order)."""
+    return ResponseBatch.from_padded(
+        group_names=prompts, group=torch.arange(N * len(groups)) // N,
+        prompt_ids=[g.prompt_ids for g in groups for _ in range(N)],
+        response_ids=padded([g.response_ids for g in groups]),
+        length=torch.cat([g.length for g in groups]), temperature=tau, step=step,
+        reward=torch.cat([g.reward for g in groups]),
+        **round_off_clamped(padded([g.logprobs for g in groups]),
+                            padded([g.sum_pi2 for g in groups])),
+        trainer_advantage=torch.cat([g.advantage for g in groups]),
+    )  # fmt: skip
+
+
+def group_loss(model: nn.Module, g: Group, tau: float) -> Tensor:
+    """`Σ_i Σ_t −A_i log π(y_it)` over the group's response tokens (∇ = −Σ A ∇log π)."""
+    prompt = len(g.prompt_ids)
+    sequences = torch.cat([torch.tensor([g.prompt_ids] * N), g.response_ids], 1)
+    logits = model(sequences).logits[:, prompt - 1 : -1] / tau  # causal: 0s after <end> unseen
+    token_logp = logits.log_softmax(-1).gather(-1, g.response_ids[..., None])[..., 0]
+    valid = torch.arange(g.response_ids.shape[1]) < g.length[:, None]
+    return -(g.advantage[:, None] * token_logp * valid).sum()
+
+
+def plain_loop(
+    model: nn.Module,
+    tokenizer: object,
+    core: LiveCore,
+    steps: Sequence[Sequence[str]],
+    tau: float,
+    *,
+    split_k: int | None = None,
+    lr: float = 0.1,
+) -> list[Step]:
+    """One step for each prompt list of `steps`, process r of W (`core.place`) sampling and
+    training prompts r, r + W, …; the main process measures each whole step by `core` (the split
+    from head-mode scores of dimension `split_k`, one process only) and returns what it
+    logged."""
+    caught = GenerationStats(model, tau)  # log p and Σπ² of the sampling forwards
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    rank, world = core.place.rank, core.place.world_size
+    logged = []
+    for step, prompts in enumerate(steps, 1):
+        mine = [
+            sample_group(model, tokenizer, caught, prompts[i], tau, 1000 * step + i, world > 1)
+            for i in range(rank, len(prompts), world)
+        ]
+        shares = core.gather(step, mine.copy) if core.enabled else None  # [W][groups]
+        if shares is not None and core.place.is_main:
+            every = [shares[i % world][i // world] for i in range(len(prompts))]  # prompt order
+            batch = step_batch(prompts, every, step, tau)
+            scores = None
+            if split_k is not None:  # the split's scores: the weights that sampled the batch
+                model.eval()
+                scores = token_scores(model, batch, "head", split_k, 0).proj
+                model.train()
+            core.submit(batch, step, scores)  # measured beside the backward pass
+        loss = sum(group_loss(model, g, tau) for g in mine) / (N * len(mine) * MAX_NEW)
+        optimizer.zero_grad()
+        loss.backward()  # under FSDP: the mean over the processes, reduce-scattered
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP
+        optimizer.step()
+        core.add_grad_norm(step, grad_norm)
+        collected = core.collect()  # the main process's measured step; an error is raised
+        if collected is not None:
+            logged.append(Step(collected[1], grad_norm))
+    return logged
