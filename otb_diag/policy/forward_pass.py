@@ -338,10 +338,11 @@ def response_token_stats(
 
     parts = []
     with torch.no_grad(), eval_mode(model):
-        # No mask: the rows are right-padded (checked above), so causal attention never reads the
-        # padding from a real token, and the backbone runs the same unmasked causal attention
-        # kernel as a bare forward (a mask made it take three attention calls a layer on CUDA).
-        hidden = final_hidden(model, input_ids, None)
+        # A mask of ones: the rows are right-padded (checked above), so causal attention never
+        # reads the padding from a real token, and the backbone runs the same unmasked causal
+        # attention kernel as a bare forward (the padding mask made it take three attention calls
+        # a layer on CUDA). Ones rather than None: transformers warns about padding without one.
+        hidden = final_hidden(model, input_ids, torch.ones_like(input_ids))
         h = hidden[rows, target_pos - 1]  # [N, d]: the logits at P + t − 2 predict y_t (1-based t)
         targets = input_ids[rows, target_pos]  # [N]
         weight_h = head_weight(weight)  # fp32 products of a half weight without an fp32 copy

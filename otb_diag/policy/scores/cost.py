@@ -5,13 +5,16 @@ Forward mode (`forward_mode.py`): `Σ_b ⌈k_b / d⌉` vmapped jvp calls per pac
 directions per call), each costing about 2 forward passes per direction, independent of T, and
 per packed batch the draw of every direction's tangent over its block's parameters:
 
-    forward_s ≈ s_f · Σ_b k_b · (padded prompt ⧺ response tokens)  +  s_r · batches · Σ_b k_b n_b
+    forward_s ≈ Σ_b k_b · Σ_g padded_g · s_f(L_g)  +  s_r · batches · Σ_b k_b n_b,
+    s_f(L) = a + b·L
 
-with `s_f` the seconds per direction and token measured on a calibration batch of about
-`calibration_tokens` tokens (more on a GPU, whose cost per token falls as a call fills it), less
-its draws, and `s_r` the seconds per drawn element (a direction
-over all `n` selected parameters timed apart): the draws do not grow with the tokens, so counting
-them per token would overstate long batches and understate short ones.
+with `padded_g` the padded tokens of packed batch g and `L_g` its row length, `s_f(L)` the
+seconds per direction and token, timed on a calibration batch of about `calibration_tokens`
+tokens (more on a GPU, whose cost per token falls as a call fills it) and, where the rows are
+longer than twice that, on the longest row cut to 4 times it (the attention's keys per token grow
+with L), each less its draws; and `s_r` the seconds per drawn element (a direction over all `n`
+selected parameters timed apart): the draws do not grow with the tokens, so counting them per
+token would overstate long batches and understate short ones.
 
 Reverse mode (`reverse_mode.py`): per response token a backward pass over its chunk's prefix L
 and a projection, `n · (6 L + 2 K)` flops:
@@ -265,28 +268,10 @@ def plan_full(
     calibration: dict[str, float] = {}
     forward_s = reverse_s = math.inf
     if nd and engine in ("auto", "jvp"):
-        size = min(calibration_tokens(device), batch_tokens)
-        cal = _sub_batch(batch, _calibration_rows(batch, size), size)
-        one = [Block("calibration", tuple(params), nd, 0)]
-        warm = _sub_batch(batch, _calibration_rows(batch, 1), 4)  # first-call costs, untimed
-        forward_scores(model, warm, params, one, seed, batch_tokens=batch_tokens,
-                       directions_batch=nd, chunk_size=head_chunk,
-                       attention_scores=attention(nd))  # fmt: skip
-        t0 = device_seconds(device)
-        forward_scores(model, cal, params, one, seed, batch_tokens=batch_tokens,
-                       directions_batch=nd, chunk_size=head_chunk,
-                       attention_scores=attention(nd))  # fmt: skip
-        cal_s = device_seconds(device) - t0
-        t0 = device_seconds(device)
-        for name, p in params.items():
-            unit_pieces(seed, range(1), name, p.shape, device)
-        draw_s = device_seconds(device) - t0  # one direction over all n parameters
-        cal_tokens = len(cal.prompt_ids) * max(p + t for p, t in _rows(cal))
-        per_token = max(cal_s - nd * draw_s, 0.0) / (nd * cal_tokens)
-        drawn = len(groups) * sum(b.k * sum(params[x].numel() for x in b.params) for b in blocks)
-        calibration["forward_s_per_direction_token"] = per_token
-        calibration["forward_draw_s_per_element"] = draw_s / n
-        forward_s = per_token * k_total * padded + draw_s / n * drawn
+        run = dict(batch_tokens=batch_tokens, directions_batch=nd, chunk_size=head_chunk,
+                   attention_scores=attention(nd))  # fmt: skip
+        forward_s, more = _forward_estimate(model, batch, params, blocks, seed, groups, run)
+        calibration.update(more)
     if chunk and engine in ("auto", "vjp"):
         reverse_s, more = _reverse_estimate(model, batch, params, seed, chunk, k_total, rows)
         calibration.update(more)
@@ -374,6 +359,69 @@ def choose_engine(forward: float, reverse: float) -> str:
     """`auto`: reverse mode (exact per-token norms) unless forward mode costs less than
     1/`EXACT_NORMS_PREMIUM` of it (`work_counts`); an engine that does not fit costs inf."""
     return "jvp" if forward * EXACT_NORMS_PREMIUM < reverse else "vjp"
+
+
+def _forward_estimate(
+    model: nn.Module,
+    batch: ResponseBatch,
+    params: dict[str, Tensor],
+    blocks: Sequence[Block],
+    seed: int,
+    groups: list[list[int]],
+    run: dict[str, int],
+) -> tuple[float, dict[str, float]]:
+    """Seconds of forward mode (module docstring): per direction and padded token
+    `s(L) = a + b·L` of a batch whose rows are L tokens long (the attention's work per token
+    grows with the keys it reads), timed on two cuts of the batch, and the draws timed apart.
+
+    The first cut takes `calibration_tokens` tokens (rows cut to that length); the second, where
+    the longest row is more than twice as long, that row cut to 4 times the first's length (a
+    single short length had put the CPU's T = 2,048 row at 0.42x its measured time). Each call
+    runs `min(directions_batch, largest k_b)` directions, as the real calls do.
+    """
+    device = next(iter(params.values())).device
+    n = sum(p.numel() for p in params.values())
+    directions = min(run["directions_batch"], max(b.k for b in blocks))
+    one = [Block("calibration", tuple(params), directions, 0)]
+
+    def seconds_per_token(cut: ResponseBatch) -> tuple[int, float]:
+        """(padded row length L, seconds per direction and padded token) of one timed call."""
+        t0 = device_seconds(device)
+        forward_scores(model, cut, params, one, seed, **run)
+        length = max(p + t for p, t in _rows(cut))
+        return length, (device_seconds(device) - t0) / (directions * len(cut.prompt_ids) * length)
+
+    forward_scores(
+        model, _sub_batch(batch, _calibration_rows(batch, 1), 4), params, one, seed, **run
+    )  # fmt: skip  (first-call costs, untimed)
+    t0 = device_seconds(device)
+    for name, p in params.items():
+        unit_pieces(seed, range(1), name, p.shape, device)
+    draw_s = device_seconds(device) - t0  # one direction over all n parameters
+    size = min(calibration_tokens(device), run["batch_tokens"])
+    short = _sub_batch(batch, _calibration_rows(batch, size), size)
+    l1, s1 = seconds_per_token(short)
+    s1 = max(s1 - draw_s / (len(short.prompt_ids) * l1), 0.0)  # the call drew each direction
+    longest = max(p + t for p, t in _rows(batch))
+    slope = 0.0
+    if longest > 2 * l1:
+        long = _sub_batch(batch, _calibration_rows(batch, 1), 4 * max(t for _, t in _rows(short)))
+        l2, s2 = seconds_per_token(long)
+        s2 = max(s2 - draw_s / l2, 0.0)
+        slope = max((s2 - s1) / (l2 - l1), 0.0) if l2 > l1 else 0.0
+    rows = _rows(batch)
+    work = 0.0  # Σ_g padded_g · s(L_g)
+    for g in groups:
+        length = max(rows[i][0] + rows[i][1] for i in g)
+        work += len(g) * length * (s1 + slope * (length - l1))
+    drawn = len(groups) * sum(b.k * sum(params[x].numel() for x in b.params) for b in blocks)
+    k_total = sum(b.k for b in blocks)
+    return k_total * work + draw_s / n * drawn, {
+        "forward_s_per_direction_token": s1,
+        "forward_s_per_direction_token_per_key": slope,
+        "forward_calibration_length": float(l1),
+        "forward_draw_s_per_element": draw_s / n,
+    }
 
 
 def _reverse_estimate(

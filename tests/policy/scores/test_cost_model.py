@@ -173,3 +173,25 @@ def test_calibration_call_takes_the_devices_calibration_size(monkeypatch) -> Non
     cut, whole = timed[1], timed[3]  # each plan: a warm-up call, then the timed one
     assert cut == [4]
     assert sorted(whole) == sorted(len(r) for r in RESPONSES) and max(whole) == longest
+
+
+def test_forward_estimate_extrapolates_the_cost_per_token_in_the_row_length(monkeypatch) -> None:
+    """A clock on which a call of `d` directions over `r` rows of `L` tokens takes
+    `d · r · L · (a + b·L)` seconds: the two calibration cuts (3 and 6 tokens long here) recover
+    `a` and `b`, and the estimate is `K · Σ_g padded_g · (a + b·L_g)`: here one packed batch of
+    3 rows of 8 tokens, K = 8."""
+    a, b = 1e-3, 1e-4
+    clock = [0.0]
+
+    def fake_forward(model, cut, params, blocks, seed, **run) -> None:
+        length = max(len(p) + int(t) for p, t in zip(cut.prompt_ids, cut.length, strict=True))
+        clock[0] += blocks[0].k * len(cut.prompt_ids) * length * (a + b * length)
+
+    monkeypatch.setattr(full_cost, "forward_scores", fake_forward)
+    monkeypatch.setattr(full_cost, "device_seconds", lambda device: clock[0])
+    monkeypatch.setattr(full_cost, "calibration_tokens", lambda device: 1)
+    model, batch = gpt2(), make_batch()
+    planned = plan(model, batch, engine="jvp", budget_s=None)
+    assert planned.calibration["forward_s_per_direction_token_per_key"] == pytest.approx(b)
+    assert planned.calibration["forward_calibration_length"] == 3  # prompt 2 + 1 token
+    assert planned.forward_s == pytest.approx(8 * 3 * 8 * (a + b * 8))
