@@ -5,7 +5,8 @@ For an arm of n runs, k of which reach the target score (`collapse.py:tokens_to_
 tokens sampled until the trailing-mean score first reaches it):
 
     tokens_to_target_mean = (1/k) Σ_runs x_r            over the k runs that reached it
-    interval              = mean ± t_{0.975, k−1} · s / √k,   s the sample sd (k ≥ 2)
+    interval              = mean ± t_{0.975, k−1} · s / √k,   s the sample sd (k ≥ 2),
+                            its lower end cut at 0 (tokens are not negative)
 
 Student's t interval of the mean over seeds (the seeds are independent draws of the run); a
 run that never reached the target is counted (`reached` k of n), not averaged in: the mean is
@@ -43,9 +44,13 @@ class RunOutcome(Protocol):
     def final_score_smoothed(self) -> float | None: ...
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
-    """(mean, low, high) of `values` with Student's t interval at `CONFIDENCE`; the interval is
-    None below two values, everything None without any."""
+def mean_interval(
+    values: Sequence[float], floor: float = -math.inf
+) -> tuple[float | None, float | None, float | None]:
+    """(mean, low, high) of `values` with Student's t interval at `CONFIDENCE`, cut at `floor`
+    (the mean of a quantity that cannot be below it is not: tokens are ≥ 0, and two or three
+    seeds give a t interval whose lower end often is below 0, which said nothing); the interval
+    is None below two values, everything None without any."""
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return None, None, None
@@ -54,7 +59,7 @@ def mean_interval(values: Sequence[float]) -> tuple[float | None, float | None, 
         return mean, None, None
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, x.size - 1)) * float(x.std(ddof=1))
     half /= math.sqrt(x.size)
-    return mean, mean - half, mean + half
+    return mean, max(mean - half, floor), mean + half
 
 
 def compare_arms(runs: Sequence[RunOutcome], arms: Sequence[str]) -> list[dict[str, object]]:
@@ -67,7 +72,7 @@ def compare_arms(runs: Sequence[RunOutcome], arms: Sequence[str]) -> list[dict[s
         members = [r for r, a in zip(runs, arms, strict=True) if a == arm]
         reached = [r.tokens_to_target for r in members if r.tokens_to_target is not None]
         finals = [r.final_score_smoothed for r in members if r.final_score_smoothed is not None]
-        tokens = mean_interval(reached)
+        tokens = mean_interval(reached, floor=0.0)
         score = mean_interval(finals)
         rows.append(
             {

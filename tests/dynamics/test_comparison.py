@@ -29,6 +29,10 @@ def test_interval_is_students_t_over_the_seeds() -> None:
 
 
 def test_one_value_has_no_interval_and_none_has_no_mean() -> None:
+    # two seeds: t_{0.975, 1} = 12.71 puts the lower end below 0; tokens cut it at 0
+    wide = mean_interval([25_426.0, 13_159.0])
+    assert wide[1] < 0
+    assert mean_interval([25_426.0, 13_159.0], floor=0.0) == (19_292.5, 0.0, wide[2])
     assert mean_interval([3.0]) == (3.0, None, None)
     assert mean_interval([]) == (None, None, None)
 
@@ -61,7 +65,7 @@ def test_arms_gather_their_seeds_in_order_of_appearance() -> None:
     assert otb["tokens_to_target"] == [100.0, 300.0, None] and otb["reached"] == 2
     half = T_975[1] * (200.0 / math.sqrt(2)) / math.sqrt(2)
     assert otb["tokens_to_target_mean"] == 200.0
-    assert otb["tokens_to_target_low"] == pytest.approx(200.0 - half)
+    assert otb["tokens_to_target_low"] == max(200.0 - half, 0.0) == 0.0  # tokens are ≥ 0
     assert otb["final_score_mean"] == pytest.approx(0.7)
     half = T_975[2] * 0.2 / math.sqrt(3)  # finals 0.9, 0.7, 0.5: sd 0.2
     assert otb["final_score_high"] == pytest.approx(0.7 + half)
