@@ -20,11 +20,11 @@ operands up to 49 and this sizing, grpo N=4 went 0.12 → 0.88 in 11 steps; one-
 starts near 30 % and saturated within 40 steps (issue 42); three-digit addition starts at 0 %.
 
 Sizing (2 CPU cores; see `--help` for each knob): 4 prompts a step, the same 4 for every arm of
-a seed (the prompts are one list per seed, read in order, `shuffle_dataset=False`), 40 steps,
-completions of at most 32 tokens, learning rate 1e-5, β = 0 (no reference model). A step of 16
-completions takes about 20 s on 2 threads, one of 64 about 4 times that, so one seed of the
-four arms takes about 3 × 13 + 53 ≈ 90 min and the three seeds about 4.5 h: two working
-sessions, which is why the script is resumable.
+a seed (the prompts are one list per seed, read in order, `shuffle_dataset=False`), 30 steps,
+completions of at most 32 tokens, learning rate 1e-5, β = 0 (no reference model). Measured on
+2 threads with nothing else running: a step of 16 completions takes about 15 s, one of 64 about
+53 s, so one seed of the four arms takes about 3 × 7.5 + 26.5 ≈ 50 min and the three seeds about
+2.5 h (more beside other work): two working sessions, which is why the script is resumable.
 
 Resumable per (arm, seed): each run trains in `runs/<run>.partial/` and is renamed to
 `runs/<run>/` when it ends, holding `trainer_state.json` (TRL's log, every `otb/` key) and
