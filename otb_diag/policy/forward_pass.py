@@ -134,12 +134,12 @@ def head_logits(
     with no_autocast(h.device):
         if weight.dtype != torch.float32:
             z = torch.mm(h.to(weight.dtype), weight.T, out_dtype=torch.float32, out=out)
+            if bias is not None:
+                z.add_(bias.float())
         elif bias is None:
             z = torch.matmul(h.float(), weight.T, out=out)
         else:
             z = torch.addmm(bias.float(), h.float(), weight.T, out=out)  # U h + b in one pass
-        if weight.dtype != torch.float32 and bias is not None:
-            z.add_(bias.float())
     if scale != 1.0:
         z.mul_(scale)  # U (s·h) = s · (U h); exact to rounding, and `output_layer` has no bias then
     if softcap is not None:
