@@ -8,11 +8,15 @@ does: a rank that tears gloo down on its own can abort after its work is done.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
+
+import psutil  # accelerate's dependency
 
 import otb_diag
 
@@ -39,6 +43,20 @@ def torchrun(
     # A rank killed by a signal (SIGABRT inside gloo, say) prints every thread's Python stack,
     # so a failure in CI says where that rank was.
     env["PYTHONFAULTHANDLER"] = "1"
-    return subprocess.run(
-        cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    with subprocess.Popen(
+        cmd + [str(a) for a in args], stdout=PIPE, stderr=PIPE, text=True, env=env
+    ) as launch:
+        try:
+            stdout, stderr = launch.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # The ranks too: torchrun starts each in a session of its own, so killing torchrun
+            # alone leaves a hung rank running to the process group's timeout, holding the
+            # output pipes open (the test would wait for it all the same).
+            ranks = psutil.Process(launch.pid).children(recursive=True)
+            launch.kill()
+            for rank in ranks:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    rank.kill()
+            stdout, stderr = launch.communicate()
+            raise subprocess.TimeoutExpired(launch.args, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(launch.args, launch.returncode, stdout, stderr)

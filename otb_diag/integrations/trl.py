@@ -229,22 +229,25 @@ class LiveDiagnostics:
                 hint="Install a tested TRL (pip install 'trl==1.16.*').",
             )
         n, c = output["completion_ids"].shape
-        rows = local_rewards(self.trainer, self.rewards_per_func, n)
-        logged = (step - 1) // self.every  # this step's rank among the logged steps
-        split = self.split_every > 0 and logged % self.split_every == 0
-        self._pending = Pending(
+        # The batch is pending and its rows tagged before anything that can fail on one process
+        # alone (its rewards, its split's memory): failing there, this process still counts its
+        # rows through the micro-steps and hands its error over at the step's gather (`_take`),
+        # where the other processes wait for its share.
+        p = self._pending = Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
-            rewards=rows,
+            rewards=torch.full((n,), torch.nan),  # this process's, below
             logprobs=torch.zeros(n, c),
             sum_pi2=torch.zeros(n, c),
             seen=torch.zeros(n, dtype=torch.bool),
             # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
             from_loss=not (self.extra_forward or (self.swap and self.swap.needs_energy)),
-            split=split,
-            scores=torch.zeros(n, c, self.split_k) if split else None,
         )
         output[ROW_KEY] = torch.arange(n, device=output["completion_ids"].device)
+        p.rewards = local_rewards(self.trainer, self.rewards_per_func, n)
+        logged = (step - 1) // self.every  # this step's rank among the logged steps
+        if self.split_every > 0 and logged % self.split_every == 0:
+            p.split, p.scores = True, torch.zeros(n, c, self.split_k)
 
     def _take(
         self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]

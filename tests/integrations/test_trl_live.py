@@ -6,9 +6,9 @@ forward: the extra forward is made to fail) equals the split of the dumped step
 scored offline by that step's checkpoint, the training's numbers are those of a run without
 `attach`, and bad input gets one clear message before anything changes. A real `RLOOTrainer`
 is audited against the registry's `rloo`; the extra forward reproduces energy's; failures with
-several processes (a failed gather, another process's error, the main one's, a dump directory
-given elsewhere) are checked at the function level (tests/integrations/test_trl_processes.py
-runs 2 processes for real)."""
+several processes (a failed gather, another process's error, the main one's, a process whose
+batch failed before its micro-steps, a dump directory given elsewhere) are checked at the
+function level (tests/integrations/test_trl_processes.py runs 2 processes for real)."""
 
 from __future__ import annotations
 
@@ -410,6 +410,35 @@ def test_another_processs_error_stops_every_process_at_the_gather(
         trainer.train()
     assert not [w for w in caught if "otb-diag" in str(w.message)]
     assert len(handed) == 1 and handed[0].rows is not None and handed[0].error is None
+    assert_trained_without_diagnostics(trainer, diagnostics)
+
+
+def test_a_process_whose_batch_failed_still_comes_to_the_gather(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process 1's rewards could not be formed as step 1's batch was generated, before any
+    micro-step trained on it: it says so once, its micro-steps still count the batch's rows,
+    and at the last of them it comes to the gather with its error in place of rows (where the
+    other processes wait for it), and every process stops there."""
+    handed: list[Share] = []
+
+    def gather(share: Share, place: Dist) -> list[Share]:
+        handed.append(share)
+        return [Share("process 0's rows", None, None), share]
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(live_core, "gather_shares", gather)
+    monkeypatch.setattr(trl_integration, "local_rewards", broken)
+    trainer = toy_trainer(tmp_path / "run", 2)
+    diagnostics = attach(trainer)
+    diagnostics.core.place = Dist(1, 2)
+    with pytest.warns(RuntimeWarning) as caught:
+        trainer.train()
+    said = [str(w.message) for w in caught if "otb-diag" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith("at step 1 (process 1): RuntimeError: planted")
+    assert [(s.rows, s.error) for s in handed] == [(None, "RuntimeError: planted")]
     assert_trained_without_diagnostics(trainer, diagnostics)
 
 

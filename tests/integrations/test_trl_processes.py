@@ -176,3 +176,28 @@ def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: P
     # The all-parameter estimate is DDP's all-reduce's, not the step's diagnostics: it goes on.
     assert not any(k.startswith("otb/") and "/params/" not in k for e in entries for k in e)
     assert not list((out / "otb").glob("*.jsonl"))
+
+
+def test_an_error_on_one_process_before_its_micro_steps_stops_both_at_the_gather(
+    tmp_path: Path,
+) -> None:
+    """Forming its rewards fails on process 1 only as step 2's batch is generated
+    (`LiveDiagnostics._start`, before any micro-step trains on it): its micro-steps still come
+    to that step's gather and hand the error over, and both processes stop there together
+    instead of process 0 waiting at the gather for a process that never comes. Step 1 is
+    measured as ever, nothing of the step's diagnostics is logged from step 2 on, and the
+    training runs its steps to the end. The launch's timeout is a fraction of the default: a
+    process left waiting fails the test within minutes, not at the process group's timeout."""
+    args = (PER_STEP, ACCUMULATION, STEPS, "fail-start-2", "GRPOTrainer")
+    result = torchrun(PROCESSES, tmp_path, *args, script=SCRIPT, timeout=90)
+    out = tmp_path / "GRPOTrainer"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("otb-diag live diagnostics switched off") == 1
+    warning = "switched off at step 2 (process 1): RuntimeError: planted on process 1 at step 2"
+    assert warning in result.stderr, result.stderr[-3000:]
+    entries = [e for e in json.loads((out / "log_history.json").read_text()) if "grad_norm" in e]
+    assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
+    # The all-parameter estimate is DDP's all-reduce's, not the step's diagnostics: it goes on.
+    measured = [{k for k in e if k.startswith("otb/") and "/params/" not in k} for e in entries]
+    assert measured[0] and not any(measured[1:])
+    assert [p.name for p in (out / "otb").glob("*.jsonl")] == ["step_000001.jsonl"]

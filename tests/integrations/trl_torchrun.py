@@ -1,7 +1,7 @@
 """A real GRPOTrainer (or RLOOTrainer) under torchrun with `attach`, for
 tests/integrations/test_trl_processes.py:
 
-    torchrun --nproc-per-node 2 -- trl_torchrun.py OUT PER_STEP ACCUMULATION STEPS [fail] TRAINER...
+    torchrun --nproc-per-node 2 -- trl_torchrun.py OUT PER_STEP ACCUMULATION STEPS [FAIL] TRAINER...
 
 For each TRAINER (`GRPOTrainer`, `RLOOTrainer`), one after the other in one session (each
 process starts once), a training into `OUT/TRAINER`: `trl_toy.toy_trainer` with `PER_STEP`
@@ -11,9 +11,12 @@ generation batch holds PER_STEP · ACCUMULATION rows a process, and a group of
 after each. Each process writes the rows it generated at each step,
 `OUT/TRAINER/rank{r}-step{s}.json` (completion ids and mask, as
 `_generate_and_score_completions` returned them), and the main process TRL's log,
-`OUT/TRAINER/log_history.json`. With `fail`, reading the step's rows raises on the last process
-(as a forward that runs out of memory there would); a failing split alone switches off the
-split alone (tests/integrations/test_trl_precision.py)."""
+`OUT/TRAINER/log_history.json`. With a FAIL (`FAILS`), one of `attach`'s functions raises on the
+last process, from the step FAIL names on (as a forward that runs out of memory there would): with
+`fail`, reading the step's rows at its gather (step 1 on); with `fail-start-S`, forming the
+process's rewards as the step's batch is generated (`LiveDiagnostics._start`, step S on, before
+any micro-step trains on it). A failing split alone switches off the split alone
+(tests/integrations/test_trl_precision.py)."""
 
 from __future__ import annotations
 
@@ -30,9 +33,14 @@ from otb_diag.integrations.trl import attach
 from otb_diag.runtime.torchrun import session
 
 SPLIT_K = 16
+# A FAIL argument's prefix (the longer first: `fail` begins both) and the function of trl.py
+# it makes raise.
+FAILS = {"fail-start-": "local_rewards", "fail": "rows_of"}
 
 
-def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fail: bool) -> None:
+def main(
+    out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fail: str | None
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     config = {"beta": 0.0} if rloo else {}
     trainer = toy_trainer(
@@ -48,12 +56,19 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
     )
     attach(trainer, dump_dir=out / "otb", split_every=1, split_k=SPLIT_K, metrics="all")
     rank = trainer.accelerator.process_index
-    if fail and rank == trainer.accelerator.num_processes - 1:
+    if fail is not None and rank == trainer.accelerator.num_processes - 1:
+        prefix = next(p for p in FAILS if fail.startswith(p))
+        name = FAILS[prefix]
+        first = int(fail.removeprefix(prefix) or 1)  # the first step it raises at
+        original = getattr(trl_integration, name)
 
-        def out_of_memory(*_: Any) -> None:
-            raise RuntimeError(f"planted on process {rank}")
+        def out_of_memory(*args: Any) -> Any:
+            step = trainer.state.global_step + 1
+            if step >= first:
+                raise RuntimeError(f"planted on process {rank} at step {step}")
+            return original(*args)
 
-        trl_integration.rows_of = out_of_memory  # the process's rows of the step
+        setattr(trl_integration, name, out_of_memory)
     generate = trainer._generate_and_score_completions
 
     def recording(inputs: Any) -> dict[str, Any]:
@@ -72,11 +87,11 @@ def main(out: Path, per_step: int, accumulation: int, steps: int, rloo: bool, fa
 
 if __name__ == "__main__":
     out, per_step, accumulation, steps, *trainers = sys.argv[1:]
-    fail = trainers[0] == "fail"
+    fail = trainers[0] if trainers[0].startswith(tuple(FAILS)) else None
     # The library's join and leave (the group accelerate finds and uses): the model stack imported
     # before the group exists, a barrier before it goes (runtime/torchrun.py:session).
     with session():
-        for trainer in trainers[fail:]:
+        for trainer in trainers[fail is not None :]:
             rloo = trainer == "RLOOTrainer"
             main(Path(out) / trainer, int(per_step), int(accumulation), int(steps), rloo, fail)
     # Everything is written and the group is left. With `fail`, a rank sometimes aborted in the
