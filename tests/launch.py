@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from subprocess import PIPE
 
-import psutil  # accelerate's dependency
+import psutil  # [dev] (and accelerate's dependency)
 
 import otb_diag
 
