@@ -114,7 +114,7 @@ def test_smallest_path_runs_to_its_json_line(
     assert record  # a JSON line with the measurements, not an empty one
     if script == "gpu.py":  # every row measured, none broken
         assert all(r["error"] is None and r["value"] > 0 for r in record["rows"])
-        assert len(record["rows"]) == 6
+        assert len(record["rows"]) == 7  # full mode at T = 512, 2,048, 8,192, batch; 3 more
     if script == "bench_live.py":  # the larger random body, built from the embedded config
         assert record["model"]["name"] == "small"
         assert record["model"]["parameters"] > 3_000_000  # 256 wide, 4 layers; embedded ~0.6M

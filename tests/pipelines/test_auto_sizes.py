@@ -26,11 +26,11 @@ def test_auto_sizes_are_the_cpu_sizes_on_the_cpu_and_model_free(cls) -> None:
 
 def test_auto_sizes_follow_the_free_memory_and_given_sizes_are_kept() -> None:
     model = tiny_model()  # V = 30, d = 16: 240 B a chunk row, 1 KiB a token
-    # a quarter of 4 GiB each: 2^30 / 240 rows and 2^30 / 1 KiB tokens, capped at 8192 and 2^17
+    # a quarter of 4 GiB each: 2^30 / 240 rows and 2^30 / 1 KiB tokens, capped at 4096 and 2^15
     got = planned(EnergySettings(), model, free_bytes=4 * 2**30)
-    assert (got.batch_tokens, got.chunk_size) == (2**17, 8192)
+    assert (got.batch_tokens, got.chunk_size) == (2**15, 4096)
     got = planned(EnergySettings(chunk_size=64), model, free_bytes=4 * 2**30)
-    assert (got.batch_tokens, got.chunk_size) == (2**17, 64)
+    assert (got.batch_tokens, got.chunk_size) == (2**15, 64)
     given = VarianceSettings(batch_tokens=100, chunk_size=3)
     assert planned(given, model, free_bytes=4 * 2**30) is given
 
