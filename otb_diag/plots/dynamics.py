@@ -68,7 +68,8 @@ def _identity(rows: pd.DataFrame) -> tuple[str, float]:
 def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
     """Colour by baseline and line style by group size, per run (in order of appearance).
     When two runs share both (a learning-rate sweep, seeds), each run gets its own colour
-    instead, in the palette's order, so no two lines look alike."""
+    instead, in the palette's order, and past the palette's 8 colours the next line style, so
+    no two lines look alike (11 runs had repeated 3 colours)."""
     sizes = sorted({s for s in table["group_size"].dropna().unique()})
     identities = {run: _identity(rows) for run, rows in table.groupby("run", sort=False)}
     keys = [(b, "?" if np.isnan(n) else n) for b, n in identities.values()]
@@ -76,12 +77,17 @@ def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
     palette = list(OKABE_ITO.values())
     styles = {}
     for i, (run, (baseline, size)) in enumerate(identities.items()):
-        styles[run] = {
-            "color": palette[i % len(palette)] if by_run else baseline_color(baseline),
-            "linestyle": GROUP_SIZE_STYLES[sizes.index(size) % len(GROUP_SIZE_STYLES)]
-            if size in sizes and not by_run
-            else "-",
-        }
+        if by_run:
+            color = palette[i % len(palette)]
+            linestyle = GROUP_SIZE_STYLES[i // len(palette) % len(GROUP_SIZE_STYLES)]
+        else:
+            color = baseline_color(baseline)
+            linestyle = (
+                GROUP_SIZE_STYLES[sizes.index(size) % len(GROUP_SIZE_STYLES)]
+                if size in sizes
+                else "-"
+            )
+        styles[run] = {"color": color, "linestyle": linestyle}
     return styles
 
 

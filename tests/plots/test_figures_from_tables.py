@@ -255,6 +255,18 @@ def test_score_vs_tokens_draws_each_run_and_the_target() -> None:
     assert ax.get_title() == "Score against tokens sampled (target 0.5)"
 
 
+def test_eleven_seeds_of_one_identity_draw_eleven_different_lines() -> None:
+    """Runs sharing baseline and N (seeds) get a colour each, then the next line style past the
+    palette's 8 colours: no two of 11 lines look alike (issue 42's SmolLM2 comparison)."""
+    table, runs = dynamics_table()
+    one = table[table["run"] == "otb N=4"]
+    seeds = pd.concat([one.assign(run=f"otb N=4#{k}") for k in range(11)], ignore_index=True)
+    marks = [SimpleNamespace(**{**vars(runs[0]), "run": f"otb N=4#{k}"}) for k in range(11)]
+    ax = plots_dynamics.fig_score_vs_tokens(seeds, marks, target=None).axes[0]
+    looks = {(to_hex(x.get_color()), x.get_linestyle()) for x in ax.get_lines()}
+    assert len(looks) == 11
+
+
 def pooled_rows(run: str, steps: list[int], resolved: list[bool], b: list[float],
                 low: list[float], high: list[float]) -> pd.DataFrame:  # fmt: skip
     """A budget.csv's window rows of one estimator (grpo) of `run`, at P = 8."""
