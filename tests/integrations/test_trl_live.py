@@ -16,6 +16,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,14 +236,35 @@ def test_training_is_untouched(live_run, tmp_path: Path) -> None:
         assert torch.equal(value, weights[name]), name
 
 
+def recorded_gather(
+    monkeypatch: pytest.MonkeyPatch, answer: Callable[[Share], list[Share]]
+) -> list[Share]:
+    """The core's gather patched: every share this process hands over is kept in the returned
+    list, and `answer(share)` is what the gather gives back (the processes' shares in order)."""
+    handed: list[Share] = []
+
+    def gather(share: Share, place: Dist) -> list[Share]:
+        handed.append(share)
+        return answer(share)
+
+    monkeypatch.setattr(live_core, "gather_shares", gather)
+    return handed
+
+
+def planted(monkeypatch: pytest.MonkeyPatch, module: object, name: str, error: Exception) -> None:
+    """`module.name` patched to raise `error` whenever it is called."""
+
+    def broken(*_: object, **__: object) -> None:
+        raise error
+
+    monkeypatch.setattr(module, name, broken)
+
+
 def test_an_error_inside_a_hook_switches_off_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
-    def broken(*_: object, **__: object) -> dict:
-        raise InputError("the step's groups are not whole (simulated)")
-
-    monkeypatch.setattr(live_core, "step_and_split_metrics", broken)
+    error = InputError("the step's groups are not whole (simulated)")
+    planted(monkeypatch, live_core, "step_and_split_metrics", error)
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     with pytest.warns(RuntimeWarning, match="switched off at step 1: the step's groups"):
@@ -395,13 +417,9 @@ def test_another_processs_error_stops_every_process_at_the_gather(
     """Process 1's diagnostics failed (its extra forward ran out of memory, say; it said so):
     it hands the error over at the step's gather, and this process, which had none, stops there
     too, quietly, so no process waits at a later gather for one that stopped."""
-    handed: list[Share] = []
-
-    def gather(share: Share, place: Dist) -> list[Share]:
-        handed.append(share)
-        return [share, Share(None, "OutOfMemoryError: (simulated)", None)]
-
-    monkeypatch.setattr(live_core, "gather_shares", gather)
+    handed = recorded_gather(
+        monkeypatch, lambda share: [share, Share(None, "OutOfMemoryError: (simulated)", None)]
+    )
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     diagnostics.core.place = Dist(0, 2)  # as under torchrun with 2 processes
@@ -420,17 +438,9 @@ def test_a_process_whose_batch_failed_still_comes_to_the_gather(
     micro-step trained on it: it says so once, its micro-steps still count the batch's rows,
     and at the last of them it comes to the gather with its error in place of rows (where the
     other processes wait for it), and every process stops there."""
-    handed: list[Share] = []
-
-    def gather(share: Share, place: Dist) -> list[Share]:
-        handed.append(share)
-        return [Share("process 0's rows", None, None), share]
-
-    def broken(*_: object) -> None:
-        raise RuntimeError("planted")
-
-    monkeypatch.setattr(live_core, "gather_shares", gather)
-    monkeypatch.setattr(trl_integration, "local_rewards", broken)
+    first = Share("process 0's rows", None, None)
+    handed = recorded_gather(monkeypatch, lambda share: [first, share])
+    planted(monkeypatch, trl_integration, "local_rewards", RuntimeError("planted"))
     trainer = toy_trainer(tmp_path / "run", 2)
     diagnostics = attach(trainer)
     diagnostics.core.place = Dist(1, 2)
@@ -448,17 +458,8 @@ def test_the_main_processs_error_is_handed_over_at_the_next_gather(
     """The main process's tables fail at step 1 (after that step's gather): it says so at once,
     logs nothing more, and at step 2's gather hands the error over instead of its rows; every
     process stops there, and step 3 gathers nothing."""
-    handed: list[Share] = []
-
-    def gather(share: Share, place: Dist) -> list[Share]:
-        handed.append(share)
-        return [share]
-
-    def broken(*_: object, **__: object) -> dict:
-        raise ValueError("planted")
-
-    monkeypatch.setattr(live_core, "gather_shares", gather)
-    monkeypatch.setattr(live_core, "step_and_split_metrics", broken)
+    handed = recorded_gather(monkeypatch, lambda share: [share])
+    planted(monkeypatch, live_core, "step_and_split_metrics", ValueError("planted"))
     trainer = toy_trainer(tmp_path / "run", 3)
     diagnostics = attach(trainer)
     diagnostics.core.place = Dist(0, 2)
