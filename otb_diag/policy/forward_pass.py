@@ -134,14 +134,16 @@ def head_logits(
     with no_autocast(h.device):
         if weight.dtype != torch.float32:
             z = torch.mm(h.to(weight.dtype), weight.T, out_dtype=torch.float32, out=out)
+            if scale != 1.0:  # s · (U h): s·h rounded to half precision would lose digits
+                z.mul_(scale)  # (`output_layer` has no bias then)
             if bias is not None:
                 z.add_(bias.float())
-        elif bias is None:
-            z = torch.matmul(h.float(), weight.T, out=out)
         else:
-            z = torch.addmm(bias.float(), h.float(), weight.T, out=out)  # U h + b in one pass
-    if scale != 1.0:
-        z.mul_(scale)  # U (s·h) = s · (U h); exact to rounding, and `output_layer` has no bias then
+            h32 = h.float() * scale if scale != 1.0 else h.float()  # s·h: [N, d], not [N, V]
+            if bias is None:
+                z = torch.matmul(h32, weight.T, out=out)
+            else:
+                z = torch.addmm(bias.float(), h32, weight.T, out=out)  # U h + b in one pass
     if softcap is not None:
         z.div_(softcap).tanh_().mul_(softcap)  # c · tanh(z / c)
     return z
@@ -351,11 +353,12 @@ def response_token_stats(
         e_buf = torch.empty_like(z_buf)
         for lo in range(0, len(rows), chunk_size):
             chunk = slice(lo, lo + chunk_size)
-            n = len(h[chunk])
-            z = head_logits(h[chunk], weight_h, bias, softcap, scale, out=z_buf[:n])  # [chunk, V]
+            hc = h[chunk]  # [chunk, d] in the model's dtype
+            n = len(hc)
+            z = head_logits(hc, weight_h, bias, softcap, scale, out=z_buf[:n])  # [chunk, V]
             chunk_tau = tau[rows[chunk]] if tempered else None
             s = _stats_in_place(z, targets[chunk], chunk_tau, e_buf[:n])
-            h_sq = (h[chunk].float() * scale).square().sum(-1)  # ‖s·h_t‖², what the head reads
+            h_sq = (hc.float() * scale).square().sum(-1)  # ‖s·h_t‖², what the head reads
             parts.append(replace(s, h_sq=h_sq))
 
     def to_grid(name: str) -> Tensor:

@@ -402,14 +402,14 @@ def _forward_estimate(
     short = _sub_batch(batch, _calibration_rows(batch, size), size)
     l1, s1 = seconds_per_token(short)
     s1 = max(s1 - draw_s / (len(short.prompt_ids) * l1), 0.0)  # the call drew each direction
-    longest = max(p + t for p, t in _rows(batch))
+    rows = _rows(batch)
+    longest = max(p + t for p, t in rows)
     slope = 0.0
     if longest > 2 * l1:
         long = _sub_batch(batch, _calibration_rows(batch, 1), 4 * max(t for _, t in _rows(short)))
         l2, s2 = seconds_per_token(long)
         s2 = max(s2 - draw_s / l2, 0.0)
         slope = max((s2 - s1) / (l2 - l1), 0.0) if l2 > l1 else 0.0
-    rows = _rows(batch)
     work = 0.0  # Σ_g padded_g · s(L_g)
     for g in groups:
         length = max(rows[i][0] + rows[i][1] for i in g)
