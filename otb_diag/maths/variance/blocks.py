@@ -90,6 +90,7 @@ def projection_error(
         "k": total,
         "subsketches": subsketches,
         "theory_worst_case": math.sqrt(2 / k_min),
-        "variance_relative_error": float(np.median(variance_err)),
+        # NaN where no variance is positive (every reward of every group equal)
+        "variance_relative_error": float(np.median(variance_err)) if variance_err else math.nan,
         "ratio_relative_error": float(np.median(ratio_err)) if ratio_err else math.nan,
     }

@@ -3,6 +3,7 @@ the paper-claim verdicts, the knee and the recommendation), and the text it prin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -18,6 +19,14 @@ from otb_diag.pipelines.variance.settings import VarianceSettings
 # gradient variance at one step, 1 − N/N′, which "N = 4 ≈ N = 32" would put at 87.5 %.
 CLAIM_N, CLAIM_EQUIVALENT_N = 4, 32
 PAPER_TOKEN_SAVING = 0.65  # "over 65 % fewer tokens", at equal score over training
+
+
+def plus_minus(relative: float) -> str:
+    """`±x %` of a relative error, or why there is none: NaN where no variance (or no
+    baseline's, for the ratios) was positive, as when every reward of every group is equal."""
+    if math.isfinite(relative):
+        return f"±{relative:.1%}"
+    return "not measurable (no variance above 0)"
 
 
 @dataclass(frozen=True)
@@ -318,9 +327,9 @@ class VarianceResult(schema.Versioned):
             if err:
                 lines.append(
                     f"projection error (k={err['k']}, measured over {err['subsketches']} "
-                    f"sub-sketches): variances ±{err['variance_relative_error']:.1%} (worst case "
-                    f"√(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
-                    f"±{err['ratio_relative_error']:.1%}"
+                    f"sub-sketches): variances {plus_minus(err['variance_relative_error'])} "
+                    f"(worst case √(2/k) = {err['theory_worst_case']:.1%}), ratios to mean "
+                    f"{plus_minus(err['ratio_relative_error'])}"
                 )
         for f in self.fidelity:
             if f.block != "all":

@@ -4,15 +4,18 @@ error read from sub-sketches."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from test_full_engines import gpt2
 
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error, subsketch_coordinates
 from otb_diag.maths.variance.paired_draws import paired_estimates, variance_table
+from otb_diag.pipelines.results.variance import plus_minus
 from otb_diag.policy.scores.token_scores import token_scores
 
 
@@ -78,3 +81,11 @@ def test_projection_error_from_subsketches() -> None:
     # noise from 8 sub-sketches) and not zero
     assert 0 < err["variance_relative_error"] < 2 * err["theory_worst_case"]
     assert projection_error(paired_of(scores, batch), [("all", 0, 3)]) == {}
+    # every reward equal: no variance above 0, so no error to measure (NaN, said in words)
+    flat = ResponseBatch(**{**vars(batch), "token_rewards": torch.zeros_like(batch.token_rewards)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # np.median of nothing warned before
+        none = projection_error(paired_of(scores, flat), scores.blocks)
+    assert math.isnan(none["variance_relative_error"]) and math.isnan(none["ratio_relative_error"])
+    assert plus_minus(none["variance_relative_error"]) == "not measurable (no variance above 0)"
+    assert plus_minus(0.0876) == "±8.8%"
