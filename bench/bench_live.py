@@ -16,10 +16,10 @@ Configurations, each a fresh trainer with the same seed: `plain` (no attach), `l
 one extra no-grad forward for Σπ²), `every-10` (loss logits, metrics every 10th step), all three
 without the within/between split (`split_every=None`); then with it, on the loss's logits:
 `split` (the split at every step, its head-mode scores from the loss forward's hidden states,
-`integrations/split_capture.py`) and `split-every-10` (attach's default, the split at every
+`integrations/trl/split_capture.py`) and `split-every-10` (attach's default, the split at every
 10th logged step); and `otb-advantages`, `attach(trainer, advantages="otb")` with its defaults:
 training with OTB's advantages, their W from `generate`'s own forwards
-(`integrations/generation_stats.py`), the split at every 10th step. A step's
+(`integrations/core/generation_stats.py`), the split at every 10th step. A step's
 time is the wall time between the trainer callbacks `on_step_begin` and `on_step_end` (the
 generation, the rewards, the loss, the backward and the optimizer step); the first 2 steps of
 each run are warm-up. Rounds alternate the configurations, and each configuration's figure is

@@ -48,7 +48,7 @@ from otb_diag.errors import InputError
 from otb_diag.io.trainers import log_trainer
 from otb_diag.io.trainers.trl import OTB_RECORD, REWARD_KEY, TRL, trainer_state
 from otb_diag.maths.estimators.registry import families
-from otb_diag.maths.variance.budget_stream import current_name
+from otb_diag.maths.noise.budget_stream import current_name
 
 COLUMNS = (
     "step",

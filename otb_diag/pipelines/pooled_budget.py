@@ -1,5 +1,5 @@
 """The split a trainer logged at its split steps (`otb/split/...`, docs/live.md), pooled over the
-run as the trainer's own `attach` pools it (`maths/variance/budget_stream.py`): the same object
+run as the trainer's own `attach` pools it (`maths/noise/budget_stream.py`): the same object
 fed the same numbers in the same order, so `otb-diag dynamics` on the log gives the live log's
 `otb/budget/...` again (to the rounding of the log's file format: exact for JSON)."""
 
@@ -10,12 +10,13 @@ from pathlib import Path
 import pandas as pd
 
 from otb_diag.errors import InputError
-from otb_diag.maths.variance.budget_stream import BUDGET, SPLIT, BudgetPools, split_names
-from otb_diag.maths.variance.split_checks import refused, unpooled
+from otb_diag.maths.noise.budget_stream import BUDGET, SPLIT, BudgetPools, split_names
+from otb_diag.maths.noise.split_checks import refused, unpooled
 from otb_diag.pipelines.inputs import Say, silent
 
 # The names the live diagnostics log a split under beside the trainer's own estimator: OTB
-# (`integrations/step_metrics.py:split_baselines`) and all parameters (`integrations/ddp_noise.py`).
+# (`integrations/core/step_metrics.py:split_baselines`) and all parameters
+# (`integrations/trl/ddp_noise.py`).
 BESIDE_THE_TRAINERS = ("otb", "params")
 
 
@@ -26,7 +27,7 @@ def pooled_over_steps(
     the pools after the last; `frame`: a tidy table of `io/training_logs.py` read from `path`,
     in step order, its live metrics under `prefix`. Empty when the log has no split.
 
-    A value no run can log (`maths/variance/split_checks.py:refused`: a negative tr Σ, P < 1,
+    A value no run can log (`maths/noise/split_checks.py:refused`: a negative tr Σ, P < 1,
     N < 2, an infinite estimate, …) is an InputError naming the file, the step and the key; a
     split that cannot be pooled is said through `say`, once per reason, with its first step and
     how many steps share it."""

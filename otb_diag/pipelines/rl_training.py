@@ -20,7 +20,7 @@ updates, `checkpoint-<s>` holds the weights after update s):
 5. beside it, the step's noise split within and between its prompts under `baseline` and
    `aggregation`, as TRL's `attach` logs it (`otb/split/<baseline>/...` and the step's shape
    `otb/split/prompts`, ...: head-mode scores of the sampling policy,
-   `maths/variance/step_split.py`), so that `otb-diag dynamics` pools it over the run
+   `maths/noise/step_split.py`), so that `otb-diag dynamics` pools it over the run
    (`pipelines/pooled_budget.py`).
 
 The model stays in eval mode (dropout off), so the policy that is differentiated is the one that
@@ -71,14 +71,14 @@ from otb_diag.maths.energy.proxies import variance_proxies
 from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
-from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import SPLIT
-from otb_diag.maths.variance.step_split import (
+from otb_diag.maths.noise.budget_stream import SPLIT
+from otb_diag.maths.noise.step_split import (
     response_contributions,
     step_shape,
     step_split,
     without_rounding,
 )
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.pipelines.inputs import Inputs, Say, checkpoint_or_default, one_checkpoint, silent
 from otb_diag.pipelines.results.train import TrainResult, TrainTotals
 from otb_diag.pipelines.shell import run_recipe

@@ -219,7 +219,7 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
     interval open above ends at the top of the axes). Elsewhere no knee is claimed, only a
     lower bound: a hollow ▲ at the interval's low end ("at least this many tokens").
 
-    `table`: columns of `maths/variance/knee.py:noise_table` (aggregation, baseline,
+    `table`: columns of `maths/noise/knee.py:noise_table` (aggregation, baseline,
     group_size, noise_scale_tokens with _low and _high, grad_sq_resolved)."""
     rows = _rows(table, aggregation)
     sizes = sorted(rows["group_size"].unique())

@@ -24,7 +24,7 @@ from plain_loop import AGGREGATION, plain_loop
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.core.live_core import LiveCore
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.runtime.torchrun import Dist, session
 

@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from trl_toy import correct
 
-from otb_diag.integrations.generation_stats import GenerationStats
-from otb_diag.integrations.live_core import LiveCore
-from otb_diag.integrations.step_metrics import round_off_clamped
+from otb_diag.integrations.core.generation_stats import GenerationStats
+from otb_diag.integrations.core.live_core import LiveCore
+from otb_diag.integrations.core.step_metrics import round_off_clamped
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.scores.token_scores import token_scores
 

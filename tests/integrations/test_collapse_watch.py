@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otb_diag.dynamics.collapse import DetectionRule, analyse_run
-from otb_diag.integrations.collapse_watch import CollapseWatch
+from otb_diag.integrations.core.collapse_watch import CollapseWatch
 
 
 def run_log(seed: int, points: int, surge_at: int | None, lead: int) -> pd.DataFrame:

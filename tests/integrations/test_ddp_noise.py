@@ -1,5 +1,5 @@
 """The all-parameter two-batch noise estimate from DDP's comm hook
-(`integrations/ddp_noise.py`) on 2 gloo processes: the squared norms it reads off the buckets
+(`integrations/trl/ddp_noise.py`) on 2 gloo processes: the squared norms it reads off the buckets
 equal those of the local gradients and their mean computed by hand (plain autograd on a copy of
 the model, all-gathered), over gradient accumulation (the hook fires on the sync step only, with
 the whole step's local gradient) and several buckets; DDP's gradients are bit for bit those of
@@ -20,14 +20,14 @@ import torch
 from accelerate.utils import DistributedType
 from launch import torchrun
 
-from otb_diag.integrations.ddp_noise import _register
-from otb_diag.maths.variance.two_batch import two_batch_noise
+from otb_diag.integrations.trl.ddp_noise import _register
+from otb_diag.maths.noise.two_batch import two_batch_noise
 
 PLAIN_DDP = """
 import contextlib, copy, json, os, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from otb_diag.integrations.ddp_noise import DdpNoise
+from otb_diag.integrations.trl.ddp_noise import DdpNoise
 from otb_diag.runtime.torchrun import session
 
 # The library's join and leave: the model stack imported before the group exists, a barrier

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from otb_diag.integrations.generation_stats import GenerationStats
+from otb_diag.integrations.core.generation_stats import GenerationStats
 from otb_diag.io.scenarios import default_checkpoint
 
 TAU = 0.7
@@ -111,7 +111,7 @@ def test_without_caught_stats_otb_training_takes_one_forward(
     from trl_toy import toy_trainer
 
     from otb_diag.integrations.trl import attach
-    from otb_diag.integrations.trl_advantages import EXTRA_FORWARD
+    from otb_diag.integrations.trl.advantages import EXTRA_FORWARD
 
     runs = {}
     for name, fallback in (("caught", False), ("forward", True)):

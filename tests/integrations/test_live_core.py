@@ -18,7 +18,7 @@ from trl_toy import PROMPTS
 from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
-from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.core.live_core import LiveCore
 from otb_diag.io.scenarios import default_checkpoint
 
 STEPS, TAU, K = 3, 1.5, 8

@@ -18,7 +18,7 @@ from launch import torchrun
 from plain_loop import AGGREGATION, plain_loop
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from otb_diag.integrations.live_core import LiveCore
+from otb_diag.integrations.core.live_core import LiveCore
 from otb_diag.io.scenarios import default_checkpoint
 
 SCRIPT = Path(__file__).with_name("plain_fsdp.py")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from zero_tail_step import dumped_step
 
-from otb_diag.integrations.verl import compute_otb_metrics, dump_batch
+from otb_diag.integrations.verl.adapter import compute_otb_metrics, dump_batch
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.inputs import EnergyInputs
 from otb_diag.plots.dynamics import LIVE_DASHED, LIVE_PANELS, fig_live_otb

@@ -14,7 +14,7 @@ import pytest
 from trl_toy import toy_trainer
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.metric_levels import HEADLINE, check_level, logged_at
+from otb_diag.integrations.core.metric_levels import HEADLINE, check_level, logged_at
 from otb_diag.integrations.trl import attach
 from otb_diag.io.trainers.trl import OTB_RECORD
 from otb_diag.io.training_logs import otb_record, read_training_log

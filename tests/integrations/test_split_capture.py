@@ -1,5 +1,5 @@
 """The split's head-mode scores from a loss forward's caught hidden states
-(`integrations/split_capture.py`) equal `token_scores`' from its own extra forward, to float32
+(`integrations/trl/split_capture.py`) equal `token_scores`' from its own extra forward, to float32
 round-off: on a plain GPT-2 (absolute positions), one with a biased head, and Gemma-2 with its
 logit soft-cap; the hook catches nothing outside `catching()` or without grad. The same scores
 inside a real TRL step: tests/integrations/test_trl_live.py (`test_the_split_...`)."""
@@ -12,8 +12,8 @@ from tiny import soft_capped_gemma2
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from otb_diag.integrations.split_capture import HiddenCatch
-from otb_diag.integrations.step_metrics import split_scores
+from otb_diag.integrations.core.step_metrics import split_scores
+from otb_diag.integrations.trl.split_capture import HiddenCatch
 from otb_diag.maths.response_batch import ResponseBatch
 
 V, K = 17, 16

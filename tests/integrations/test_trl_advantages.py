@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.trl import attach
-from otb_diag.integrations.trl_advantages import EXTRA_FORWARD
+from otb_diag.integrations.trl.advantages import EXTRA_FORWARD
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint

@@ -22,9 +22,9 @@ import pytest
 import torch
 from trl_toy import toy_trainer
 
-from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
 from otb_diag.integrations.trl import attach
-from otb_diag.integrations.trl_support import LOSS_AGGREGATION
+from otb_diag.integrations.trl.support import LOSS_AGGREGATION
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint

@@ -19,18 +19,18 @@ from launch import torchrun
 from test_trl_live import check_reproduces, energy, step_checkpoint
 from trl_toy import GENERATIONS
 
-from otb_diag.integrations.step_metrics import (
+from otb_diag.integrations.core.step_metrics import (
     SPLIT_MODE,
     SPLIT_SEED,
     split_baselines,
     split_metrics,
     step_metrics,
 )
-from otb_diag.integrations.trl_support import LOSS_AGGREGATION, SUPPORTED
+from otb_diag.integrations.trl.support import LOSS_AGGREGATION, SUPPORTED
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.estimators.registry import trainer_baseline
-from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.maths.noise.budget_stream import BudgetPools
 from otb_diag.policy.scores.token_scores import token_scores
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.external]  # torchrun, TRL

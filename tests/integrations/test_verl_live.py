@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from otb_diag import api
 from otb_diag.errors import InputError
-from otb_diag.integrations import live_core
-from otb_diag.integrations.collapse_watch import CollapseWatch
-from otb_diag.integrations.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
-from otb_diag.integrations.verl import (
+from otb_diag.integrations.core import live_core
+from otb_diag.integrations.core.collapse_watch import CollapseWatch
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.verl.adapter import (
     BudgetTracker,
     compute_otb_metrics,
     dump_batch,
@@ -35,15 +35,15 @@ from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
+from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
+from otb_diag.maths.noise.step_split import step_split
 from otb_diag.maths.returns import group_index, returns_to_go
-from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
     draw_estimates,
     pool_rows,
     pool_score_means,
 )
-from otb_diag.maths.variance.step_split import step_split
 from otb_diag.policy.scores.token_scores import token_scores
 
 runner = CliRunner()

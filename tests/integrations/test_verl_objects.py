@@ -27,8 +27,8 @@ import torch
 from integrations.test_verl_scores import assert_same_split
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.verl import compute_otb_metrics, dump_batch
-from otb_diag.integrations.verl_scores import (
+from otb_diag.integrations.verl.adapter import compute_otb_metrics, dump_batch
+from otb_diag.integrations.verl.scores import (
     OTB_SCORES,
     SPLIT_K,
     OTBScores,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from otb_diag.integrations.verl import compute_otb_metrics
+from otb_diag.integrations.verl.adapter import compute_otb_metrics
 from otb_diag.maths.energy.token_stats import stats_from_logits
 
 pytest.importorskip("verl", reason="verl (0.9.1, with tensordict, ray, omegaconf) is not installed")

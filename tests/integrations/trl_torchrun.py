@@ -28,12 +28,12 @@ from typing import Any
 
 from trl_toy import toy_trainer
 
-from otb_diag.integrations import trl as trl_integration
+from otb_diag.integrations.trl import adapter as trl_integration
 from otb_diag.integrations.trl import attach
 from otb_diag.runtime.torchrun import session
 
 SPLIT_K = 16
-# A FAIL argument's prefix (the longer first: `fail` begins both) and the function of trl.py
+# A FAIL argument's prefix (the longer first: `fail` begins both) and the function of trl/adapter.py
 # it makes raise.
 FAILS = {"fail-start-": "local_rewards", "fail": "rows_of"}
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from otb_diag.dynamics.lr_sweep import Stability, choose_lr
-from otb_diag.maths.variance.knee import recommendation_text
+from otb_diag.maths.noise.knee import recommendation_text
 from otb_diag.pipelines.figures.recipe import FigurePlan
 from otb_diag.pipelines.results.figures import FiguresResult
 from otb_diag.pipelines.results.schema import build

@@ -17,7 +17,7 @@ from small_runs import dynamics, report
 
 from otb_diag.errors import InputError
 from otb_diag.io.training_logs import read_training_log
-from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
+from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 

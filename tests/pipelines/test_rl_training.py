@@ -11,17 +11,17 @@ from numerics import assert_close_to_norm
 from otb_diag.cli.main import app
 from typer.testing import CliRunner
 
-from otb_diag.integrations.step_metrics import split_metrics
+from otb_diag.integrations.core.step_metrics import split_metrics
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.registry import get_baseline
+from otb_diag.maths.noise.budget_stream import STEP_SHAPE
+from otb_diag.maths.noise.step_split import SPLIT
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.maths.variance.budget_stream import STEP_SHAPE
-from otb_diag.maths.variance.step_split import SPLIT
 from otb_diag.pipelines.rl_training import METRIC_KEYS, SPLIT_K, SPLIT_SEED
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import token_scores

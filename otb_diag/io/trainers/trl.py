@@ -100,7 +100,7 @@ def _message_text(messages: list[Any], field: str, fail: Fail) -> str:
 
 # What `attach` writes beside the trainer's log, in its `output_dir` (which holds
 # trainer_state.json at the end, and a copy in each `checkpoint-<n>/`): every `otb/` metric of
-# every measured step, one JSON line `{"step": s, ...}` each (`integrations/metric_levels.py`;
+# every measured step, one JSON line `{"step": s, ...}` each (`integrations/core/metric_levels.py`;
 # read back by `io/training_logs.py`).
 OTB_RECORD = "otb_metrics.jsonl"
 

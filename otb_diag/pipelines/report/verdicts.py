@@ -3,7 +3,7 @@ run measured one, its 95 % interval. Read from the files the commands wrote; not
 re-measured here.
 
 - variance-compare: first the recommendation of prompts and responses per step (the knee of the
-  gradient noise scale, `maths/variance/knee.py:recommend`, in summary.json's `noise_scale`),
+  gradient noise scale, `maths/noise/knee.py:recommend`, in summary.json's `noise_scale`),
   then OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
   with the intervals `otb-diag regress` uses (`regress/run_metrics.variance_metrics`: the bootstrap
   interval of the variance widened for the seeded projection, propagated through the

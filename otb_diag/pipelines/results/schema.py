@@ -22,7 +22,7 @@ from otb_diag.errors import InputError
 # step, the last that logged the family, and `otb_steps` which step (issue 40). 4: the
 # recommendation's `reference` holds the numbers its sentence reads (its knee in prompts and the
 # tokens' interval), so the sentence can be rewritten from the record alone
-# (`maths/variance/knee.py:recommendation_text`; issue 42).
+# (`maths/noise/knee.py:recommendation_text`; issue 42).
 SCHEMA_VERSION = 4
 
 T = TypeVar("T")

@@ -62,7 +62,7 @@ class ClaimVerdict:
 @dataclass(frozen=True)
 class KneeRow:
     """The within-prompt share of a step's noise and the knee at one baseline and N, with 95 %
-    intervals (`maths/variance/knee.py`; inf and NaN stay floats)."""
+    intervals (`maths/noise/knee.py`; inf and NaN stay floats)."""
 
     baseline: str
     group_size: int
@@ -156,7 +156,7 @@ class Draws:
 
 @dataclass(frozen=True)
 class KneeClaim:
-    """The (baseline, N) with the fewest tokens a step at the knee (`maths/variance/knee.py`)."""
+    """The (baseline, N) with the fewest tokens a step at the knee (`maths/noise/knee.py`)."""
 
     baseline: str
     group_size: int
@@ -169,7 +169,7 @@ class KneeClaim:
 @dataclass(frozen=True)
 class KneeReference:
     """The mean baseline at the trained N, the share of its noise between prompts, and its
-    knee with the interval (`maths/variance/knee.py:recommendation_text` words them)."""
+    knee with the interval (`maths/noise/knee.py:recommendation_text` words them)."""
 
     baseline: str
     group_size: int
@@ -184,7 +184,7 @@ class KneeReference:
 
 @dataclass(frozen=True, kw_only=True)
 class Recommendation:
-    """`maths/variance/knee.py:recommend`: the mode and aggregation it read (None: no mode with
+    """`maths/noise/knee.py:recommend`: the mode and aggregation it read (None: no mode with
     a signal, and then only `claim` and `text`), the knee claimed (None: none resolved), the
     mean baseline beside it (absent when not measured) and the sentence."""
 

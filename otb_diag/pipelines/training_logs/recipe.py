@@ -21,7 +21,7 @@ from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_with
 from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
-from otb_diag.maths.variance.budget_stream import BudgetPools
+from otb_diag.maths.noise.budget_stream import BudgetPools
 from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
 from otb_diag.pipelines.results.dynamics import (

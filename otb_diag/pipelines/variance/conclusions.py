@@ -1,6 +1,6 @@
 """What `otb-diag variance-compare` concludes, read off its tables: the headline (OTB
 against the mean baseline per mode and N), the verdict on the paper's claim, the knee and the
-recommendation (`maths/variance/knee.py`), as the records of `results/variance.py`; and the
+recommendation (`maths/noise/knee.py`), as the records of `results/variance.py`; and the
 fidelity rows and full-mode record of each checkpoint's measurements."""
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from otb_diag.io.loading import RolloutSet, load_rollout_set
 from otb_diag.io.provenance import library_versions
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.registry import TRUE_ENERGIES
+from otb_diag.maths.noise.knee import noise_table, recommend
 from otb_diag.maths.returns import returns_to_go
 from otb_diag.maths.variance.blocks import block_tables, projection_error
-from otb_diag.maths.variance.knee import noise_table, recommend
 from otb_diag.maths.variance.paired_draws import (
     default_specs,
     paired_estimates,

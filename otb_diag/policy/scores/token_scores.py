@@ -285,7 +285,7 @@ def head_sketch(
     soft-cap, before the temperature); targets: `[...]` the sampled tokens; tau: `[...]` or a
     scalar temperature; sketch: `head_sketch_matrices(V, d + biased, k, seed)` on their device;
     biased: the head has a bias (folded in as `h̃ = [h; 1]`). `_head_scores` calls it on the
-    chunks of its own forward, a verl actor on its log-prob forward (`integrations/verl_scores.py`).
+    chunks of its own forward, a verl actor on its log-prob forward (`integrations/verl/scores.py`).
     """
     p1, p2 = sketch
     lead = targets.shape

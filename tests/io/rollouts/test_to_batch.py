@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from otb_diag.integrations.dump import batch_rows
-from otb_diag.integrations.step_metrics import round_off_clamped
+from otb_diag.integrations.core.dump import batch_rows
+from otb_diag.integrations.core.step_metrics import round_off_clamped
 from otb_diag.io.atomic import write_jsonl
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch

@@ -1,4 +1,4 @@
-"""McCandlish's two-batch estimator (`maths/variance/two_batch.py`): it solves its two equations
+"""McCandlish's two-batch estimator (`maths/noise/two_batch.py`): it solves its two equations
 exactly (hand case), is unbiased on a planted truth (processes' gradients drawn around a known
 G with a known covariance), and refuses batch sizes that do not give two equations."""
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otb_diag.errors import InputError
-from otb_diag.maths.variance.two_batch import two_batch_noise
+from otb_diag.maths.noise.two_batch import two_batch_noise
 
 
 def test_a_hand_case() -> None:

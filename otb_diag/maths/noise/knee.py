@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from otb_diag.maths.estimators.registry import TRUE_SUFFIX
-from otb_diag.maths.variance.noise_scale import FEW_PROMPTS, PromptMoments, noise_estimates
+from otb_diag.maths.noise.noise_scale import FEW_PROMPTS, PromptMoments, noise_estimates
 from otb_diag.maths.variance.paired_draws import PROXY, PairedDraws
 
 KNEE_COLUMNS = ("noise_scale", "noise_scale_responses", "noise_scale_tokens", "snr", "grad_sq")

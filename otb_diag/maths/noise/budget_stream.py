@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from otb_diag.maths.variance.pooling import EmaPool, Pooled, WindowPool
+from otb_diag.maths.noise.pooling import EmaPool, Pooled, WindowPool
 
 SPLIT = "split/"
 BUDGET = "budget/"

@@ -1,5 +1,5 @@
 """The noise scale of all parameters under DDP, at no extra pass: McCandlish's two-batch
-estimator (`maths/variance/two_batch.py`) read off the gradient all-reduce.
+estimator (`maths/noise/two_batch.py`) read off the gradient all-reduce.
 
 DDP hands each bucket of this process's gradient to a communication hook before it averages the
 buckets over the processes (`DistributedDataParallel.register_comm_hook`). `DdpNoise.hook` adds
@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from otb_diag.maths.variance.budget_stream import SPLIT
-from otb_diag.maths.variance.two_batch import two_batch_noise
+from otb_diag.maths.noise.budget_stream import SPLIT
+from otb_diag.maths.noise.two_batch import two_batch_noise
 
 NAME = "params"  # logged as otb/split/params/<field>, beside the head-mode split's baselines
 

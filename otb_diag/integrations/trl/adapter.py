@@ -5,17 +5,17 @@
     trainer.train()
 
 This module is TRL's adapter: its hooks and its logger. The rest lives in one module an idea:
-which trainers and TRL versions it takes (`trl_support.py`), a step's rows put back together
-from the micro-steps (`trl_rows.py`), the trainer-neutral core that gathers them across
+which trainers and TRL versions it takes (`support.py`), a step's rows put back together
+from the micro-steps (`rows.py`), the trainer-neutral core that gathers them across
 processes, measures on its worker thread, pools, watches and records a step (`live_core.py`),
-OTB's advantages in place of TRL's (`trl_advantages.py`).
+OTB's advantages in place of TRL's (`advantages.py`).
 
 Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`; `rloo_trainer.py` has
 the same hooks):
 - the batch: `_generate_and_score_completions`' rows and `_calculate_rewards`' rewards, put
   back together from the micro-steps and, with several processes, gathered to the main one in
   process order: the whole batch, whole groups, one computation, one log entry, one dump file,
-  one step's rows in memory (`trl_rows.py`, `live_core.py:LiveCore.gather`).
+  one step's rows in memory (`rows.py`, `live_core.py:LiveCore.gather`).
 - Σπ² and log p: from the loss's own forward. TRL's fused LM head (`add_fused_lm_head`) computes,
   tile by tile, the per-token fields it is asked for; `attach` asks it for `log_sum_sq_probs`
   too, and reads `log_probs` and `log_sum_sq_probs` off the forward `_compute_loss` runs, at no
@@ -59,23 +59,22 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.ddp_noise import install_ddp_noise
-from otb_diag.integrations.dump import check_dump_dir
-from otb_diag.integrations.live_core import LiveCore, describe
-from otb_diag.integrations.metric_levels import check_level
-from otb_diag.integrations.split_capture import HiddenCatch
-from otb_diag.integrations.step_metrics import (
+from otb_diag.integrations.core.dump import check_dump_dir
+from otb_diag.integrations.core.live_core import LiveCore, describe
+from otb_diag.integrations.core.metric_levels import check_level
+from otb_diag.integrations.core.step_metrics import (
     PREFIX,
     check_whole_groups,
     split_scores,
 )
-from otb_diag.integrations.trl_advantages import (
+from otb_diag.integrations.trl.advantages import (
     EXTRA_FORWARD,
     AdvantageSwap,
     check_advantages,
     install_swap,
 )
-from otb_diag.integrations.trl_rows import (
+from otb_diag.integrations.trl.ddp_noise import install_ddp_noise
+from otb_diag.integrations.trl.rows import (
     OUTPUT_KEYS,
     ROW_KEY,
     Pending,
@@ -87,7 +86,8 @@ from otb_diag.integrations.trl_rows import (
     rows_of,
     step_batch,
 )
-from otb_diag.integrations.trl_support import (
+from otb_diag.integrations.trl.split_capture import HiddenCatch
+from otb_diag.integrations.trl.support import (
     FUSED_OUTPUTS,
     HOOKS,
     LOSS_AGGREGATION,
@@ -141,7 +141,7 @@ class LiveDiagnostics:
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
-        self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: trl_advantages.py
+        self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: advantages.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
         loss_type = getattr(trainer, "loss_type", "")
         # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
@@ -390,13 +390,13 @@ def attach(
     from the loss forward's hidden states (one head matmul per token, no extra pass through the
     body; with `extra_forward=True`, one extra no-grad forward); None or 0 switches it off.
     Every split step also logs the split pooled over the split steps so far
-    (`otb/budget/<baseline>/<window|ema>/...`, `maths/variance/budget_stream.py`): the pooled
+    (`otb/budget/<baseline>/<window|ema>/...`, `maths/noise/budget_stream.py`): the pooled
     noise scale and its interval, the SNR at the run's P, the within share, the tokens a step
     at the knee. Under DDP, every step also logs the all-parameter two-batch estimate
     (`otb/split/params/...`, `ddp_noise.py`). `advantages="otb"` (any registry baseline,
     `advantage_options` its options, e.g. `{"handle_zero_tail": False}`) trains with that
     baseline's token-level advantages in place of the trainer's, audited and dumped as the
-    estimator that ran (`trl_advantages.py`; each process's groups must be whole).
+    estimator that ran (`advantages.py`; each process's groups must be whole).
 
     `metrics="default"` logs to the trainer's loggers the answers a person reads, at most 20
     `otb/` keys a step (`metric_levels.py:HEADLINE`); `metrics="all"` logs every metric. Either

@@ -1,5 +1,5 @@
 """One step's within/between split, |G|², noise scale and SNR from its groups
-(maths/variance/step_split.py): a case by hand, unbiasedness on a linear-Gaussian model with
+(maths/noise/step_split.py): a case by hand, unbiasedness on a linear-Gaussian model with
 planted truth, and advantages at rounding level counted as 0."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from otb_diag.maths.estimators.otb import otb_baseline
-from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE
-from otb_diag.maths.variance.noise_scale import ROUNDOFF_ULPS
-from otb_diag.maths.variance.step_split import (
+from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE
+from otb_diag.maths.noise.noise_scale import ROUNDOFF_ULPS
+from otb_diag.maths.noise.step_split import (
     response_contributions,
     step_split,
     without_rounding,

@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from otb_diag.maths.variance.budget_stream import SPLIT, STEP_SHAPE, split_names
+from otb_diag.maths.noise.budget_stream import SPLIT, STEP_SHAPE, split_names
 
 # The step shape's least values (`STEP_SHAPE`'s keys), and why.
 SHAPE_FLOORS = {

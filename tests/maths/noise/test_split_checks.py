@@ -1,4 +1,4 @@
-"""`maths/variance/split_checks.py`: a logged split's impossible values are refused (a negative
+"""`maths/noise/split_checks.py`: a logged split's impossible values are refused (a negative
 trace of a covariance, P < 1, N < 2, an infinite estimate) while the unbiased estimates that may
 be negative pass (|G|², and tr Σ of the two-batch estimate); a split that cannot be pooled is
 named with why; the names are read from the keys' ends."""
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from otb_diag.maths.variance.budget_stream import split_names
-from otb_diag.maths.variance.split_checks import refused, unpooled
+from otb_diag.maths.noise.budget_stream import split_names
+from otb_diag.maths.noise.split_checks import refused, unpooled
 
 STEP = {
     "otb/split/prompts": 8.0,

@@ -1,4 +1,4 @@
-"""The knee per (baseline, N) and the recommendation (maths/variance/knee.py) on planted cases."""
+"""The knee per (baseline, N) and the recommendation (maths/noise/knee.py) on planted cases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from otb_diag.io.atomic import json_text
-from otb_diag.maths.variance.knee import noise_table, recommend, recommendation_text
+from otb_diag.maths.noise.knee import noise_table, recommend, recommendation_text
 from otb_diag.maths.variance.paired_draws import BaselineSpec, DrawSet, PairedDraws
 
 SIZES = (2, 4, 8, 16)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from otb_diag.integrations.step_metrics import SPLIT_SEED
+from otb_diag.integrations.core.step_metrics import SPLIT_SEED
 from otb_diag.policy.scores.token_scores import head_sketch_from_hidden, head_sketch_of
 
 

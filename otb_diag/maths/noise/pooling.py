@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy import stats
 
-from otb_diag.maths.variance.noise_scale import LEVEL, signal_and_noise
+from otb_diag.maths.noise.noise_scale import LEVEL, signal_and_noise
 
 # One step's tuple, in order: tr Σ, |G|², within (NaN where the split is unknown), P, N, L̄.
 COLUMNS = ("total", "grad_sq", "within", "prompts", "group_size", "mean_tokens")

@@ -14,7 +14,7 @@ and hands each measured step to one `LiveCore`, which holds everything else:
     collect(pooled_too)            backward pass and optimizer step; `collect`, at the step's
                                    end, waits for it and `finish`es the step
     finish(step, metrics)          the collapse watch (`collapse_watch.py`), the split pooled
-                                   over the steps (`maths/variance/budget_stream.py`), the
+                                   over the steps (`maths/noise/budget_stream.py`), the
                                    full record (`metric_levels.py:FullRecord`); every metric
     logged(metrics)                what the dashboard gets at the run's level (`metric_levels`)
     add_grad_norm(step, value)     the trainer's gradient norm, for the collapse watch
@@ -43,12 +43,12 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.collapse_watch import CollapseWatch
-from otb_diag.integrations.dump import dump_step
-from otb_diag.integrations.metric_levels import FullRecord, logged_at
-from otb_diag.integrations.step_metrics import PREFIX, split_baselines, step_and_split_metrics
+from otb_diag.integrations.core.collapse_watch import CollapseWatch
+from otb_diag.integrations.core.dump import dump_step
+from otb_diag.integrations.core.metric_levels import FullRecord, logged_at
+from otb_diag.integrations.core.step_metrics import PREFIX, split_baselines, step_and_split_metrics
+from otb_diag.maths.noise.budget_stream import DECAY, WINDOW, BudgetPools
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import DECAY, WINDOW, BudgetPools
 from otb_diag.runtime.torchrun import Dist
 
 # The variance series of the collapse watch: the proxy `dynamics` reads as `proxy2` of a log.
@@ -234,7 +234,7 @@ class LiveCore:
     ) -> dict[str, float]:
         """Every metric of the step: `metrics`, the collapse watch's, and the split pooled over
         the steps so far (fed `metrics` and `pooled_too`, e.g. the all-parameter estimate of
-        `ddp_noise.py`, which joins the pools on the split's steps); kept as `last` and
+        `trl/ddp_noise.py`, which joins the pools on the split's steps); kept as `last` and
         appended to the full record."""
         out = dict(metrics)
         if WATCHED_PROXY in out:

@@ -1,4 +1,4 @@
-"""The noise scale pooled over training steps (`maths/variance/pooling.py`), on planted truth:
+"""The noise scale pooled over training steps (`maths/noise/pooling.py`), on planted truth:
 simulated steps whose responses are Gaussian score contributions with known `within`,
 `between` and `|G|²`, each split by the very `step_split` the trainers log, `|G|²` drifting
 slowly. The pooled interval covers the truth about 95 % of the time, narrows as 1/√steps, and a
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from otb_diag.maths.variance.pooling import (
+from otb_diag.maths.noise.pooling import (
     EmaPool,
     Pooled,
     WindowPool,
@@ -22,7 +22,7 @@ from otb_diag.maths.variance.pooling import (
     moments_of,
     pooled_estimates,
 )
-from otb_diag.maths.variance.step_split import step_split
+from otb_diag.maths.noise.step_split import step_split
 
 P, N, K, L = 8, 4, 16, 20.0  # prompts, responses a prompt, score dimension, tokens a response
 WITHIN, BETWEEN = 3.0, 1.0  # tr Σ = 4

@@ -50,8 +50,8 @@ import torch
 from torch import Tensor
 
 from otb_diag.maths.aggregation import aggregation_weights
-from otb_diag.maths.variance.budget_stream import ONE_STEP_NOISE_SCALE, STEP_SHAPE
-from otb_diag.maths.variance.noise_scale import (
+from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE, STEP_SHAPE
+from otb_diag.maths.noise.noise_scale import (
     ROUNDOFF_ULPS,
     PromptMoments,
     decompose,

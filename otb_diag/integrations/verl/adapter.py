@@ -17,7 +17,7 @@ Fields read, as verl names them (`batch.batch[...]`, `batch.non_tensor_batch["ui
 `old_log_probs` and `sum_pi_squared` `[B, T]` (actor `calculate_sum_pi_squared=true`),
 `token_level_rewards` `[B, T]`, `advantages` `[B, T]` (audited when present), `uid` `[B]`, and
 when present `prompts` `[B, P]` with the first P columns of `attention_mask` (the prompt ids of
-the dump), `rollout_is_weights` `[B, T]` and `otb_scores` `[B, T, k]` (`verl_scores.py`). A
+the dump), `rollout_is_weights` `[B, T]` and `otb_scores` `[B, T, k]` (`scores.py`). A
 plain dict of those tensors (with `uid`) works the same, so nothing here imports verl.
 
 The metrics are `step_metrics.py:step_metrics`'s, under verl-style names (`otb/...`), so they
@@ -39,20 +39,20 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.dump import check_dump_dir, dump_step
-from otb_diag.integrations.live_core import LiveCore
-from otb_diag.integrations.metric_levels import check_level
-from otb_diag.integrations.step_metrics import (
+from otb_diag.integrations.core.dump import check_dump_dir, dump_step
+from otb_diag.integrations.core.live_core import LiveCore
+from otb_diag.integrations.core.metric_levels import check_level
+from otb_diag.integrations.core.step_metrics import (
     check_whole_groups,
     round_off_clamped,
     split_scores,
     step_and_split_metrics,
 )
-from otb_diag.integrations.verl_scores import OTB_SCORES, SPLIT_K
+from otb_diag.integrations.verl.scores import OTB_SCORES, SPLIT_K
 from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
+from otb_diag.maths.noise.budget_stream import DECAY, WINDOW
 from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import DECAY, WINDOW
 
 REQUIRED = ("responses", "old_log_probs", "sum_pi_squared", "token_level_rewards", "uid")
 DEFAULT_ESTIMATOR = "grpo"  # the estimator audited when the caller names none
@@ -83,8 +83,8 @@ def compute_otb_metrics(
     With per-token score vectors, also `otb/split/<baseline>/...` under `adv_estimator` and
     OTB, aggregated as `loss_agg_mode` (the actor's `actor_rollout_ref.actor.loss_agg_mode`).
     The scores, `[B, T, k]` projected per-token scores of `responses`, come from `scores`, else
-    from the batch's `otb_scores` (`verl_scores.py:OTB_SCORES`: formed on verl's actor workers
-    by `verl_scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
+    from the batch's `otb_scores` (`scores.py:OTB_SCORES`: formed on verl's actor workers
+    by `scores.py:forward_scores`), else from `model` (the policy that sampled the batch,
     on one process: head-mode scores of dimension `split_k` from one extra no-grad forward; the
     batch needs `prompts`); the last two give the same numbers."""
     step, scores = step_and_scores(batch, temperature, model, scores, split_k)
@@ -103,7 +103,7 @@ def step_and_scores(
     split), as `compute_otb_metrics` takes them (its docstring)."""
     step = verl_batch(batch, temperature)
     if scores is None and model is None:
-        scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (verl_scores.py)
+        scores = _parts(batch)[0].get(OTB_SCORES)  # formed on the workers (scores.py)
     if scores is None and model is not None:
         scores = split_scores(model, step, split_k)
     if scores is not None:
@@ -132,7 +132,7 @@ class BudgetTracker:
     `metrics.update(otb.collect())` after it.
 
     Its calls with a split (`scores` or `model`) add `otb/budget/<baseline>/<window|ema>/...`
-    (`maths/variance/budget_stream.py`); `grad_norm` (verl's last logged `actor/grad_norm`)
+    (`maths/noise/budget_stream.py`); `grad_norm` (verl's last logged `actor/grad_norm`)
     feeds the collapse watch beside the variance proxy (`otb/collapse/...`). `metrics`: the
     level returned (`metric_levels.py`; "all" by default here, since verl's own file log is
     what `dynamics` reads back, and it pools the per-step split), `record_dir`: where to append

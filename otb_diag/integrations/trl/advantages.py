@@ -13,14 +13,14 @@ rows and splits them over the micro-steps:
 
     A_t = (G_t − B_t) · mask_t        (maths/estimators/advantages.py:batch_advantages)
 
-from the rewards TRL formed (`trl_rows.py:local_rewards`: Σ_f weight_f · r_f), TRL's
+from the rewards TRL formed (`rows.py:local_rewards`: Σ_f weight_f · r_f), TRL's
 groups (consecutive blocks of `num_generations` rows) and, for a baseline that needs the
 realized energy (`otb`, `optseq`, …), `W_t = Σ_{j≤t} mask_j w_j` with
 `w_t = (1 − 2 p_t + Σπ²_t)/τ²` of the sampling policy (the model as it generated the batch):
 its `log p` and `Σπ²` are caught from the forwards `generate` ran to sample the batch
 (`generation_stats.py:GenerationStats`: no pass beyond TRL's own), or, where TRL did not
 generate with transformers' `generate` in one call (vLLM, paged generation, tool turns), from
-one no-grad forward of the policy (`trl_rows.py:no_grad_stats`,
+one no-grad forward of the policy (`rows.py:no_grad_stats`,
 `policy/forward_pass.py:checkpoint_stats`); `otb/advantages/extra_forward` says which (0 or 1).
 TRL's own forward for old log-probabilities (run only when generation and optimisation steps
 are misaligned) gives no Σπ², so it is not reused. The diagnostics then take their `log p` and
@@ -44,9 +44,9 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.generation_stats import GenerationStats
-from otb_diag.integrations.step_metrics import split_baselines
-from otb_diag.integrations.trl_rows import (
+from otb_diag.integrations.core.generation_stats import GenerationStats
+from otb_diag.integrations.core.step_metrics import split_baselines
+from otb_diag.integrations.trl.rows import (
     Pending,
     local_rewards,
     no_grad_stats,
@@ -60,7 +60,7 @@ from otb_diag.maths.estimators.registry import baseline_names, get_baseline, tra
 from otb_diag.maths.response_batch import ResponseBatch
 
 if TYPE_CHECKING:
-    from otb_diag.integrations.trl import LiveDiagnostics
+    from otb_diag.integrations.trl.adapter import LiveDiagnostics
 
 EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1: W took a no-grad forward; 0: generate's
 

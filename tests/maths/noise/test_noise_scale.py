@@ -1,5 +1,5 @@
 """The split of a step's variance, |G|² and the noise scale against planted truth
-(maths/variance/noise_scale.py, docs/theory.md §4.2)."""
+(maths/noise/noise_scale.py, docs/theory.md §4.2)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from otb_diag.maths.variance.noise_scale import PromptMoments, decompose, noise_estimates
+from otb_diag.maths.noise.noise_scale import PromptMoments, decompose, noise_estimates
 
 KEYS = ("within", "between", "total", "grad_sq", "noise_scale")
 

@@ -29,14 +29,14 @@ from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
-from otb_diag.maths.response_batch import ResponseBatch
-from otb_diag.maths.variance.budget_stream import SPLIT
-from otb_diag.maths.variance.step_split import (
+from otb_diag.maths.noise.budget_stream import SPLIT
+from otb_diag.maths.noise.step_split import (
     response_contributions,
     step_shape,
     step_split,
     without_rounding,
 )
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.scores.token_scores import token_scores
 
 PREFIX = "otb/"
@@ -160,11 +160,11 @@ def split_metrics(
 ) -> dict[str, float]:
     """`otb/split/<baseline>/<name>` for every name of `step_split.SPLIT`: the step's noise
     split within and between its prompts, `|G|²`, the noise scale and the SNR at the step's
-    prompts (`maths/variance/step_split.py`), under each registry baseline of `baselines`
+    prompts (`maths/noise/step_split.py`), under each registry baseline of `baselines`
     (name -> the options it runs with, e.g. the trainer's ε) and the trainer's `aggregation`
     (a `maths/aggregation.py` name); and `otb/split/<shape>` for the step's prompts, group size
     and mean generated tokens a response (`budget_stream.STEP_SHAPE`), which pooling the split
-    over steps needs (`maths/variance/budget_stream.py`).
+    over steps needs (`maths/noise/budget_stream.py`).
 
     scores: `[B, C, k]` projected per-token scores of the batch's responses (C ≥ its width),
     e.g. `split_scores(model, batch, k)`. The advantages are the

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.step_metrics import round_off_clamped
+from otb_diag.integrations.core.step_metrics import round_off_clamped
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
 

@@ -1,4 +1,4 @@
-"""`maths/variance/budget_stream.py`: the logged split of each step, keyed as the trainers log
+"""`maths/noise/budget_stream.py`: the logged split of each step, keyed as the trainers log
 it, pooled per estimator name; a name with only `total` and `grad_sq` (the all-parameter
 estimator) pools without a within share; a step without its shape or split adds nothing."""
 
@@ -9,13 +9,13 @@ import math
 import numpy as np
 import pytest
 
-from otb_diag.maths.variance.budget_stream import (
+from otb_diag.maths.noise.budget_stream import (
     ONE_STEP_NOISE_SCALE,
     POOLS,
     BudgetPools,
     current_name,
 )
-from otb_diag.maths.variance.pooling import EmaPool, WindowPool
+from otb_diag.maths.noise.pooling import EmaPool, WindowPool
 
 
 def step(rng: np.random.Generator) -> dict[str, float]:
