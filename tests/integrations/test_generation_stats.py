@@ -123,6 +123,11 @@ def test_without_caught_stats_otb_training_takes_one_forward(
         runs[name] = [e for e in trainer.state.log_history if EXTRA_FORWARD in e]
     assert [e[EXTRA_FORWARD] for e in runs["caught"]] == [0.0, 0.0]
     assert [e[EXTRA_FORWARD] for e in runs["forward"]] == [1.0, 1.0]
-    for a, b in zip(runs["caught"], runs["forward"], strict=True):
-        energy = "otb/energy/sequence_mean"
-        assert a[energy] == pytest.approx(b[energy], rel=1e-4)
+    # Step 1 measures the same weights both ways: the two forwards agree to float32 round-off.
+    # Step 2's weights went through Adam's first update, lr · m̂/(√v̂ + ε) ≈ ±lr for every
+    # component, which turns a round-off difference in a near-zero gradient component into a
+    # step of 2·lr: 1.2e-4 apart in the energy here (transformers 5.24, torch 2.13).
+    energy = "otb/energy/sequence_mean"
+    first, second = (e[energy] for e in runs["caught"]), (e[energy] for e in runs["forward"])
+    for (a, b), rel in zip(zip(first, second, strict=True), (1e-6, 1e-3), strict=True):
+        assert a == pytest.approx(b, rel=rel)
