@@ -24,7 +24,12 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
-from otb_diag.maths.energy.tables import ZERO_TAIL, ZERO_TAIL_PROXIES, energy_tables
+from otb_diag.maths.energy.tables import (
+    ZERO_TAIL,
+    ZERO_TAIL_PROXIES,
+    advantages_and_proxies,
+    step_summary,
+)
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages, has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
@@ -49,6 +54,9 @@ PER_BASELINE = (
     "expected_a_squared",
 )
 RATIOS = ("proxy2_total_power", "token_total_power")  # OTB's over the mean baseline's
+# The step's `tables.step_summary` logged as `energy/<name>` and `groups/<name>`.
+ENERGY = ("sequence_mean", "sequence_median", "mean_w", "group_cv_median")
+GROUPS = ("mixed_rewards_fraction", "empty_responses")
 SPLIT_MODE = "head"  # the split's score vectors: the output layer's (an extra forward, or caught)
 SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
@@ -102,24 +110,18 @@ def step_metrics(
     names = baseline_names(defaults_only=True) if baselines is None else tuple(baselines)
     stats = logged_stats(batch)
     estimator = Estimator(handle_zero_tail, has_tool_output(batch.mask, batch.valid))
-    tables = energy_tables(batch, stats, names, estimator=estimator, with_tokens=False)
-    seqs, groups = tables.sequences, tables.groups
-    out: dict[str, float] = {
-        "energy/sequence_mean": float(seqs["energy"].mean()),
-        "energy/sequence_median": float(seqs["energy"].median()),
-        "energy/mean_w": float(seqs["energy"].sum() / max(1, seqs["generated"].sum())),
-        "energy/group_cv_median": float(groups["energy_cv"].median()),
-        "groups/mixed_rewards_fraction": float(groups["mixed_rewards"].mean()),
-        "groups/empty_responses": float(groups["empty_responses"].sum()),
-    }
-    for name, proxies in tables.proxies.items():
+    computed, proxies_of = advantages_and_proxies(batch, stats.w, names, estimator)
+    summary = step_summary(batch, computed.energy)
+    out: dict[str, float] = {f"energy/{k}": summary[k] for k in ENERGY}
+    out |= {f"groups/{k}": summary[k] for k in GROUPS}
+    for name, proxies in proxies_of.items():
         out.update({f"proxy/{name}/{p}": proxies[p] for p in PER_BASELINE})
         out["proxy/expected_w"] = proxies["expected_w"]
-    if "otb" in tables.proxies:
-        otb = tables.proxies["otb"]
+    if "otb" in proxies_of:
+        otb = proxies_of["otb"]
         out.update({f"proxy/otb/{ZERO_TAIL}{p}": otb[ZERO_TAIL + p] for p in ZERO_TAIL_PROXIES})
-        if "mean" in tables.proxies:
-            mean = tables.proxies["mean"]
+        if "mean" in proxies_of:
+            mean = proxies_of["mean"]
             for p in RATIOS:
                 out[f"otb_over_mean/{p}"] = _ratio(otb[p], mean[p])
                 rest = otb[p] - otb[ZERO_TAIL + p]

@@ -101,11 +101,15 @@ def proxies_by_baseline(
     advantages over one batch (`temperature`: `[B]` τ per row, None for 1): the terms that do
     not depend on the advantages (`W_i`, `expected_w`, `rhobar_i^2`, `w rho^2`) are computed
     once."""
-    if mask.shape[0] == 0:
+    if mask.shape[0] == 0 or not advantages:
         return {b: dict.fromkeys(SEQUENCE_PROXIES, 0.0) for b in advantages}
     tau_sq = None if temperature is None else temperature.to(w.dtype) ** 2
     shared = _shared_terms(mask.bool(), w, is_weights, tau_sq)
-    return {b: _sequence_proxies(a, mask.bool(), shared) for b, a in advantages.items()}
+    # Every baseline at once, `[n, B, T]`: one set of operations and one host read a batch,
+    # not one per baseline (the live diagnostics compute them at every training step).
+    values = _sequence_proxies(torch.stack(list(advantages.values())), mask.bool(), shared)
+    by_baseline = zip(advantages, values, strict=True)
+    return {b: dict(zip(SEQUENCE_PROXIES, v, strict=True)) for b, v in by_baseline}
 
 
 def _shared_terms(
@@ -135,17 +139,18 @@ def _shared_terms(
 
 def _sequence_proxies(
     advantages: Tensor, keep: Tensor, shared: dict[str, Tensor]
-) -> dict[str, float]:
-    """The proxies that need no gradient, each a mean over every row."""
-    a_bar2 = _masked_mean(advantages, keep) ** 2  # Abar_i^2, 0 for an empty row
+) -> list[list[float]]:
+    """The proxies that need no gradient, each a mean over every row, of each baseline's
+    advantages `[n, B, T]`: `[n]` lists of the `SEQUENCE_PROXIES` in order."""
+    a_bar2 = _masked_mean(advantages, keep) ** 2  # Abar_i^2 [n, B], 0 for an empty row
     values = {
-        "proxy2_total_power": (shared["verl_power_weight"] * a_bar2).mean(),
-        "expected_a_squared": a_bar2.mean(),
-        "expected_w": shared["expected_w"],
-        "logit_total_power": (shared["power_weight"] * a_bar2).mean(),
-        "token_total_power": _masked_sum(shared["w_scaled"] * advantages**2, keep).mean(),
+        "proxy2_total_power": (shared["verl_power_weight"] * a_bar2).mean(-1),
+        "expected_a_squared": a_bar2.mean(-1),
+        "expected_w": shared["expected_w"].expand(len(advantages)),
+        "logit_total_power": (shared["power_weight"] * a_bar2).mean(-1),
+        "token_total_power": _masked_sum(shared["w_scaled"] * advantages**2, keep).mean(-1),
     }
-    return {name: values[name].item() for name in SEQUENCE_PROXIES}
+    return torch.stack([values[name] for name in SEQUENCE_PROXIES], -1).tolist()
 
 
 def combine_proxies(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:

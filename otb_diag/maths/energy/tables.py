@@ -25,7 +25,7 @@ from otb_diag.maths.estimators.advantages import (
     token_advantages,
 )
 from otb_diag.maths.estimators.registry import baseline_names
-from otb_diag.maths.groups import zero_tail
+from otb_diag.maths.groups import group_total, zero_tail
 from otb_diag.maths.response_batch import ResponseBatch
 
 # OTB's proxies that verl's zero tail adds to: `proxies["otb"]["zero_tail/<name>"]` is the part
@@ -62,15 +62,9 @@ def energy_tables(
     `with_tokens` the token table is left empty (the live diagnostics need only the others).
     OTB's proxies carry their zero-tail parts (`ZERO_TAIL`, `zero_tail_parts`)."""
     names = baseline_names(defaults_only=True) if baselines is None else baselines
-    computed = batch_advantages(batch, stats.w, names, estimator)
+    computed, proxies = advantages_and_proxies(batch, stats.w, names, estimator)
     mask, energy, returns = batch.mask, computed.energy, computed.returns
     advantages = computed.by_baseline
-    proxies = proxies_by_baseline(
-        advantages, mask, stats.w, is_weights=batch.is_weights, temperature=batch.temperature
-    )
-    if "otb" in proxies:
-        proxies["otb"] |= zero_tail_parts(batch, stats.w, computed, proxies["otb"])
-
     rows, cols = batch.valid.nonzero(as_tuple=True)
     sequences = _sequence_table(batch, energy[:, -1] if energy.shape[1] else energy.sum(-1))
     # Tokens come row by row (row-major over `valid`): each response's W path is one slice.
@@ -102,6 +96,23 @@ def energy_tables(
         }
     )
     return EnergyTables(tokens, sequences, groups, proxies)
+
+
+def advantages_and_proxies(
+    batch: ResponseBatch, w: Tensor, baselines: Sequence[str], estimator: Estimator
+) -> tuple[Advantages, dict[str, dict[str, float]]]:
+    """Every baseline's advantages (the one estimator, `batch_advantages`, with the rollouts'
+    importance weights as w·ρ²) and variance proxies over `batch` (`w`: `[B, T]` per-token
+    proxy), OTB's with their zero-tail parts (`zero_tail_parts`): what `energy_tables` and the
+    live step's metrics (`integrations/core/step_metrics.py`) share."""
+    computed = batch_advantages(batch, w, baselines, estimator)
+    proxies = proxies_by_baseline(
+        computed.by_baseline, batch.mask, w, is_weights=batch.is_weights,
+        temperature=batch.temperature,
+    )  # fmt: skip
+    if "otb" in proxies:
+        proxies["otb"] |= zero_tail_parts(batch, w, computed, proxies["otb"])
+    return computed, proxies
 
 
 def zero_tail_parts(
@@ -147,6 +158,53 @@ def _sequence_table(batch: ResponseBatch, energy: Tensor) -> pd.DataFrame:
     )
     seqs["generated"] = generated.to(torch.long).numpy()  # tokens with mask 1
     return seqs
+
+
+def step_summary(batch: ResponseBatch, energy: Tensor) -> dict[str, float]:
+    """What the `sequences` and `groups` tables say of one training step, from the tensors
+    alone: the live diagnostics log these at every step, where building the tables (and every
+    group's heterogeneity, which they do not log) cost more than the step's other metrics.
+
+    energy: `[B, T]` cumulative `W_t` (`batch_advantages`' `energy`), so `W(τ_i) = W_{i,T}`.
+    Returns, as the tables define them (a mean and median over the responses, a median over
+    the groups, NaN-skipping as pandas'):
+        sequence_mean, sequence_median  of W(τ_i)
+        mean_w                          Σ_i W(τ_i) / max(1, Σ_i generated_i)
+        group_cv_median                 median_g of sd_g/mean_g of W(τ_i) over the members of g
+                                        with a token (population sd; NaN for mean ≤ 0)
+        mixed_rewards_fraction          share of groups whose rewards are not all equal
+        empty_responses                 responses with no generated token (mask all 0)"""
+    total = (energy[:, -1] if energy.shape[1] else energy.sum(-1)).double()  # W(τ_i)  [B]
+    generated = batch.mask.sum(-1)  # [B]
+    group = batch.group
+    num_groups = int(group.max()) + 1 if group.numel() else 0
+    # group_heterogeneity drops the members without a token (no W_t path to rank)
+    member = batch.valid.bool().any(-1).double()  # [B]
+    n = group_total(member, group)
+    mean = group_total(total * member, group) / n
+    sd = (group_total((total - mean) ** 2 * member, group) / n).sqrt()
+    cv = torch.where((n > 0) & (mean > 0), sd / mean, math.nan)  # [B], equal within a group
+    by_group = total.new_full((num_groups,), math.nan).scatter(0, group, cv)  # [K]
+    reward = batch.reward.double()
+    high = reward.new_full((num_groups,), -math.inf).scatter_reduce(0, group, reward, "amax")
+    low = reward.new_full((num_groups,), math.inf).scatter_reduce(0, group, reward, "amin")
+    return {
+        "sequence_mean": float(total.mean()),
+        "sequence_median": _median(total),
+        "mean_w": float(total.sum() / max(1, int(generated.sum()))),
+        "group_cv_median": _median(by_group[~by_group.isnan()]),
+        "mixed_rewards_fraction": float((high > low).double().mean()),
+        "empty_responses": float((generated == 0).sum()),
+    }
+
+
+def _median(x: Tensor) -> float:
+    """The median of `[n]` values as pandas takes it: the middle one, or the mean of the two
+    middle ones; NaN for none. (torch's `quantile` costs a millisecond a call on the CPU.)"""
+    if not len(x):
+        return math.nan
+    ordered = x.sort().values
+    return float(ordered[(len(x) - 1) // 2 : len(x) // 2 + 1].mean())
 
 
 def group_table(

@@ -8,16 +8,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.errors import InputError
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.energy.heterogeneity import group_heterogeneity
-from otb_diag.maths.energy.tables import energy_tables, group_table, pick_group
+from otb_diag.maths.energy.tables import energy_tables, group_table, pick_group, step_summary
 from otb_diag.maths.energy.token_stats import logged_stats
-from otb_diag.maths.estimators.advantages import has_tool_output
+from otb_diag.maths.estimators.advantages import batch_advantages, has_tool_output
 from otb_diag.maths.estimators.registry import baseline_names
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
 
 DEFAULT_BASELINES = baseline_names(defaults_only=True)
@@ -164,3 +167,50 @@ def test_importance_weights_reach_otb(model, tmp_path: Path) -> None:
     rho = torch.rand(batch.valid.shape, generator=torch.Generator().manual_seed(0)) + 0.5
     changed = energy_tables(replace(batch, is_weights=rho), stats, ["otb"]).tokens["adv_otb"]
     assert not np.allclose(changed, plain)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.booleans(),
+)
+def test_step_summary_says_what_the_tables_say(seed, groups, size, width, holes) -> None:
+    """The live step's summary, computed from tensors, equals the `sequences` and `groups`
+    tables' statistics on random batches: empty responses (no token), tool output (mask holes),
+    groups of one, all-equal and mixed rewards, zero energies."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = groups * size
+    length = torch.randint(0, width + 1, (rows,), generator=gen)
+    tool = (torch.rand(rows, width, generator=gen) < 0.8).long() if holes else None
+    logprobs = -torch.rand(rows, width, generator=gen) * 3
+    logprobs[torch.rand(rows, width, generator=gen) < 0.2] = 0.0  # p = 1: w = 0
+    batch = ResponseBatch.from_padded(
+        group_names=[f"g{g}" for g in range(groups)],
+        group=torch.arange(rows) // size,
+        prompt_ids=[[1]] * rows,
+        response_ids=torch.randint(2, VOCAB, (rows, width), generator=gen),
+        length=length,
+        temperature=0.9,
+        step=1,
+        tool_mask=tool,
+        reward=torch.randint(0, 2, (rows,), generator=gen).float(),
+        logprobs=logprobs,
+        sum_pi2=torch.exp(2 * logprobs) + (1 - torch.exp(2 * logprobs)) * 0.3,
+    )
+    stats = logged_stats(batch)
+    tables = energy_tables(batch, stats, ["mean"])
+    seqs, table = tables.sequences, tables.groups
+    computed = batch_advantages(batch, stats.w, ["mean"])
+    summary = step_summary(batch, computed.energy)
+    expected = {
+        "sequence_mean": float(seqs["energy"].mean()),
+        "sequence_median": float(seqs["energy"].median()),
+        "mean_w": float(seqs["energy"].sum() / max(1, seqs["generated"].sum())),
+        "group_cv_median": float(table["energy_cv"].median()),
+        "mixed_rewards_fraction": float(table["mixed_rewards"].mean()),
+        "empty_responses": float(table["empty_responses"].sum()),
+    }
+    assert summary == pytest.approx(expected, rel=1e-6, abs=1e-9, nan_ok=True)

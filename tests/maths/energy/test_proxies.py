@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otb_diag.maths.energy.proxies import variance_proxies
+from otb_diag.maths.energy.proxies import proxies_by_baseline, variance_proxies
 
 F64 = torch.float64
 
@@ -145,3 +146,46 @@ def test_matches_verls_formulas_on_random_batches(seed, rows, length, use_rho):
     metrics = variance_proxies(advantages, mask, w, is_weights=rho, grad_norm=0.3)
     expected = verl_proxies(advantages, mask, w, rho, 0.3)
     assert {k: metrics[k] for k in expected} == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def by_hand(a, mask, w, rho, tau) -> dict[str, float]:
+    """The five sequence proxies of one baseline, row by row in float64 (the module docstring's
+    formulas, written out again)."""
+    a, mask, w, tau = (np.asarray(x, np.float64) for x in (a, mask, w, tau))
+    on_policy = rho is None
+    rho = np.ones_like(w) if on_policy else np.asarray(rho, np.float64)
+    rows = []
+    for i in range(len(a)):
+        keep = mask[i] > 0
+        a_bar = a[i][keep].sum() / (keep.sum() + 1e-8)
+        rho_bar = 1.0 if on_policy else rho[i][keep].sum() / (keep.sum() + 1e-8)
+        energy = (w[i] * rho[i] ** 2 / np.maximum(rho[i] ** 2, 1e-10))[keep].sum()  # W_i
+        rows.append(
+            {
+                "proxy2_total_power": rho_bar**2 * max(tau[i] ** 2 * energy, 0) * a_bar**2,
+                "expected_a_squared": a_bar**2,
+                "expected_w": tau[i] ** 2 * (w[i] * rho[i] ** 2)[keep].sum(),
+                "logit_total_power": rho_bar**2 * max(energy, 0) * a_bar**2,
+                "token_total_power": (w[i] * rho[i] ** 2 * a[i] ** 2)[keep].sum(),
+            }
+        )
+    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 5), st.integers(1, 6), st.booleans())
+def test_every_baseline_at_once_equals_each_on_its_own(seed, baselines, length, use_rho):
+    """`proxies_by_baseline` stacks the baselines' advantages into one `[n, B, T]` pass: each
+    baseline's proxies are still its own, as written out row by row (`by_hand`)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 4
+    mask = (torch.rand(rows, length, generator=gen) < 0.7).float()
+    w = torch.rand(rows, length, generator=gen)
+    rho = torch.rand(rows, length, generator=gen) * 2 if use_rho else None
+    tau = torch.rand(rows, generator=gen) + 0.5
+    advantages = {f"b{i}": torch.randn(rows, length, generator=gen) for i in range(baselines)}
+    together = proxies_by_baseline(advantages, mask, w, rho, tau)
+    scale = float((w.abs() * (1 if rho is None else rho**2)).sum(-1).max())  # the largest Σ w ρ²
+    for name, a in advantages.items():
+        expected = by_hand(a, mask, w, rho, tau)
+        assert together[name] == pytest.approx(expected, rel=1e-5, abs=1e-6 * scale), name
