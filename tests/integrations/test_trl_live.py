@@ -252,12 +252,15 @@ def recorded_gather(
 
 
 def planted(monkeypatch: pytest.MonkeyPatch, module: object, name: str, error: Exception) -> None:
-    """`module.name` patched to raise `error` whenever it is called."""
+    """`module.name` patched to raise `error` whenever it is called; the live core then measures
+    in this process (`live_core.MEASURE_IN`), where the patch holds, not in its worker process
+    (test_worker.py fails a job there)."""
 
     def broken(*_: object, **__: object) -> None:
         raise error
 
     monkeypatch.setattr(module, name, broken)
+    monkeypatch.setattr(live_core, "MEASURE_IN", "thread")
 
 
 def test_an_error_inside_a_hook_switches_off_and_training_goes_on(

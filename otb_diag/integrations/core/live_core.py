@@ -10,9 +10,10 @@ and hands each measured step to one `LiveCore`, which holds everything else:
     measure(batch, step, scores)   the step's metrics (`step_metrics.py:step_and_split_metrics`:
                                    energy, proxies, audit, and the split where scores are
                                    given) and its dump; pure but for the dump
-    submit(batch, step, scores)    `measure` on the core's worker thread, beside the trainer's
-    collect(pooled_too)            backward pass and optimizer step; `collect`, at the step's
-                                   end, waits for it and `finish`es the step
+    submit(batch, step, scores)    `measure` in the core's worker process (`worker.py`), beside
+    collect(pooled_too)            the trainer's backward pass and optimizer step and off its
+                                   interpreter; `collect`, at the step's end, waits for it and
+                                   `finish`es the step
     finish(step, metrics)          the collapse watch (`collapse_watch.py`), the split pooled
                                    over the steps (`maths/noise/budget_stream.py`), the
                                    full record (`metric_levels.py:FullRecord`); every metric
@@ -35,18 +36,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
-from otb_diag.errors import InputError
 from otb_diag.integrations.core.collapse_watch import CollapseWatch
 from otb_diag.integrations.core.dump import dump_step
 from otb_diag.integrations.core.metric_levels import FullRecord, logged_at
 from otb_diag.integrations.core.step_metrics import PREFIX, split_baselines, step_and_split_metrics
+from otb_diag.integrations.core.worker import Worker, describe, shared_worker
+from otb_diag.maths.aggregation import AGGREGATIONS
+from otb_diag.maths.estimators.registry import BASELINES
 from otb_diag.maths.noise.budget_stream import DECAY, WINDOW, BudgetPools
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.runtime.torchrun import Dist
@@ -54,11 +57,9 @@ from otb_diag.runtime.torchrun import Dist
 # The variance series of the collapse watch: the proxy `dynamics` reads as `proxy2` of a log.
 WATCHED_PROXY = f"{PREFIX}proxy/grpo/proxy2_total_power"
 R = TypeVar("R")  # an adapter's rows of a step on one process
-
-
-def describe(error: Exception) -> str:
-    """The sentence a warning gives of `error`: an `InputError`'s own, else its type and text."""
-    return str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+# Where `submit` measures by default: the worker process (`worker.py`). "thread" keeps it in
+# this process, where a test can patch what it calls.
+MEASURE_IN = "process"
 
 
 @dataclass
@@ -76,6 +77,33 @@ def gather_shares(share: Share[R], place: Dist) -> list[Share[R]]:
     return place.all_gather(share)
 
 
+def measured(
+    batch: ResponseBatch,
+    step: int,
+    scores: Tensor | None,
+    audited: tuple[str, dict[str, Any]] | None,
+    baselines: Sequence[str] | None,
+    aggregation: str,
+    split_under: Mapping[str, Mapping[str, Any]],
+    dump_dir: Path | None,
+) -> dict[str, float]:
+    """A step's metrics (`step_metrics.py:step_and_split_metrics`) and its dump (`dump.py`):
+    pure but for the dump, and named at module level, so that the worker process
+    (`worker.py`) can be handed it."""
+    metrics = step_and_split_metrics(batch, audited, baselines, scores, aggregation, split_under)
+    if dump_dir is not None:
+        dump_step(dump_dir, batch, step, audited)
+    return metrics
+
+
+def registered_here() -> list[str]:
+    """The baselines and aggregations registered by the user's own code rather than shipped
+    with otb-diag: their functions live in this process only, and the worker process would not
+    know their names."""
+    own = [n for n, b in BASELINES.items() if not b.fn.__module__.startswith("otb_diag.")]
+    return own + [n for n, f in AGGREGATIONS.items() if not f.__module__.startswith("otb_diag.")]
+
+
 class LiveCore:
     """The state and the steps every live adapter shares (module docstring).
 
@@ -84,7 +112,9 @@ class LiveCore:
     aggregation: how the trainer's loss averages per-token terms (`maths/aggregation.py`);
     level: `metric_levels.LEVELS`; record_dir: where `otb_metrics.jsonl` goes (None: nowhere);
     dump_dir: where each measured step is dumped as rollouts (None: not dumped; the main
-    process's is used); place: this process's rank among the trainer's processes."""
+    process's is used); place: this process's rank among the trainer's processes; measure_in:
+    where `submit` measures, "process" (`worker.py`, falling back to a thread where no process
+    starts) or "thread" (None: `MEASURE_IN`)."""
 
     def __init__(
         self,
@@ -98,6 +128,7 @@ class LiveCore:
         window: int = WINDOW,
         decay: float = DECAY,
         place: Dist | None = None,
+        measure_in: str | None = None,
     ) -> None:
         self.audited = audited
         self.baselines = baselines
@@ -113,8 +144,12 @@ class LiveCore:
         self.enabled = True
         self.error: str | None = None  # this process's error, not yet handed over
         self._dirs_checked = False
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
-        self._job: tuple[int, Future, dict[str, float]] | None = None
+        self.measure_in = measure_in or MEASURE_IN
+        # the main process's worker (`worker.py`), started here so that the child's imports
+        # overlap the trainer's set-up; `submit` starts it where it was not
+        self._worker = self._start_worker() if self.place.is_main else None
+        self._thread: ThreadPoolExecutor | None = None  # where the worker cannot measure
+        self._job: tuple[int, Callable[[], dict[str, float]], dict[str, float]] | None = None
 
     # -- errors and processes ----------------------------------------------------------------
 
@@ -189,13 +224,13 @@ class LiveCore:
     def measure(
         self, batch: ResponseBatch, step: int, scores: Tensor | None = None
     ) -> dict[str, float]:
-        """The step's metrics from its rows (scores `[B, C, k]` on split steps), and its dump."""
-        metrics = step_and_split_metrics(
-            batch, self.audited, self.baselines, scores, self.aggregation, self.split_under
-        )
-        if self.dump_dir is not None:
-            dump_step(self.dump_dir, batch, step, self.audited)
-        return metrics
+        """The step's metrics from its rows (scores `[B, C, k]` on split steps), and its dump,
+        in this thread."""
+        return measured(batch, step, scores, *self._settings())
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What `measured` takes beside the step: its estimators, aggregation and dump."""
+        return self.audited, self.baselines, self.aggregation, self.split_under, self.dump_dir
 
     def submit(
         self,
@@ -204,11 +239,39 @@ class LiveCore:
         scores: Tensor | None = None,
         known: Mapping[str, float] | None = None,
     ) -> None:
-        """`measure` on the core's worker thread, while the trainer's backward pass and
-        optimizer step run (torch's kernels release the GIL); `known`: metrics the adapter
-        already has, joined to the measured ones. `collect` at the step's end takes them."""
-        job = self._worker.submit(self.measure, batch, step, scores)
-        self._job = (step, job, dict(known or {}))
+        """`measure` in the core's worker process (`worker.py`: beside the trainer, not on its
+        interpreter), while the trainer's backward pass and optimizer step run; `known`:
+        metrics the adapter already has, joined to the measured ones. `collect` at the step's
+        end takes them. With a baseline or an aggregation of the user's own registered (known
+        to this process only, `registered_here`), on a thread of this process instead."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        if isinstance(self._worker, Worker) and not registered_here():
+            worker = self._worker
+            ticket = worker.submit(measured, batch, step, scores, *self._settings())
+            self._job = (step, lambda: worker.result(ticket), dict(known or {}))
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otb-diag")
+        future = self._thread.submit(self.measure, batch, step, scores)
+        self._job = (step, future.result, dict(known or {}))
+
+    def _start_worker(self) -> Worker | None:
+        """This process's worker process (`worker.shared_worker`); None where `measure_in` says
+        "thread" or none can be started (said once)."""
+        if self.measure_in != "process":
+            return None
+        try:
+            return shared_worker()
+        except OSError as e:
+            self.measure_in = "thread"
+            warnings.warn(
+                f"otb-diag: no worker process could be started ({e}); the live metrics are "
+                "measured on a thread of the trainer's process, which slows its steps.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
 
     @property
     def measuring(self) -> int | None:
@@ -222,9 +285,9 @@ class LiveCore:
         worker is done; None when none is waiting. Raises the worker's error."""
         if self._job is None:
             return None
-        step, job, known = self._job
+        step, result, known = self._job
         self._job = None
-        return step, self.finish(step, job.result() | known, pooled_too)
+        return step, self.finish(step, result() | known, pooled_too)
 
     def add_grad_norm(self, step: int, value: float) -> None:
         self.watch.add_grad_norm(step, value)

@@ -60,13 +60,14 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.core.dump import check_dump_dir
-from otb_diag.integrations.core.live_core import LiveCore, describe
+from otb_diag.integrations.core.live_core import LiveCore
 from otb_diag.integrations.core.metric_levels import check_level
 from otb_diag.integrations.core.step_metrics import (
     PREFIX,
     check_whole_groups,
     split_scores,
 )
+from otb_diag.integrations.core.worker import describe
 from otb_diag.integrations.trl.advantages import (
     EXTRA_FORWARD,
     AdvantageSwap,
@@ -229,35 +230,42 @@ class LiveDiagnostics:
                 hint="Install a tested TRL (pip install 'trl==1.16.*').",
             )
         n, c = output["completion_ids"].shape
+        device = output["completion_ids"].device
         # The batch is pending and its rows tagged before anything that can fail on one process
         # alone (its rewards, its split's memory): failing there, this process still counts its
         # rows through the micro-steps and hands its error over at the step's gather (`_take`),
-        # where the other processes wait for its share.
+        # where the other processes wait for its share. What the micro-steps fill stays on the
+        # batch's device until the share is whole: one read to the host a step, not one a
+        # micro-step (a read waits for the device, and the trainer's next launches with it).
         p = self._pending = Pending(
             step=step,
             inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
             rewards=torch.full((n,), torch.nan),  # this process's, below
-            logprobs=torch.zeros(n, c),
-            sum_pi2=torch.zeros(n, c),
-            seen=torch.zeros(n, dtype=torch.bool),
+            logprobs=torch.zeros(n, c, device=device),
+            sum_pi2=torch.zeros(n, c, device=device),
+            seen=torch.zeros(n, dtype=torch.bool, device=device),
             # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
             from_loss=not (self.extra_forward or (self.swap and self.swap.needs_energy)),
         )
-        output[ROW_KEY] = torch.arange(n, device=output["completion_ids"].device)
+        output[ROW_KEY] = torch.arange(n, device=device)
         p.rewards = local_rewards(self.trainer, self.rewards_per_func, n)
         logged = (step - 1) // self.every  # this step's rank among the logged steps
         if self.split_every > 0 and logged % self.split_every == 0:
-            p.split, p.scores = True, torch.zeros(n, c, self.split_k)
+            p.split, p.scores = True, torch.zeros(n, c, self.split_k, device=device)
 
     def _take(
         self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
     ) -> None:
         p = self._pending
         assert p is not None
-        rows = rows.cpu()
         self.core.guard(p.step, self._keep, p, inputs, rows, captured, hidden)
-        p.seen[rows] = True  # even after an error: this process still comes to the gather
-        if self.enabled and bool(p.seen.all()):
+        # Counted, not read: TRL's micro-steps split the batch's rows (each trains once in its
+        # first iteration), so the share is whole once as many rows have trained as it holds;
+        # `rows_of` checks `seen` in the step's one read. Even after an error: this process
+        # still comes to the gather.
+        p.seen[rows] = True
+        p.taken += rows.numel()
+        if self.enabled and p.taken >= len(p.seen):
             self._pending = None
             self._finish(p)
 
@@ -278,8 +286,8 @@ class LiveDiagnostics:
                 p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
         if captured and p.from_loss:
             c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
-            p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float().cpu()
-            p.sum_pi2[rows] = torch.cat([lq for _, lq in captured])[:, -c:].float().exp().cpu()
+            p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float()
+            p.sum_pi2[rows] = torch.cat([lq for _, lq in captured])[:, -c:].float().exp()
         else:
             p.from_loss = False  # this forward was not the fused one: one extra forward
 
@@ -299,7 +307,7 @@ class LiveDiagnostics:
         loss's forward gave none, and the split's scores on split steps. The scores need the
         weights that sampled the batch: before the optimizer step, here."""
         rows = rows_of(p)
-        rows.scores = p.scores  # caught from the loss's forward, or None
+        rows.scores = p.scores.cpu() if p.scores is not None else None  # caught, or None
         extra_split = p.split and p.scores is None
         if not p.from_loss or extra_split:
             own = step_batch(self.trainer, p.step, rows, grouped=False)  # the forward's input

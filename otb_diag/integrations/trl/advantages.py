@@ -123,7 +123,7 @@ class AdvantageSwap:
             rewards=self._rewards(n),
             logprobs=zeros,
             sum_pi2=zeros,
-            seen=torch.zeros(n, dtype=torch.bool),
+            seen=torch.ones(n, dtype=torch.bool),  # the whole batch, as generated
         )
         rows = rows_of(pending)
         batch = step_batch(self.trainer, step, rows)  # this process's groups, whole

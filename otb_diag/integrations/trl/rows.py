@@ -14,6 +14,7 @@ groups."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,10 +38,11 @@ class Pending:
 
     step: int
     inputs: dict[str, Any]  # the batch as `_generate_and_score_completions` returned it
-    rewards: Tensor  # [B]
-    logprobs: Tensor  # [B, C] from the loss's forward (filled row by row)
-    sum_pi2: Tensor  # [B, C]
-    seen: Tensor  # [B] bool
+    rewards: Tensor  # [B] (CPU)
+    logprobs: Tensor  # [B, C] from the loss's forward (filled row by row, on the batch's device)
+    sum_pi2: Tensor  # [B, C] (the batch's device)
+    seen: Tensor  # [B] bool (the batch's device)
+    taken: int = 0  # rows the micro-steps have trained so far
     from_loss: bool = True
     split: bool = False  # the within/between split at this step
     scores: Tensor | None = None  # [B, C, k] the split's scores from the loss's forward
@@ -87,22 +89,32 @@ def concat_rows(parts: Sequence[Rows]) -> Rows:
 
 
 def rows_of(p: Pending) -> Rows:
-    """The rows of one process's generation batch `p` as they stand (no forward run)."""
+    """The rows of one process's generation batch `p` as they stand (no forward run), on the
+    CPU: the step's one read to the host. An `InputError` where the micro-steps trained some
+    row twice and another never (their count said the share was whole)."""
+    if not bool(p.seen.all()):
+        raise InputError(
+            f"step {p.step}: TRL's micro-steps trained {p.taken} rows of this process's "
+            f"{len(p.seen)} but not every one of them once; attach() reads a step's rows from "
+            "the micro-steps of its first iteration.",
+            hint="Report it with your TRL version and GRPOConfig: a sampler that repeats rows "
+            "within one iteration breaks this count.",
+        )
     x = p.inputs
-    prompt_mask = x["prompt_mask"].bool().cpu()
+    kept = x["prompt_mask"].bool().cpu()  # [n, L]
+    flat, lengths = x["prompt_ids"].cpu()[kept].tolist(), kept.sum(-1).tolist()  # row-major
+    starts = itertools.accumulate(lengths, initial=0)
     completion_mask = x["completion_mask"].cpu()
     tool = completion_mask * x["tool_mask"].cpu() if "tool_mask" in x else completion_mask
     return Rows(
-        prompt_ids=[
-            ids[m].tolist() for ids, m in zip(x["prompt_ids"].cpu(), prompt_mask, strict=True)
-        ],
+        prompt_ids=[flat[s : s + n] for s, n in zip(starts, lengths, strict=False)],
         completion_ids=x["completion_ids"].cpu(),
         completion_mask=completion_mask,
         tool_mask=tool,
         advantages=x["advantages"].detach().cpu(),
         rewards=p.rewards,
-        logprobs=p.logprobs,
-        sum_pi2=p.sum_pi2,
+        logprobs=p.logprobs.cpu(),
+        sum_pi2=p.sum_pi2.cpu(),
     )
 
 

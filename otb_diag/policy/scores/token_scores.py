@@ -303,12 +303,14 @@ def head_sketch(
 def head_sketch_from_hidden(
     sketch: HeadSketch, hidden: Tensor, targets: Tensor, tau: Tensor, chunk_size: int = STATS_CHUNK
 ) -> tuple[Tensor, Tensor]:
-    """`proj [N, k]`, `sq_norm [N]` (CPU, fp32) of N tokens' output-layer scores (module
-    docstring) from the final hidden states that predict them, `hidden [N, d]` (any dtype, on
-    the layer's device), their `targets [N]` and temperatures `tau [N]`: the head's logits
-    recomputed `[chunk_size, V]` at a time, no gradient, then `head_sketch`."""
-    proj = torch.empty(len(targets), sketch.p1.shape[1] * sketch.p2.shape[1])
-    sq_norm = torch.empty(len(targets))
+    """`proj [N, k]`, `sq_norm [N]` (fp32, on the layer's device: the caller reads them to the
+    host once, not once a chunk) of N tokens' output-layer scores (module docstring) from the
+    final hidden states that predict them, `hidden [N, d]` (any dtype, on the layer's device),
+    their `targets [N]` and temperatures `tau [N]`: the head's logits recomputed
+    `[chunk_size, V]` at a time, no gradient, then `head_sketch`."""
+    k = sketch.p1.shape[1] * sketch.p2.shape[1]
+    proj = torch.empty(len(targets), k, device=hidden.device)
+    sq_norm = torch.empty(len(targets), device=hidden.device)
     biased = sketch.bias is not None
     with torch.no_grad():
         for lo in range(0, len(targets), chunk_size):
@@ -318,7 +320,7 @@ def head_sketch_from_hidden(
             out, norm = head_sketch(
                 h, z, targets[c], tau[c], (sketch.p1, sketch.p2), biased, sketch.softcap
             )
-            proj[c], sq_norm[c] = out.cpu(), norm.cpu()
+            proj[c], sq_norm[c] = out, norm
     return proj, sq_norm
 
 
@@ -352,13 +354,14 @@ def _head_scores(
             )  # the N valid (row, t) pairs, 0-based t
             pos = start[rows] + cols  # position of y_{t+1}; the logits at pos − 1 predict it
             out_rows = torch.tensor(group)[rows]
-            proj[out_rows, cols], sq_norm[out_rows, cols] = head_sketch_from_hidden(
+            scores, norms = head_sketch_from_hidden(
                 sketch,
                 hidden[rows.to(device), (pos - 1).to(device)],  # [N, d]
                 ids[rows, pos].to(device),
                 batch.temperature[group][rows].to(device),
                 chunk_size,
             )
+            proj[out_rows, cols], sq_norm[out_rows, cols] = scores.cpu(), norms.cpu()
             if progress is not None:
                 progress(int(n_tok.sum()))
     return proj, sq_norm
