@@ -73,6 +73,8 @@ from otb_diag.maths.estimators.advantages import batch_advantages
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.maths.noise.step_split import (
+    SPLIT_K,
+    SPLIT_SEED,
     response_contributions,
     step_shape,
     step_split,
@@ -108,9 +110,6 @@ METRIC_KEYS = (
     "tokens_sampled",
     "wall_time",
 )
-
-# The split's head-mode score vectors: their dimension and seed (the same projection every step).
-SPLIT_K, SPLIT_SEED = 64, 0
 
 # What the printed summary compares between the first and the last steps.
 _SUMMARY_KEYS = ("mean_reward", "grad_norm", "entropy", "mean_response_length")

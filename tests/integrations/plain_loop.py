@@ -120,6 +120,16 @@ def group_loss(model: nn.Module, g: Group, tau: float) -> Tensor:
     return -(g.advantage[:, None] * token_logp * valid).sum()
 
 
+def prompts_per_step(core: LiveCore) -> int | None:
+    """The prompts the next step samples: the knee controller's decision (`core.controller`,
+    made on the main process and taken by every process), or None (all offered) without
+    one."""
+    if core.controller is None:
+        return None
+    decided = core.controller.prompts if core.place.is_main else None
+    return core.place.all_gather(decided)[0]
+
+
 def plain_loop(
     model: nn.Module,
     tokenizer: object,
@@ -133,12 +143,15 @@ def plain_loop(
     """One step for each prompt list of `steps`, process r of W (`core.place`) sampling and
     training prompts r, r + W, …; the main process measures each whole step by `core` (the split
     from head-mode scores of dimension `split_k`, one process only) and returns what it
-    logged."""
+    logged. With the knee controller (`core.controller`), a step samples the first of its
+    prompts that the controller decided (`prompts_per_step`): the loop varies its batch
+    directly, where TRL's gate accumulates batches."""
     caught = GenerationStats(model, tau)  # log p and Σπ² of the sampling forwards
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     rank, world = core.place.rank, core.place.world_size
     logged = []
-    for step, prompts in enumerate(steps, 1):
+    for step, offered in enumerate(steps, 1):
+        prompts = offered[: prompts_per_step(core)]
         mine = [
             sample_group(model, tokenizer, caught, prompts[i], tau, 1000 * step + i, world > 1)
             for i in range(rank, len(prompts), world)
@@ -159,6 +172,8 @@ def plain_loop(
         norm = nn.utils.clip_grad_norm_(model.parameters(), 1e9)
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP
         optimizer.step()
+        if core.controller is not None:
+            core.controller.updated()
         core.add_grad_norm(step, grad_norm)
         collected = core.collect()  # the main process's measured step; an error is raised
         if collected is not None:

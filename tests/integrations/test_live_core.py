@@ -18,7 +18,9 @@ from trl_toy import PROMPTS
 from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
+from otb_diag.integrations.core.controller import KneeController, KneeRule
 from otb_diag.integrations.core.live_core import LiveCore
+from otb_diag.integrations.core.options import LiveOptions
 from otb_diag.io.scenarios import default_checkpoint
 
 STEPS, TAU, K = 3, 1.5, 8
@@ -48,3 +50,30 @@ def test_a_plain_pytorch_loop_gets_every_live_feature(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "e3" / "summary.json").read_text())
     energy = summary["energy"]["sequence_energy_mean"]
     assert energy == pytest.approx(last["otb/energy/sequence_mean"], rel=1e-6)
+
+
+def test_the_plain_loop_varies_its_batch_from_the_controllers_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same decision rule as TRL's gate, realised by the loop sampling that many prompts:
+    a rule that decides 2 base batches once it pooled 2 records makes steps 1-2 sample 2
+    prompts and steps 3-4 four, each step logging the decision."""
+
+    def scheduled(self: KneeRule, knee: object, current: int, records: int) -> int:
+        return 2 * self.base if records >= 2 else current
+
+    monkeypatch.setattr(KneeRule, "decide", scheduled)
+    rule = LiveOptions(controller="knee").checked().rule(base=2)
+    core = LiveCore(
+        ("mean", {}),
+        None,
+        AGGREGATION,
+        controller=KneeController(rule, "mean"),
+        record_dir=tmp_path,
+    )
+    model = AutoModelForCausalLM.from_pretrained(default_checkpoint())
+    tokenizer = AutoTokenizer.from_pretrained(default_checkpoint())
+    logged = plain_loop(model, tokenizer, core, [PROMPTS[:4]] * 4, TAU, split_k=K)
+    assert [s.metrics["otb/split/prompts"] for s in logged] == [2, 2, 4, 4]
+    assert [s.metrics["otb/controller/prompts_per_update"] for s in logged] == [2, 4, 4, 4]
+    assert [s.metrics["otb/controller/updates"] for s in logged] == [1, 2, 3, 4]

@@ -31,7 +31,7 @@ from unwritten_figures import unwritten_figures
 from otb_diag.errors import InputError
 from otb_diag.integrations.core import live_core
 from otb_diag.integrations.core.live_core import Share
-from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE, split_metrics
 from otb_diag.integrations.trl import adapter as trl_integration
 from otb_diag.integrations.trl import attach
 from otb_diag.integrations.trl.support import LOSS_AGGREGATION
@@ -39,7 +39,7 @@ from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.estimators.registry import trainer_baseline
-from otb_diag.maths.noise.step_split import SPLIT
+from otb_diag.maths.noise.step_split import SPLIT, SPLIT_SEED
 from otb_diag.policy.scores.token_scores import token_scores
 from otb_diag.runtime.torchrun import Dist
 

@@ -22,13 +22,14 @@ import pytest
 import torch
 from trl_toy import toy_trainer
 
-from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE, split_metrics
 from otb_diag.integrations.trl import attach
 from otb_diag.integrations.trl.support import LOSS_AGGREGATION
 from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.maths.noise.step_split import SPLIT_SEED
 from otb_diag.policy.scores import token_scores as token_scores_module
 from otb_diag.policy.scores.token_scores import token_scores
 

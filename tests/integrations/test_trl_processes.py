@@ -21,7 +21,6 @@ from trl_toy import GENERATIONS
 
 from otb_diag.integrations.core.step_metrics import (
     SPLIT_MODE,
-    SPLIT_SEED,
     split_baselines,
     split_metrics,
     step_metrics,
@@ -31,6 +30,7 @@ from otb_diag.io.loading import load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.maths.noise.budget_stream import BudgetPools
+from otb_diag.maths.noise.step_split import SPLIT_SEED
 from otb_diag.policy.scores.token_scores import token_scores
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.external]  # torchrun, TRL

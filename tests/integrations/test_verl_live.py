@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from otb_diag import api
 from otb_diag.errors import InputError
 from otb_diag.integrations.core.collapse_watch import CollapseWatch
-from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED, split_metrics
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE, split_metrics
 from otb_diag.integrations.core.worker import Worker
 from otb_diag.integrations.verl.adapter import (
     BudgetTracker,
@@ -36,7 +36,7 @@ from otb_diag.maths.energy.token_stats import logged_stats, stats_from_logits
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.maths.estimators.otb import verl_otb_advantage
 from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE, BudgetPools
-from otb_diag.maths.noise.step_split import step_split
+from otb_diag.maths.noise.step_split import SPLIT_SEED, step_split
 from otb_diag.maths.returns import group_index, returns_to_go
 from otb_diag.maths.variance.paired_draws import (
     BaselineSpec,
@@ -363,3 +363,17 @@ def dynamics_of(lines: list[str], tmp_path: Path) -> tuple[dict, Path]:
     assert result.exit_code == 0, result.output
     (run,) = json.loads(result.stdout)["runs"]
     return run, out
+
+
+def test_the_budget_tracker_decides_the_prompts_an_update_takes() -> None:
+    """verl's tracker holds the same knee controller as TRL's `attach`: it logs its decision
+    and gives it to the caller (docs/live.md says how verl applies it); it needs the prompts a
+    step samples, which it decides in multiples of."""
+    with pytest.raises(InputError, match="needs prompts_per_step"):
+        BudgetTracker(controller="knee")
+    tracker = BudgetTracker(controller="knee", prompts_per_step=GROUPS, metrics="default")
+    assert tracker.prompts_per_update is None  # nothing seen yet
+    scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(3))
+    out = tracker(verl_shaped(seed=3), 1, scores=scores)
+    assert out["otb/controller/prompts_per_update"] == GROUPS == tracker.prompts_per_update
+    assert tracker.core.controller.rule.most == 8 * GROUPS

@@ -16,12 +16,12 @@ import torch
 from integrations.test_verl_live import verl_shaped
 from transformers import AutoModelForCausalLM
 
-from otb_diag.integrations.core.step_metrics import SPLIT_MODE, SPLIT_SEED
+from otb_diag.integrations.core.step_metrics import SPLIT_MODE
 from otb_diag.integrations.verl.adapter import compute_otb_metrics, verl_batch
 from otb_diag.integrations.verl.scores import OTB_SCORES, forward_scores
 from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.noise.budget_stream import ONE_STEP_NOISE_SCALE
-from otb_diag.maths.noise.step_split import SPLIT
+from otb_diag.maths.noise.step_split import SPLIT, SPLIT_SEED
 from otb_diag.policy.scores.token_scores import token_scores
 
 TAU = 0.7

@@ -19,10 +19,10 @@ from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.noise.budget_stream import STEP_SHAPE
-from otb_diag.maths.noise.step_split import SPLIT
+from otb_diag.maths.noise.step_split import SPLIT, SPLIT_K, SPLIT_SEED
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.maths.returns import returns_to_go
-from otb_diag.pipelines.rl_training import METRIC_KEYS, SPLIT_K, SPLIT_SEED
+from otb_diag.pipelines.rl_training import METRIC_KEYS
 from otb_diag.policy.forward_pass import checkpoint_stats
 from otb_diag.policy.scores.token_scores import token_scores
 from otb_diag.policy.surrogate_loss import surrogate_loss

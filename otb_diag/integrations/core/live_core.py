@@ -44,6 +44,7 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from otb_diag.integrations.core.collapse_watch import CollapseWatch
+from otb_diag.integrations.core.controller import KneeController
 from otb_diag.integrations.core.dump import dump_step
 from otb_diag.integrations.core.metric_levels import FullRecord, logged_at
 from otb_diag.integrations.core.step_metrics import PREFIX, split_baselines, step_and_split_metrics
@@ -114,7 +115,8 @@ class LiveCore:
     dump_dir: where each measured step is dumped as rollouts (None: not dumped; the main
     process's is used); place: this process's rank among the trainer's processes; measure_in:
     where `submit` measures, "process" (`worker.py`, falling back to a thread where no process
-    starts) or "thread" (None: `MEASURE_IN`)."""
+    starts) or "thread" (None: `MEASURE_IN`); controller: the prompts of each update from the
+    pooled knee (`controller.py`), decided on the main process, which the adapter realises."""
 
     def __init__(
         self,
@@ -129,6 +131,7 @@ class LiveCore:
         decay: float = DECAY,
         place: Dist | None = None,
         measure_in: str | None = None,
+        controller: KneeController | None = None,
     ) -> None:
         self.audited = audited
         self.baselines = baselines
@@ -145,6 +148,7 @@ class LiveCore:
         self.error: str | None = None  # this process's error, not yet handed over
         self._dirs_checked = False
         self.measure_in = measure_in or MEASURE_IN
+        self.controller = controller  # fed every step's metrics in `finish` (main process)
         # the main process's worker (`worker.py`), started here so that the child's imports
         # overlap the trainer's set-up; `submit` starts it where it was not
         self._worker = self._start_worker() if self.place.is_main else None
@@ -304,6 +308,8 @@ class LiveCore:
             self.watch.add_variance(step, out[WATCHED_PROXY])
         out |= {PREFIX + k: v for k, v in self.watch.metrics().items()}
         out |= self.budget.update(out | dict(pooled_too or {}), step)
+        if self.controller is not None:
+            out |= self.controller.feed(out)  # its decision for the updates to come
         self.last = out
         if self.record is not None:
             self.record.append(step, out)

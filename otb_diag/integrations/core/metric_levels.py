@@ -41,6 +41,7 @@ HEADLINE = (
     "collapse/warning",
     "groups/empty_responses",
     "energy/sequence_mean",  # the realized energy W(τ) of a response, mean
+    "controller/prompts_per_update",  # the knee controller's batch, where it runs
 )
 
 

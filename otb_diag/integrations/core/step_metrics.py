@@ -36,6 +36,7 @@ from otb_diag.maths.estimators.registry import baseline_names
 from otb_diag.maths.estimators.trainer_audit import advantage_audit
 from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.maths.noise.step_split import (
+    SPLIT_SEED,
     response_contributions,
     step_shape,
     step_split,
@@ -58,7 +59,6 @@ RATIOS = ("proxy2_total_power", "token_total_power")  # OTB's over the mean base
 ENERGY = ("sequence_mean", "sequence_median", "mean_w", "group_cv_median")
 GROUPS = ("mixed_rewards_fraction", "empty_responses")
 SPLIT_MODE = "head"  # the split's score vectors: the output layer's (an extra forward, or caught)
-SPLIT_SEED = 0  # the head sketch's seed: the same projection at every step of a run
 
 
 def round_off_clamped(logprobs: Tensor, sum_pi2: Tensor) -> dict[str, Tensor]:

@@ -5,39 +5,32 @@
     trainer.train()
 
 This module is TRL's adapter: its hooks and its logger. The rest lives in one module an idea:
-which trainers and TRL versions it takes (`support.py`), a step's rows put back together
-from the micro-steps (`rows.py`), the trainer-neutral core that gathers them across
-processes, measures on its worker thread, pools, watches and records a step (`live_core.py`),
-OTB's advantages in place of TRL's (`advantages.py`).
+which trainers and TRL versions it takes (`support.py`), a step's rows put back together from
+the micro-steps (`rows.py`), OTB's advantages in place of TRL's (`advantages.py`), the split's
+hidden states (`split_capture.py`), the all-parameter noise scale under DDP (`ddp_noise.py`),
+the knee controller's updates (`update_gate.py`); the trainer-neutral core gathers a step's rows
+across processes, measures them in its worker process, pools, watches and records
+(`core/live_core.py`).
 
 Where the numbers come from (TRL 1.16, `trl/trainer/grpo_trainer.py`; `rloo_trainer.py` has
 the same hooks):
 - the batch: `_generate_and_score_completions`' rows and `_calculate_rewards`' rewards, put
-  back together from the micro-steps and, with several processes, gathered to the main one in
-  process order: the whole batch, whole groups, one computation, one log entry, one dump file,
-  one step's rows in memory (`rows.py`, `live_core.py:LiveCore.gather`).
-- Σπ² and log p: from the loss's own forward. TRL's fused LM head (`add_fused_lm_head`) computes,
-  tile by tile, the per-token fields it is asked for; `attach` asks it for `log_sum_sq_probs`
-  too, and reads `log_probs` and `log_sum_sq_probs` off the forward `_compute_loss` runs, at no
-  extra pass over the logits. Where that forward is not the fused one (a TRL without the field,
-  Liger's loss), one extra no-grad forward gives them (`policy/forward_pass.py:checkpoint_stats`);
-  `otb/sum_pi2_from_loss_logits` says which (1 or 0).
-- the metrics: `step_metrics.py:step_metrics` (the functions of `otb-diag energy`), computed on
-  the core's worker thread while the step's backward pass and optimizer step run, then appended
-  (at the trainer's `on_step_end`, before it logs) to its own metric lists
-  (`trainer._metrics["train"]`), which TRL averages over the logging window and hands to every
-  logger: `trainer_state.json`, W&B, TensorBoard.
-- the gradient norm of the collapse detector: TRL's logged `grad_norm` (a callback's `on_log`).
-- the within/between split and SNR (`split_every`): per-token score vectors of the output layer
-  (head mode, `policy/scores/token_scores.py:head_sketch`) from the hidden states of the loss's
-  own forward, caught by a hook on the backbone (`split_capture.py`), the logits recomputed from
-  them chunk-wise under no_grad (the fused head keeps none); where no hidden state is caught
-  (`extra_forward=True`), one extra no-grad forward of the policy gives them
-  (`step_metrics.py:split_scores`). Both run before the step's optimizer step, with the weights
-  that sampled the batch, each process on its own rows (a forward on one process only would
-  stall sharded models). TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`; RLOO's
-  loss is per sequence).
-- under DDP, the all-parameter noise scale from the gradient all-reduce (`ddp_noise.py`).
+  back together from the micro-steps and gathered to the main process in process order: the
+  whole batch, whole groups, one computation, one log entry, one dump file.
+- Σπ² and log p: from the loss's own forward, whose fused LM head (`add_fused_lm_head`) is asked
+  for `log_sum_sq_probs` beside `log_probs`, at no extra pass over the logits; where that
+  forward is not the fused one (a TRL without the field, Liger's loss), one extra no-grad
+  forward (`policy/forward_pass.py:checkpoint_stats`); `otb/sum_pi2_from_loss_logits` says
+  which (1 or 0).
+- the metrics: `core/step_metrics.py:step_metrics` (the functions of `otb-diag energy`),
+  measured while the step's backward pass and optimizer step run, then appended (at
+  `on_step_end`, before the trainer logs) to TRL's own metric lists (`trainer._metrics`),
+  which every logger gets: `trainer_state.json`, W&B, TensorBoard.
+- the gradient norm of the collapse detector: TRL's logged `grad_norm` (`on_log`).
+- the within/between split (`split_every`): head-mode score vectors of the output layer from the
+  hidden states of the loss's own forward, or (`extra_forward=True`) of one extra no-grad
+  forward (`step_metrics.py:split_scores`), before the step's optimizer step, each process on
+  its own rows; TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -48,9 +41,6 @@ while the training goes on.
 from __future__ import annotations
 
 import contextlib
-import functools
-import types
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,9 +49,10 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.integrations.core.controller import KneeController
 from otb_diag.integrations.core.dump import check_dump_dir
 from otb_diag.integrations.core.live_core import LiveCore
-from otb_diag.integrations.core.metric_levels import check_level
+from otb_diag.integrations.core.options import DEFAULTS, LiveOptions
 from otb_diag.integrations.core.step_metrics import (
     PREFIX,
     check_whole_groups,
@@ -76,7 +67,6 @@ from otb_diag.integrations.trl.advantages import (
 )
 from otb_diag.integrations.trl.ddp_noise import install_ddp_noise
 from otb_diag.integrations.trl.rows import (
-    OUTPUT_KEYS,
     ROW_KEY,
     Pending,
     Rows,
@@ -87,75 +77,74 @@ from otb_diag.integrations.trl.rows import (
     rows_of,
     step_batch,
 )
-from otb_diag.integrations.trl.split_capture import HiddenCatch
+from otb_diag.integrations.trl.split_capture import HiddenCatch, split_dropped
 from otb_diag.integrations.trl.support import (
-    FUSED_OUTPUTS,
     HOOKS,
     LOSS_AGGREGATION,
     SUPPORTED,
-    TESTED,
     Supported,
+    capture_fused,
+    check_trainer,
     fused_head,
     log_to_trl,
-    sharding,
     supported_trainer,
 )
-from otb_diag.maths.estimators.registry import get_baseline, trainer_baseline
-from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.integrations.trl.update_gate import UpdateGate, check_gate
+from otb_diag.maths.estimators.registry import trainer_baseline
 from otb_diag.runtime.torchrun import Dist
 
 LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
 
 
 class LiveDiagnostics:
-    """What `attach` installs on one trainer, in every process. It keeps one batch while the
-    micro-steps train on it, the collapse watch's windows, the split pooled over the steps
-    (`budget`: a fixed window of step tuples and moments) and the last step's metrics (`last`,
-    main process), nothing per step: its memory is the same whatever the run's length, the
-    numbers live in the trainer's log.
-
+    """What `attach` installs on one trainer, in every process: one batch kept while the
+    micro-steps train on it, and the live core (its memory the same whatever the run's length).
     With several processes each one collects its share of the step's rows; once the micro-steps
-    have trained on all of them (the same micro-step in every process), every process hands its
-    share over (`LiveCore.gather`, which also stops every process together on an error) and the
-    main one computes, logs and dumps the whole step."""
+    have trained on all of them, every process hands its share over (`LiveCore.gather`, which
+    also stops every process together on an error) and the main one measures the whole step."""
 
     def __init__(
         self,
         trainer: Any,
         supported: Supported,
-        every: int,
+        options: LiveOptions,
         dump_dir: Path | None,
-        baselines: Sequence[str] | None,
         extra_forward: bool,
-        split_every: int = 0,
-        split_k: int = 64,
-        level: str = "default",
     ) -> None:
         self.trainer = trainer
-        self.every = every
+        self.every = options.every
         self.dump_dir = dump_dir  # written by the main process only
         self.extra_forward = extra_forward
-        self.split_every = split_every  # 0: no split
-        self.split_k = split_k
+        self.split_every = options.split_every  # 0: no split
+        self.split_k = options.split_k
         self._pending: Pending | None = None
         self.rewards_per_func: Tensor | None = None  # TRL's `_calculate_rewards`, [B_all, F]
         self._captured: list[tuple[Tensor, Tensor]] | None = None
         self.hidden: HiddenCatch | None = None  # the loss forward's hidden states (`_install`)
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: advantages.py
+        self.gate: UpdateGate | None = None  # `attach(controller=...)`: update_gate.py
         documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
+        audited = trainer_baseline(supported.registry) if documented else None
         loss_type = getattr(trainer, "loss_type", "")
+        accelerator = trainer.accelerator
+        place = Dist(accelerator.process_index, accelerator.num_processes)
+        controller = None
+        if options.controller is not None:  # the knee of the estimator the trainer trains with
+            rule = options.rule(check_gate(trainer))
+            controller = KneeController(rule, audited[0] if audited else "otb")
+            self.gate = UpdateGate(trainer, controller, place)
         # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
         # (when its settings are the documented ones) and OTB; measured on the main process.
-        accelerator = trainer.accelerator
         self.core = LiveCore(
-            trainer_baseline(supported.registry) if documented else None,
-            baselines,
+            audited,
+            options.baselines,
             supported.aggregation or LOSS_AGGREGATION.get(loss_type, ""),
-            level=level,
+            level=options.metrics,
             record_dir=trainer.args.output_dir,
             dump_dir=dump_dir,
-            place=Dist(accelerator.process_index, accelerator.num_processes),
+            place=place,
+            controller=controller,
         )
 
     @property
@@ -204,7 +193,7 @@ class LiveDiagnostics:
             captured, self._captured = self._captured, None
         if live:
             self.core.guard(self._pending.step, self._take, inputs, rows, captured, hidden)
-        return loss
+        return self.gate.scale(loss) if self.gate is not None else loss
 
     def capture(self, output: Any) -> None:
         """Called by the fused forward: keep the loss forward's per-token fields."""
@@ -221,37 +210,14 @@ class LiveDiagnostics:
         step = self.trainer.state.global_step + 1  # the step this batch trains (TRL's log step)
         if (step - 1) % self.every:
             return
-        missing = [k for k in OUTPUT_KEYS if k not in output]
-        if missing:
-            raise InputError(
-                f"{type(self.trainer).__name__}._generate_and_score_completions returned no "
-                f"{', '.join(missing)}: this TRL is not one attach() can read (tested with TRL "
-                f"{', '.join(TESTED)}).",
-                hint="Install a tested TRL (pip install 'trl==1.16.*').",
-            )
-        n, c = output["completion_ids"].shape
-        device = output["completion_ids"].device
-        # The batch is pending and its rows tagged before anything that can fail on one process
-        # alone (its rewards, its split's memory): failing there, this process still counts its
-        # rows through the micro-steps and hands its error over at the step's gather (`_take`),
-        # where the other processes wait for its share. What the micro-steps fill stays on the
-        # batch's device until the share is whole: one read to the host a step, not one a
-        # micro-step (a read waits for the device, and the trainer's next launches with it).
-        p = self._pending = Pending(
-            step=step,
-            inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
-            rewards=torch.full((n,), torch.nan),  # this process's, below
-            logprobs=torch.zeros(n, c, device=device),
-            sum_pi2=torch.zeros(n, c, device=device),
-            seen=torch.zeros(n, dtype=torch.bool, device=device),
-            # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
-            from_loss=not (self.extra_forward or (self.swap and self.swap.needs_energy)),
-        )
-        output[ROW_KEY] = torch.arange(n, device=device)
+        # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
+        from_loss = not (self.extra_forward or (self.swap and self.swap.needs_energy))
+        p = self._pending = Pending.begin(self.trainer, step, output, from_loss)
+        n, c = p.logprobs.shape
         p.rewards = local_rewards(self.trainer, self.rewards_per_func, n)
         logged = (step - 1) // self.every  # this step's rank among the logged steps
         if self.split_every > 0 and logged % self.split_every == 0:
-            p.split, p.scores = True, torch.zeros(n, c, self.split_k, device=device)
+            p.split, p.scores = True, p.logprobs.new_zeros(n, c, self.split_k)
 
     def _take(
         self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
@@ -311,8 +277,10 @@ class LiveDiagnostics:
         extra_split = p.split and p.scores is None
         if not p.from_loss or extra_split:
             own = step_batch(self.trainer, p.step, rows, grouped=False)  # the forward's input
-            if not p.from_loss:
-                rows.logprobs, rows.sum_pi2 = self._forward_stats(own)
+            if not p.from_loss:  # those the advantages were computed from, else a forward
+                sampled = self.swap.sampled_stats(own) if self.swap is not None else None
+                stats = sampled if sampled is not None else no_grad_stats(self.trainer, own)
+                rows.logprobs, rows.sum_pi2 = stats
                 own = step_batch(self.trainer, p.step, rows, grouped=False)
             if extra_split:
                 try:
@@ -322,16 +290,8 @@ class LiveDiagnostics:
         return rows
 
     def _drop_split(self, p: Pending, what: str) -> None:
-        """The split's scores failed at `p`'s step (its check of the output layer, its extra
-        forward): say once why, and go on without the split, the rest of the diagnostics
-        untouched (a failure of the split alone once switched every metric off)."""
-        warnings.warn(
-            f"otb-diag: the within/between split switched off at step {p.step}: {what}. The "
-            "other live diagnostics go on; attach(trainer, split_every=None) leaves the split "
-            "out from the start.",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        """The split's scores failed at `p`'s step: said once, the split off, the rest on."""
+        split_dropped(p.step, what)
         self.split_every = 0
         p.split, p.scores = False, None
 
@@ -366,65 +326,57 @@ class LiveDiagnostics:
             logged = self.core.logged(collected[1])
             log_to_trl(self.trainer, {k: v for k, v in logged.items() if k not in params})
 
-    def _forward_stats(self, batch: ResponseBatch) -> tuple[Tensor, Tensor]:
-        """log p and Σπ² `[B, T]` of the policy that sampled `batch`: those its advantages were
-        computed from (`attach(advantages=...)`), else one no-grad forward."""
-        sampled = self.swap.sampled_stats(batch) if self.swap is not None else None
-        return sampled if sampled is not None else no_grad_stats(self.trainer, batch)
-
 
 def attach(
     trainer: Any,
-    every: int = 1,
+    every: int = DEFAULTS.every,
     dump_dir: str | Path | None = None,
     *,
-    baselines: Sequence[str] | None = None,
+    baselines: Sequence[str] | None = DEFAULTS.baselines,
     extra_forward: bool = False,
-    split_every: int | None = 10,
-    split_k: int = 64,
+    split_every: int | None = DEFAULTS.split_every,
+    split_k: int = DEFAULTS.split_k,
     advantages: str | None = None,
     advantage_options: Mapping[str, Any] | None = None,
-    metrics: str = "default",
+    metrics: str = DEFAULTS.metrics,
+    controller: str | None = DEFAULTS.controller,
+    most_prompts: int | None = DEFAULTS.most_prompts,
 ) -> LiveDiagnostics:
     """Log OTB diagnostics under `otb/` at every `every`-th step of `trainer` (a constructed
-    `trl.GRPOTrainer` or `trl.RLOOTrainer`) and, with `dump_dir`, write each such step's batch
-    there as exact-id rollouts (`dump.py`). `baselines` default to the registry's defaults (as
-    `otb-diag energy`); `extra_forward=True` takes Σπ² and the split's hidden states from one
-    extra no-grad forward each instead of the loss's forward (what a TRL without the fused
-    head's field does; for the overhead benchmark). `split_every=K` adds, at every K-th logged
-    step (the 1st, the K+1-th, …), the step's noise split within and between prompts, `|G|²`,
-    the noise scale and the SNR under the trainer's own estimator and OTB
-    (`otb/split/<baseline>/...`), from head-mode score vectors of dimension `split_k`, formed
-    from the loss forward's hidden states (one head matmul per token, no extra pass through the
-    body; with `extra_forward=True`, one extra no-grad forward); None or 0 switches it off.
-    Every split step also logs the split pooled over the split steps so far
-    (`otb/budget/<baseline>/<window|ema>/...`, `maths/noise/budget_stream.py`): the pooled
-    noise scale and its interval, the SNR at the run's P, the within share, the tokens a step
-    at the knee. Under DDP, every step also logs the all-parameter two-batch estimate
-    (`otb/split/params/...`, `ddp_noise.py`). `advantages="otb"` (any registry baseline,
-    `advantage_options` its options, e.g. `{"handle_zero_tail": False}`) trains with that
-    baseline's token-level advantages in place of the trainer's, audited and dumped as the
-    estimator that ran (`advantages.py`; each process's groups must be whole).
+    `trl.GRPOTrainer` or `trl.RLOOTrainer`); docs/live.md says what each key means.
 
-    `metrics="default"` logs to the trainer's loggers the answers a person reads, at most 20
-    `otb/` keys a step (`metric_levels.py:HEADLINE`); `metrics="all"` logs every metric. Either
-    way the main process appends every metric of every measured step to
-    `<output_dir>/otb_metrics.jsonl`, which `otb-diag dynamics` reads beside
-    `trainer_state.json`.
+    The live options (`every`, `split_every`, `split_k`, `baselines`, `metrics`, `controller`,
+    `most_prompts`) are `core/options.py:LiveOptions`', with its defaults and checks: the
+    within/between split and the knee pooled over its steps (`otb/split/...`,
+    `otb/budget/<baseline>/<window|ema>/...`) at every 10th measured step, at most 20 `otb/`
+    keys a step on the dashboard (`metrics="all"`: every one), and with `controller="knee"` the
+    prompts of each optimizer update set from the pooled knee, realised by accumulating whole
+    generation batches (`update_gate.py`). Whatever the level, the main process appends every
+    metric of every measured step to `<output_dir>/otb_metrics.jsonl`, which `otb-diag
+    dynamics` reads beside `trainer_state.json`. TRL's own options:
 
-    With several processes (torchrun, accelerate launch), call it in every process, as the
-    trainer is built in every process: the step's rows are gathered to the main process, which
-    logs the metrics and writes the dump (its `dump_dir`; the others' is not used).
+    dump_dir           write each measured step's batch there as exact-id rollouts (`dump.py`)
+    extra_forward      take Σπ² and the split's hidden states from one extra no-grad forward each
+                       instead of the loss's forward (what a TRL without the fused head's field
+                       does; for the overhead benchmark)
+    advantages         train with this registry baseline's token-level advantages in place of
+                       the trainer's (`advantage_options` its options, e.g.
+                       `{"handle_zero_tail": False}`), audited and dumped as the estimator that
+                       ran (`advantages.py`; each process's groups must be whole)
+
+    Under DDP, every step also logs the all-parameter two-batch estimate
+    (`otb/split/params/...`, `ddp_noise.py`). With several processes (torchrun, accelerate
+    launch), call it in every process, as the trainer is built in every process: the step's
+    rows are gathered to the main process, which logs the metrics and writes the dump (its
+    `dump_dir`; the others' is not used).
 
     Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
-    whose trainer lacks a hook, `every` < 1, a `split_every` or `split_k` that is not a whole
-    number (≥ 0, ≥ 1), a split under a `loss_type` it does not know, a dump directory that
-    the main process cannot write, an unknown baseline or one of its options it does not
-    take, an unknown `metrics` level, a trainer `attach` was already called on, or the split
-    on a trainer that shards its parameters (FSDP, DeepSpeed ZeRO-3: `split_every=None`). Warns when
-    the trainer has already trained (the diagnostics start with its next `train()`)."""
-    import trl
-
+    whose trainer lacks a hook, a bad option (`LiveOptions.checked`), a trainer `attach` was
+    already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
+    it does not know, or on a trainer that shards its parameters), a dump directory that the
+    main process cannot write, a baseline option it does not take, or the controller on a
+    trainer it cannot gate (`update_gate.py:check_gate`). Warns when the trainer has already
+    trained (the diagnostics start with its next `train()`)."""
     supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
@@ -433,46 +385,12 @@ def attach(
             hint="Call attach once, after building the trainer and before train(); the object "
             "the first call returned holds its settings.",
         )
-    check_level(metrics)
-    for name in baselines or ():
-        get_baseline(name)  # an unknown one is refused here, not at the first step
-    if trainer.state.global_step > 0:
-        warnings.warn(
-            f"otb-diag: attach() after the trainer trained {trainer.state.global_step} steps: "
-            "the diagnostics start with its next train(); attach before train() to measure "
-            "from the first step.",
-            stacklevel=2,
-        )
-    if not isinstance(every, int) or every < 1:
-        raise InputError(f"every must be a whole number ≥ 1; got {every!r}.")
-    split_every = split_every or 0
-    if not isinstance(split_every, int) or split_every < 0:
-        raise InputError(f"split_every must be a whole number ≥ 0 or None; got {split_every!r}.")
-    if not isinstance(split_k, int) or split_k < 1:
-        raise InputError(f"split_k must be a whole number ≥ 1; got {split_k!r}.")
-    sharded = sharding(trainer)
-    if split_every and sharded is not None:
-        raise InputError(
-            f"the within/between split recomputes the logits from the output layer's weight "
-            f"outside the forward pass, where {sharded} holds only a shard of it on each "
-            "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
-            hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
-            "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
-            "dumped step and its checkpoint gives the split offline.",
-        )
-    loss_type = getattr(trainer, "loss_type", None)
-    if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
-        raise InputError(
-            f"the split needs the aggregation of TRL's loss_type {loss_type!r}, which otb-diag "
-            f"does not know (it knows {', '.join(LOSS_AGGREGATION)}).",
-            hint="attach(trainer, split_every=None) logs everything but the split.",
-        )
-    if ".".join(trl.__version__.split(".")[:2]) not in TESTED:
-        warnings.warn(
-            f"otb-diag live diagnostics are tested with TRL {', '.join(TESTED)}, not "
-            f"{trl.__version__}; the hooks exist, the audit will say if the numbers agree.",
-            stacklevel=2,
-        )
+    options = LiveOptions(
+        every, split_every, split_k, baselines, metrics, controller, most_prompts
+    ).checked()
+    check_trainer(trainer, supported, options.split_every)
+    if options.controller is not None:
+        check_gate(trainer)
     record = check_advantages(advantages, advantage_options) if advantages is not None else None
     if record is not None and supported is not SUPPORTED["GRPOTrainer"]:
         raise InputError(
@@ -485,17 +403,7 @@ def attach(
     if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
         folder = check_dump_dir(folder)
     fused = fused_head()
-    live = LiveDiagnostics(
-        trainer,
-        supported,
-        every,
-        folder,
-        baselines,
-        extra_forward or fused is None,
-        split_every,
-        split_k,
-        metrics,
-    )
+    live = LiveDiagnostics(trainer, supported, options, folder, extra_forward or fused is None)
     if record is not None:
         install_swap(trainer, live, record)  # W from generate's forwards (or its own)
     _install(trainer, live, fused)
@@ -516,31 +424,22 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
     if live.split_every and not live.extra_forward:
         live.hidden = HiddenCatch(model)
     if fused is not None and not live.extra_forward:
-        fused(
-            model,
-            temperature=trainer.temperature,
-            # RLOOConfig has no cast_lm_head_to_fp32: RLOOTrainer leaves the head as it is
-            cast_lm_head_to_fp32=getattr(trainer.args, "cast_lm_head_to_fp32", False),
-            outputs=FUSED_OUTPUTS,
-        )
-        forward = model.forward
-
-        # `generate` checks its keyword arguments against the forward's signature: keep it.
-        @functools.wraps(type(model).forward)
-        def capturing(self: Any, *args: Any, **kwargs: Any) -> Any:
-            output = forward(*args, **kwargs)
-            if kwargs.get("fused_lm_head") and torch.is_grad_enabled():
-                live.capture(output)
-            return output
-
-        model.forward = types.MethodType(capturing, model)
+        capture_fused(trainer, model, fused, live.capture)
 
     # First: its metrics are in when `_Live` logs; each step's at the dashboard's level.
-    live.params = install_ddp_noise(trainer, lambda m: log_to_trl(trainer, live.core.logged(m)))
+    log = lambda m: log_to_trl(trainer, live.core.logged(m))  # noqa: E731
+    live.params = install_ddp_noise(trainer, log, live.gate)
+    gate = live.gate
 
     class _Live(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if gate is not None:
+                gate.install()  # `train()` has built the optimizer, scheduler and wrapped model
+
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             live.collect()
+            if gate is not None:
+                gate.step_end()  # after the step's decision was collected
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             live.on_log(logs or {}, state.global_step)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from otb_diag.integrations.trl.update_gate import UpdateGate
 from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.maths.noise.two_batch import two_batch_noise
 
@@ -66,17 +67,19 @@ class DdpNoise:
 
         return reduced.then(read)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, scale: float = 1.0) -> dict[str, float]:
         """`|G|²`, `tr Σ` (per prompt) and the two batch sizes of the step the hook saw, as
-        `split/params/<name>`; {} when no backward synced since the last call. A collective:
-        every process calls it at the same point (the step's end)."""
+        `split/params/<name>`; {} when no backward synced since the last call. `scale`: what
+        the squared norms are multiplied by (k² where the loss was divided by k,
+        `update_gate.py`). A collective: every process calls it at the same point (the step's
+        end)."""
         if not self._local:
             return {}
         local = torch.stack(self._local).sum()
-        big_sq = float(torch.stack(self._reduced).sum())  # every process holds the same g_big
+        big_sq = scale * float(torch.stack(self._reduced).sum())  # the same g_big everywhere
         self._local, self._reduced = [], []
         dist.all_reduce(local, group=self.group)  # Σ_i |g_i|²
-        small_sq = float(local) / self.world
+        small_sq = scale * float(local) / self.world
         b_big = self.world * self.b_small
         est = two_batch_noise(small_sq, big_sq, self.b_small, b_big)
         values = {"grad_sq": est.grad_sq, "total": est.total, "small_sq": small_sq}
@@ -84,10 +87,14 @@ class DdpNoise:
         return {f"{SPLIT}{NAME}/{k}": float(v) for k, v in values.items()}
 
 
-def install_ddp_noise(trainer: Any, log: Callable[[dict[str, float]], None]) -> Any:
+def install_ddp_noise(
+    trainer: Any, log: Callable[[dict[str, float]], None], gate: UpdateGate | None = None
+) -> Any:
     """Register `DdpNoise` on the trainer's DDP model and hand its metrics
     (`otb/split/params/...`) to `log` at every optimizer step's end (`attach`'s: the
-    dashboard's level, TRL's metric lists). DDP exists only once
+    dashboard's level, TRL's metric lists). Under the knee controller's `gate`, only the
+    first batch of an update is measured (the others' buckets hold the update's sum so far),
+    its norms scaled back by k². DDP exists only once
     `train()` has wrapped the model, so this waits for `on_train_begin`; without DDP (FSDP,
     DeepSpeed) it warns once and does nothing, and on one process it does nothing. Returns the
     trainer callback it adds; its `noise` is the registered `DdpNoise` (None before `train()`
@@ -103,7 +110,10 @@ def install_ddp_noise(trainer: Any, log: Callable[[dict[str, float]], None]) -> 
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if self.noise is not None:
-                metrics = self._guarded(self.noise.metrics) or {}
+                k = gate.batches if gate is not None else 1
+                metrics = self._guarded(self.noise.metrics, k**2) or {}
+                if gate is not None and not gate.opening:
+                    metrics = {}  # a collective all the same: every process called it
                 self.last = {f"otb/{name}": value for name, value in metrics.items()}
                 log(self.last)
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.core.step_metrics import round_off_clamped
+from otb_diag.integrations.trl.support import TESTED
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats
 
@@ -46,6 +47,38 @@ class Pending:
     from_loss: bool = True
     split: bool = False  # the within/between split at this step
     scores: Tensor | None = None  # [B, C, k] the split's scores from the loss's forward
+
+    @classmethod
+    def begin(cls, trainer: Any, step: int, output: dict[str, Any], from_loss: bool) -> Pending:
+        """The batch TRL's `_generate_and_score_completions` returned (`output`) at `step`,
+        pending, its rows tagged (`ROW_KEY`); its rewards not yet read (NaN). It is made pending
+        and tagged before anything that can fail on one process alone (its rewards, its split's
+        memory): failing there, this process still counts its rows through the micro-steps and
+        hands its error over at the step's gather, where the other processes wait for its share.
+        What the micro-steps fill stays on the batch's device until the share is whole: one read
+        to the host a step, not one a micro-step (a read waits for the device, and the
+        trainer's next launches with it)."""
+        missing = [k for k in OUTPUT_KEYS if k not in output]
+        if missing:
+            raise InputError(
+                f"{type(trainer).__name__}._generate_and_score_completions returned no "
+                f"{', '.join(missing)}: this TRL is not one attach() can read (tested with TRL "
+                f"{', '.join(TESTED)}).",
+                hint="Install a tested TRL (pip install 'trl==1.16.*').",
+            )
+        n, c = output["completion_ids"].shape
+        device = output["completion_ids"].device
+        pending = cls(
+            step=step,
+            inputs={k: v for k, v in output.items() if isinstance(v, Tensor)},
+            rewards=torch.full((n,), torch.nan),
+            logprobs=torch.zeros(n, c, device=device),
+            sum_pi2=torch.zeros(n, c, device=device),
+            seen=torch.zeros(n, dtype=torch.bool, device=device),
+            from_loss=from_loss,
+        )
+        output[ROW_KEY] = torch.arange(n, device=device)
+        return pending
 
 
 @dataclass

@@ -21,13 +21,14 @@ round-off (tests/integrations/test_split_capture.py)."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from otb_diag.integrations.core.step_metrics import SPLIT_SEED
+from otb_diag.maths.noise.step_split import SPLIT_SEED
 from otb_diag.policy.scores.token_scores import head_sketch_from_hidden, head_sketch_of
 
 
@@ -78,3 +79,16 @@ class HiddenCatch:
         tau = torch.full((m * c,), float(temperature), device=h.device)
         proj, _ = head_sketch_from_hidden(sketch, h, targets, tau)
         return proj.view(m, c, k)
+
+
+def split_dropped(step: int, what: str) -> None:
+    """Say once that the split's scores failed at `step` (its check of the output layer, its
+    extra forward) and that the split alone stops: a failure of the split once switched every
+    live metric off."""
+    warnings.warn(
+        f"otb-diag: the within/between split switched off at step {step}: {what}. The "
+        "other live diagnostics go on; attach(trainer, split_every=None) leaves the split "
+        "out from the start.",
+        RuntimeWarning,
+        stacklevel=5,
+    )

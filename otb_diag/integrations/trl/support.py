@@ -5,10 +5,15 @@ trainer shards its parameters, and whether TRL's fused head can give Σπ² (TRL
 
 from __future__ import annotations
 
+import functools
 import math
+import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from otb_diag.errors import InputError
 
@@ -77,6 +82,44 @@ def supported_trainer(trainer: Any) -> Supported:
     return SUPPORTED[name]
 
 
+def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
+    """What `attach` refuses of a TRL trainer whose hooks it can wrap: the split (`split_every`
+    > 0) where the trainer shards its parameters or under a `loss_type` otb-diag does not know;
+    and what it warns of: a trainer that already trained, a TRL version the tests do not run."""
+    import trl
+
+    if trainer.state.global_step > 0:
+        warnings.warn(
+            f"otb-diag: attach() after the trainer trained {trainer.state.global_step} steps: "
+            "the diagnostics start with its next train(); attach before train() to measure "
+            "from the first step.",
+            stacklevel=3,
+        )
+    sharded = sharding(trainer)
+    if split_every and sharded is not None:
+        raise InputError(
+            f"the within/between split recomputes the logits from the output layer's weight "
+            f"outside the forward pass, where {sharded} holds only a shard of it on each "
+            "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
+            hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
+            "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
+            "dumped step and its checkpoint gives the split offline.",
+        )
+    loss_type = getattr(trainer, "loss_type", None)
+    if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
+        raise InputError(
+            f"the split needs the aggregation of TRL's loss_type {loss_type!r}, which otb-diag "
+            f"does not know (it knows {', '.join(LOSS_AGGREGATION)}).",
+            hint="attach(trainer, split_every=None) logs everything but the split.",
+        )
+    if ".".join(trl.__version__.split(".")[:2]) not in TESTED:
+        warnings.warn(
+            f"otb-diag live diagnostics are tested with TRL {', '.join(TESTED)}, not "
+            f"{trl.__version__}; the hooks exist, the audit will say if the numbers agree.",
+            stacklevel=3,
+        )
+
+
 def sharding(trainer: Any) -> str | None:
     """ "FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
     (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
@@ -96,6 +139,31 @@ def fused_head() -> Callable[..., None] | None:
     except ImportError:
         return None
     return add_fused_lm_head if "log_sum_sq_probs" in OPTIONAL_OUTPUTS else None
+
+
+def capture_fused(
+    trainer: Any, model: Any, fused: Callable[..., None], capture: Callable[[Any], None]
+) -> None:
+    """Ask TRL's fused head of `model` for `FUSED_OUTPUTS` and hand every grad-enabled fused
+    forward's output (the loss's) to `capture`."""
+    fused(
+        model,
+        temperature=trainer.temperature,
+        # RLOOConfig has no cast_lm_head_to_fp32: RLOOTrainer leaves the head as it is
+        cast_lm_head_to_fp32=getattr(trainer.args, "cast_lm_head_to_fp32", False),
+        outputs=FUSED_OUTPUTS,
+    )
+    forward = model.forward
+
+    # `generate` checks its keyword arguments against the forward's signature: keep it.
+    @functools.wraps(type(model).forward)
+    def capturing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = forward(*args, **kwargs)
+        if kwargs.get("fused_lm_head") and torch.is_grad_enabled():
+            capture(output)
+        return output
+
+    model.forward = types.MethodType(capturing, model)
 
 
 def log_to_trl(trainer: Any, metrics: Mapping[str, float]) -> None:

@@ -39,16 +39,17 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.integrations.core.controller import KneeController
 from otb_diag.integrations.core.dump import check_dump_dir, dump_step
 from otb_diag.integrations.core.live_core import LiveCore
-from otb_diag.integrations.core.metric_levels import check_level
+from otb_diag.integrations.core.options import DEFAULTS, LiveOptions
 from otb_diag.integrations.core.step_metrics import (
     check_whole_groups,
     round_off_clamped,
     split_scores,
     step_and_split_metrics,
 )
-from otb_diag.integrations.verl.scores import OTB_SCORES, SPLIT_K
+from otb_diag.integrations.verl.scores import OTB_SCORES
 from otb_diag.io.trainers.verl import PromptUids
 from otb_diag.maths.estimators.registry import resolve_name
 from otb_diag.maths.noise.budget_stream import DECAY, WINDOW
@@ -73,7 +74,7 @@ def compute_otb_metrics(
     model: Any = None,
     scores: Tensor | None = None,
     loss_agg_mode: str = DEFAULT_LOSS_AGG,
-    split_k: int = SPLIT_K,
+    split_k: int = DEFAULTS.split_k,
 ) -> dict[str, float]:
     """The step's `otb/...` metrics over a verl batch (a `DataProto` or a dict of its tensors
     with `uid`): energy, every baseline's proxies, OTB/mean, and the audit of `advantages`
@@ -97,7 +98,7 @@ def step_and_scores(
     temperature: float | None = None,
     model: Any = None,
     scores: Tensor | None = None,
-    split_k: int = SPLIT_K,
+    split_k: int = DEFAULTS.split_k,
 ) -> tuple[ResponseBatch, Tensor | None]:
     """The step's `ResponseBatch` of a verl batch and its split's scores `[B, T, k]` (None: no
     split), as `compute_otb_metrics` takes them (its docstring)."""
@@ -146,11 +147,30 @@ class BudgetTracker:
         *,
         metrics: str = "all",
         record_dir: str | Path | None = None,
+        controller: str | None = DEFAULTS.controller,
+        prompts_per_step: int | None = None,
+        most_prompts: int | None = DEFAULTS.most_prompts,
     ) -> None:
-        self.level = check_level(metrics)
+        # verl splits on the calls that pass scores: the tracker has no split_every of its own
+        options = LiveOptions(metrics=metrics, controller=controller, most_prompts=most_prompts)
+        self.options = options.checked()
+        if controller is not None and prompts_per_step is None:
+            raise InputError(
+                "BudgetTracker(controller=...) needs prompts_per_step, the prompts a step "
+                "samples (verl's data.train_batch_size): the controller decides in multiples "
+                "of it.",
+            )
+        self.prompts_per_step = prompts_per_step
         self.record_dir = record_dir
         self.window, self.decay = window, decay
         self.core: LiveCore | None = None  # made at the first call, which names the estimator
+
+    @property
+    def prompts_per_update(self) -> int | None:
+        """The knee controller's decision: the prompts the next update should take (None
+        without the controller); docs/live.md says how to apply it in verl."""
+        controller = self.core.controller if self.core is not None else None
+        return controller.prompts if controller is not None else None
 
     def __call__(
         self,
@@ -182,19 +202,28 @@ class BudgetTracker:
         `collect` takes them."""
         rows, scores = step_and_scores(batch, **reading)
         if self.core is None:
+            audited = audited_estimator(adv_estimator)
             self.core = LiveCore(
-                audited_estimator(adv_estimator),
-                baselines,
+                audited,
+                LiveOptions(baselines=baselines).checked().baselines,
                 loss_agg_mode,
-                level=self.level,
+                level=self.options.metrics,
                 record_dir=self.record_dir,
                 window=self.window,
                 decay=self.decay,
+                controller=self._controller(audited),
             )
         at = step if step is not None else 0
         if grad_norm is not None:
             self.core.add_grad_norm(at, float(grad_norm))
         self.core.submit(rows, at, scores)
+
+    def _controller(self, audited: tuple[str, dict[str, Any]] | None) -> KneeController | None:
+        """The knee controller over the pooled knee of the estimator verl trains with."""
+        if self.options.controller is None or self.prompts_per_step is None:
+            return None
+        rule = self.options.rule(self.prompts_per_step)
+        return KneeController(rule, audited[0] if audited else "otb")
 
     def collect(self) -> dict[str, float]:
         """The submitted step's metrics, the collapse watch's and the pooled budget, at the

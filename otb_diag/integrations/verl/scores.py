@@ -8,7 +8,7 @@ token_scores.py`, module docstring): the output layer's input `h` (caught by a f
 the model's output embedding) and its output, the logits `z`.
 `forward_scores` turns them into the projected scores `[..., k]` through
 `token_scores.py:head_sketch`, the very function `step_metrics.py:split_scores` runs on its own
-forward, with the same seeded projection (`step_metrics.SPLIT_SEED`) at every step and on every
+forward, with the same seeded projection (`step_split.SPLIT_SEED`) at every step and on every
 worker: k = 64 floats per token beside verl's `log_probs`, against V for the logits.
 The driver carries them to the advantage step under `OTB_SCORES` (`[B, T, k]`, aligned with
 `responses`, 0 on padding), where `compute_otb_metrics` reads them.
@@ -21,12 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from otb_diag.integrations.core.step_metrics import SPLIT_SEED
+from otb_diag.maths.noise.step_split import SPLIT_K, SPLIT_SEED
 from otb_diag.policy.forward_pass import STATS_CHUNK, output_layer
 from otb_diag.policy.scores.token_scores import head_sketch, head_sketch_matrices
 
 OTB_SCORES = "otb_scores"  # the batch key of the worker-formed scores, `[B, T, k]`
-SPLIT_K = 64  # the projection's dimension: small beside the vocabulary
 
 
 def forward_scores(

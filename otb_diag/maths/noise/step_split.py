@@ -58,6 +58,10 @@ from otb_diag.maths.noise.noise_scale import (
     signal_and_noise,
 )
 
+# The split's per-token score vectors, wherever a step's split is formed (TRL's and verl's live
+# diagnostics, `otb-diag train`): head-mode sketches of this dimension, under this seed, so that
+# every step and every trainer project the same way.
+SPLIT_K, SPLIT_SEED = 64, 0
 # What `step_split` returns, in order (`noise_scale.decompose`'s names but the noise scale's).
 SPLIT = ("within", "between", "total", "grad_sq", "within_share", ONE_STEP_NOISE_SCALE, "snr")
 

@@ -1,0 +1,115 @@
+"""The knee controller's decision realised in TRL without rebuilding the trainer:
+`attach(trainer, controller="knee")` accumulates the gradients of k generation batches into one
+optimizer update, k set by `core/controller.py:KneeController` from the pooled knee.
+
+One TRL step is one generation batch of P₀ prompts (its micro-steps; TRL's `global_step`
+counts them). The gate wraps, on the trainer's instances once `train()` has built them:
+
+    the loss          each batch's `_compute_loss` divided by k: the update is the mean of the
+                      k batches' gradients (each already the mean over its own rows)
+    clipping          `_clip_grad_norm` only at the update's last batch, on the whole update
+    optimizer.step    only at the update's last batch
+    scheduler.step    only then too: the learning-rate schedule counts updates
+    model.zero_grad   only then: the gradients of the update's batches add up in `.grad`
+
+so an update of k batches is the update of one batch of k · P₀ prompts (tested against it).
+k changes only between updates: at an update's last batch, every process takes the main
+process's decision (one collective of a small integer), so all processes apply the same one.
+
+What it cannot do, `check_gate` refuses: TRL's `num_iterations > 1` (a generation batch trained
+several times, its updates interleaved with the next batch's), a generation batch that is not
+one optimizer step (`steps_per_generation` ≠ `gradient_accumulation_steps`), and DeepSpeed,
+whose engine steps the optimizer and accumulates gradients itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from otb_diag.errors import InputError
+from otb_diag.integrations.core.controller import KneeController
+from otb_diag.runtime.torchrun import Dist
+
+
+def check_gate(trainer: Any) -> int:
+    """The base batch P₀ (prompts a generation batch, every process's) of a trainer the gate
+    can drive; an `InputError` for one it cannot (module docstring)."""
+    args = trainer.args
+    if getattr(args, "num_iterations", 1) > 1:
+        raise InputError(
+            f"controller='knee' accumulates whole generation batches into one update, and "
+            f"num_iterations={args.num_iterations} trains each batch several times.",
+            hint="Use num_iterations=1 with the controller, or attach without it.",
+        )
+    if args.steps_per_generation != args.gradient_accumulation_steps:
+        raise InputError(
+            f"controller='knee' needs one generation batch an optimizer step; this trainer "
+            f"generates every {args.steps_per_generation} micro-steps and steps every "
+            f"{args.gradient_accumulation_steps}.",
+            hint="Leave steps_per_generation and generation_batch_size unset (TRL then "
+            "generates once a step).",
+        )
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        raise InputError(
+            "controller='knee' gates the trainer's optimizer step, which DeepSpeed's engine "
+            "takes itself.",
+            hint="Attach without the controller under DeepSpeed.",
+        )
+    return args.generation_batch_size // trainer.num_generations
+
+
+class UpdateGate:
+    """Which batch of its update the current TRL step is (`index` of `batches`), and the
+    wrappers of the module docstring. `controller` decides on the main process; `place` is this
+    process's rank among the trainer's."""
+
+    def __init__(self, trainer: Any, controller: KneeController, place: Dist) -> None:
+        self.trainer = trainer
+        self.controller = controller
+        self.place = place
+        self.batches = 1  # k of the current update
+        self.index = 0  # the current batch within it
+
+    @property
+    def closing(self) -> bool:
+        """The current batch is its update's last: the optimizer steps after it."""
+        return self.index == self.batches - 1
+
+    @property
+    def opening(self) -> bool:
+        """The current batch is its update's first: `.grad` held nothing before it."""
+        return self.index == 0
+
+    def scale(self, loss: Tensor) -> Tensor:
+        """This batch's share of the update's loss."""
+        return loss / self.batches if self.batches > 1 else loss
+
+    def install(self) -> None:
+        """Wrap the trainer's optimizer, scheduler, clipping and zero-grad (at `on_train_begin`:
+        `train()` builds them)."""
+        t = self.trainer
+        t._clip_grad_norm = self._gated(t._clip_grad_norm)
+        t.optimizer.step = self._gated(t.optimizer.step)
+        t.lr_scheduler.step = self._gated(t.lr_scheduler.step)
+        t.model_wrapped.zero_grad = self._gated(t.model_wrapped.zero_grad)
+
+    def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if self.closing else None
+
+        return gated
+
+    def step_end(self) -> None:
+        """Every process, at each TRL step's end (after the main process's metrics were
+        collected): the next batch of the update, or the next update with the main process's
+        decision."""
+        if not self.closing:
+            self.index += 1
+            return
+        self.controller.updated()
+        decided = self.controller.batches if self.place.is_main else None
+        self.batches = self.place.all_gather(decided)[0]
+        self.index = 0
