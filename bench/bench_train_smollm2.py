@@ -68,12 +68,14 @@ from real_model import cache_dir, smollm2_gguf  # noqa: E402
 @dataclass(frozen=True)
 class Arm:
     """One way of training: its `dynamics` label (baseline and N read from it), the registry
-    baseline that replaces TRL's advantages (None: TRL's own) with its options, the group size."""
+    baseline that replaces TRL's advantages (None: TRL's own) with its options, the group size,
+    and the knee controller (None: the configured prompts every update)."""
 
     label: str
     advantages: str | None
     group: int
     options: dict[str, Any] = field(default_factory=dict)
+    controller: str | None = None
 
     @property
     def slug(self) -> str:
@@ -87,6 +89,13 @@ ARMS = (
     Arm("grpo N=16", None, 16),
 )
 N32 = Arm("grpo N=32", None, 32)
+# The knee controller from the same 4 prompts a generation batch (issue 47), as many generation
+# batches as the fixed arms; only with --controller (they are not in the default comparison).
+CONTROLLED = (
+    Arm("grpo N=4 + controller", None, 4, controller="knee"),
+    Arm("otb N=4 + controller", "otb", 4, controller="knee"),
+)
+THREADS = 2  # torch threads of every run (seed 0's three arms ran on 1, before this was set)
 INSTRUCTION = "Answer with the number only."
 LOW, HIGH = 10, 99  # the operands' range
 
@@ -172,7 +181,13 @@ def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> di
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(ckpt),
     )
-    attach(trainer, split_every=1, advantages=arm.advantages, advantage_options=arm.options)
+    attach(
+        trainer,
+        split_every=1,
+        advantages=arm.advantages,
+        advantage_options=arm.options,
+        controller=arm.controller,
+    )
 
     class Progress(TrainerCallback):
         def on_log(self, _args: Any, state: Any, *_: Any, logs: dict, **__: Any) -> None:
@@ -195,6 +210,7 @@ def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> di
         "seed": seed,
         "advantages": arm.advantages,
         "advantage_options": arm.options,
+        "controller": arm.controller,
         "group_size": arm.group,
         "prompts_per_step": args.prompts_per_step,
         "steps": args.steps,
@@ -248,12 +264,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--target", type=float, default=0.5, help="score for tokens-to-target")
     parser.add_argument("--with-n32", action="store_true", help="add grpo N=32 (for a GPU)")
+    parser.add_argument(
+        "--controller", action="store_true", help="add the knee controller's two arms"
+    )
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads a run")
     parser.add_argument("--only", action="append", help="arm label to run (repeatable)")
     parser.add_argument("--compare-only", action="store_true", help="no training")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "smollm2-train")
     parser.add_argument("--cache", type=Path, default=cache_dir(), help="converted model")
     args = parser.parse_args()
-    arms = ARMS + ((N32,) if args.with_n32 else ())
+    import torch
+
+    torch.set_num_threads(args.threads)  # before any work: a rerun on other threads differs
+    arms = ARMS + ((N32,) if args.with_n32 else ()) + (CONTROLLED if args.controller else ())
     unknown = set(args.only or ()) - {arm.label for arm in arms}
     if unknown:
         parser.error(f"unknown arm {sorted(unknown)}; the arms: {[a.label for a in arms]}")
