@@ -124,6 +124,8 @@ def test_the_gate_refuses_what_it_cannot_drive(tmp_path: Path) -> None:
         attach(toy_trainer(tmp_path / "a", 1, num_iterations=2), controller="knee")
     with pytest.raises(InputError, match="generates every 2 micro-steps and steps every 1"):
         attach(toy_trainer(tmp_path / "b", 1, steps_per_generation=2), controller="knee")
+    with pytest.raises(InputError, match="fp16's loss scaler unscales them at every step"):
+        attach(toy_trainer(tmp_path / "e", 1, fp16=True, use_cpu=False), controller="knee")
     with pytest.raises(InputError, match="which split_every=None switches off"):
         attach(toy_trainer(tmp_path / "c", 1), controller="knee", split_every=None)
     with pytest.raises(InputError, match="controller must be None or one of 'knee'"):

@@ -267,7 +267,7 @@ class LiveCore:
             return None
         try:
             return shared_worker()
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: no pass_fds (Windows)
             self.measure_in = "thread"
             warnings.warn(
                 f"otb-diag: no worker process could be started ({e}); the live metrics are "

@@ -18,8 +18,9 @@ process's decision (one collective of a small integer), so all processes apply t
 
 What it cannot do, `check_gate` refuses: TRL's `num_iterations > 1` (a generation batch trained
 several times, its updates interleaved with the next batch's), a generation batch that is not
-one optimizer step (`steps_per_generation` ≠ `gradient_accumulation_steps`), and DeepSpeed,
-whose engine steps the optimizer and accumulates gradients itself.
+one optimizer step (`steps_per_generation` ≠ `gradient_accumulation_steps`), fp16 (its loss
+scaler unscales the gradients at every step), and DeepSpeed, whose engine steps the optimizer
+and accumulates gradients itself.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def check_gate(trainer: Any) -> int:
             f"{args.gradient_accumulation_steps}.",
             hint="Leave steps_per_generation and generation_batch_size unset (TRL then "
             "generates once a step).",
+        )
+    if args.fp16:
+        raise InputError(
+            "controller='knee' accumulates gradients across TRL's steps, and fp16's loss "
+            "scaler unscales them at every step (its gradient norm), so the next batch's "
+            "scaled gradients would add to unscaled ones.",
+            hint="Train in bf16 (bf16=True) or fp32 with the controller.",
         )
     if getattr(trainer, "is_deepspeed_enabled", False):
         raise InputError(
