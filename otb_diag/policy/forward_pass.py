@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import TokenStats, _stats_in_place
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.placement import host_batch, input_device, to_device
 from otb_diag.runtime.memory import available_memory, rows_that_fit
 
 
@@ -171,8 +172,12 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     """Final hidden states `[B, L, d]` of the backbone (`model.base_model`), the LM head not run.
 
-    Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows.
+    Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows. The ids
+    and the mask go to the backbone's input device first (no copy where they are there).
     """
+    device = input_device(model)
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     out = model.base_model(
         input_ids=input_ids,
@@ -275,15 +280,6 @@ def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, 
     return chunk, tokens
 
 
-def _to(x: Tensor, device: torch.device) -> Tensor:
-    """`x` on `device`; from the CPU to CUDA without waiting for the device: a pinned copy is
-    queued on CUDA's stream, where a pageable one would first wait for the work queued before it
-    (the caching host allocator keeps the pinned block until the copy is done)."""
-    if device.type != "cuda" or x.device.type != "cpu":
-        return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
-
-
 def response_token_stats(
     model: nn.Module,
     input_ids: Tensor,
@@ -306,8 +302,9 @@ def response_token_stats(
     response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
     Memory beyond the forward pass: two `[chunk, V]` fp32 buffers (plus, off CUDA, an fp32 copy
     of a half-precision output embedding, `head_weight`).
-    The inputs are checked and indexed where they are (the CPU for `checkpoint_stats`), then
-    queued to the device: nothing here waits for the device.
+    The tensors may come on any devices: the mask, the starts and the temperatures are moved
+    once to the ids' device, where they are checked and indexed (the CPU for `checkpoint_stats`,
+    so nothing here waits for the model's device), then queued to the model's device.
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InputError("input_ids and attention_mask must both be [B, L]")
@@ -317,14 +314,22 @@ def response_token_stats(
         check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)
     device = weight.device
-    start = response_start.to(dtype=torch.long)
+    # Moved once, here: the checks and the index work run where the ids are, whatever device
+    # the mask, the starts and the temperatures came on (`placement.py`).
+    here = input_ids.device
+    attention_mask = attention_mask.to(here)
+    start = torch.as_tensor(response_start).to(here, torch.long)
+    if start.shape != input_ids.shape[:1]:
+        raise InputError(
+            f"response_start must be [B], B = {len(input_ids)}; got {list(start.shape)}"
+        )
     n_real = attention_mask.sum(-1)
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    positions = torch.arange(input_ids.shape[1], device=here)
     if (attention_mask.bool() != (positions[None] < n_real[:, None])).any():
         raise InputError("attention_mask must be right-padded: each row's 1s come first")
     if (start < 1).any() or (start > n_real).any():
         raise InputError("response_start must lie in [1, number of real tokens] for every row")
-    tau = torch.as_tensor(temperature, dtype=torch.float32).expand(len(start))
+    tau = torch.as_tensor(temperature, dtype=torch.float32).to(here).expand(len(start))
     if (tau <= 0).any():
         raise InputError("temperature must be positive")
     tempered = bool((tau != 1).any())
@@ -334,9 +339,9 @@ def response_token_stats(
     rows, cols = (t[None] < length[:, None]).nonzero(as_tuple=True)  # the N valid (i, t) pairs
     target_pos = start[rows] + cols  # 0-based position of response token t + 1 (1-based)
     input_ids, attention_mask, rows, cols, target_pos = (
-        _to(x, device) for x in (input_ids, attention_mask, rows, cols, target_pos)
+        to_device(x, device) for x in (input_ids, attention_mask, rows, cols, target_pos)
     )
-    tau = _to(tau.contiguous(), device)
+    tau = to_device(tau.contiguous(), device)
 
     parts = []
     with torch.no_grad(), eval_mode(model):
@@ -388,7 +393,7 @@ def stats_for_sequences(
     """
     if len(prompts) != len(responses):
         raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
-    taus = torch.as_tensor(temperature, dtype=torch.float32).expand(len(prompts))
+    taus = torch.as_tensor(temperature, dtype=torch.float32).cpu().expand(len(prompts))
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
     grids = _stats_grids(
         model, prompts, responses, lengths, taus, chunk_size, batch_tokens, progress
@@ -411,7 +416,9 @@ def checkpoint_stats(
     padding (`response_token_stats` per packed batch; chunk_size, batch_tokens: `stats_plan`'s
     unless given).
 
-    `progress(n)` is called with the number of response tokens of each finished model batch."""
+    `progress(n)` is called with the number of response tokens of each finished model batch.
+    The batch's tensors may be on any device (read on the host: `placement.host_batch`)."""
+    batch = host_batch(batch)
     rows = batch.response_ids.tolist()  # the inputs' ids, read once; the statistics stay tensors
     responses = [ids[:n] for ids, n in zip(rows, batch.length.tolist(), strict=True)]
     grids = _stats_grids(
@@ -449,7 +456,7 @@ def _stats_grids(
         stats = response_token_stats(
             model, ids, mask, start, taus[group], chunk_size, check_head=False
         )
-        index = _to(torch.tensor(group), device)
+        index = to_device(torch.tensor(group), device)
         for name, grid in grids.items():
             value = getattr(stats, name)  # [rows, T_group], 0 beyond each row's T_i
             grid[index, : value.shape[1]] = value

@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import BATCH_TOKENS, pack_by_tokens
+from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.policy.scores.directions import Block, projection_columns, unit_pieces
 from otb_diag.policy.scores.forward_mode import (
@@ -224,6 +225,7 @@ def plan_full(
     """
     if engine not in ("auto", "jvp", "vjp"):
         raise InputError(f"engine must be auto, jvp or vjp, got {engine!r}", field="engine")
+    batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     available = available_memory(device) if available_bytes is None else available_bytes
     limit = MEMORY_SHARE * available

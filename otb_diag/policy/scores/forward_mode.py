@@ -45,6 +45,7 @@ from otb_diag.policy.forward_pass import (
     pack_by_tokens,
     pad_batch,
 )
+from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores import chunked_attention
 from otb_diag.policy.scores.directions import Block, unit_pieces
 
@@ -248,6 +249,7 @@ def forward_scores(
     runs with the `attention` implementation (`forward_mode_attention`), whose query chunks hold
     `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`).
     """
+    batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape
     proj = torch.zeros(n_rows, width, sum(b.k for b in blocks))
