@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -188,8 +189,32 @@ def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
     return out[0]  # last_hidden_state
 
 
+# The models whose output layer `check_output_layer` has passed, each with what the verdict
+# depends on (`_head_key`); weak, so a checked model is freed as if it had never been checked.
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def _head_key(model: nn.Module) -> tuple:
+    """What `check_output_layer`'s verdict depends on: the head and backbone modules, the head's
+    dtype, device and bias, the logit scale and soft-cap of its config, and a forward wrapped on
+    the instance. Trained weights keep it (the head's transform is not in their values);
+    `model.to(torch.bfloat16)`, another device, a swapped `lm_head`, a changed config or a
+    forward wrapped by accelerate make the next call check again."""
+    weight, bias, scale, softcap = output_layer(model)
+    head, backbone = model.get_output_embeddings(), model.base_model
+    forward = model.__dict__.get("forward")  # a wrapped forward (accelerate's autocast)
+    return (
+        id(head), id(backbone), id(forward), weight.dtype, weight.device, bias is None, scale,
+        softcap,
+    )  # fmt: skip
+
+
 def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """Raise InputError unless the logits rebuilt from the final hidden states match the model's.
+
+    Once per model: a model that passed is not probed again while `_head_key` stays the same,
+    so a statistics pass runs its backbone once per call, not twice (the probe is a whole
+    forward of kernel launches, 56 attention calls where the bare path makes 28: issue 48).
 
     Catches heads this module does not know (an extra scaling, a transform, a backbone whose last
     hidden state is not what the head reads) on a short probe sequence: one forward of the model,
@@ -204,6 +229,16 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """
     if model.base_model is model:
         raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
+    key = _head_key(model)
+    if _CHECKED.get(model) == key:
+        return
+    _probe_output_layer(model, n_tokens)
+    _CHECKED[model] = key
+
+
+def _probe_output_layer(model: nn.Module, n_tokens: int) -> None:
+    """`check_output_layer`'s probe: one forward of `n_tokens` ids, its logits against those
+    rebuilt from its backbone's output."""
     weight, bias, scale, softcap = output_layer(model)
     ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
     caught: dict[str, Tensor] = {}

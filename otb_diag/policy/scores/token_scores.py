@@ -363,19 +363,21 @@ def _head_scores(
         packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
         for group in pack_by_tokens(packed, batch_tokens):
             responses = [batch.response_ids[i, : lengths[i]].tolist() for i in group]
-            ids, attention, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
+            ids, _, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
             n_tok = torch.tensor([lengths[i] for i in group])
             rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(
                 as_tuple=True
             )  # the N valid (row, t) pairs, 0-based t, found on the host
             pos = start[rows] + cols  # position of y_{t+1}; the logits at pos − 1 predict it
             out_rows = torch.tensor(group)[rows]
-            ids_d, attention_d, rows_d, before, targets, tau, out_rows, cols = (
+            ids_d, rows_d, before, targets, tau, out_rows, cols = (
                 to_device(x, device)
-                for x in (ids, attention, rows, pos - 1, ids[rows, pos],
-                          batch.temperature[group][rows], out_rows, cols)
+                for x in (ids, rows, pos - 1, ids[rows, pos], batch.temperature[group][rows],
+                          out_rows, cols)
             )  # fmt: skip
-            hidden = final_hidden(model, ids_d, attention_d)  # [b, L, d]
+            # A mask of ones, as the statistics pass runs it (`response_token_stats`): the rows
+            # are right-padded, so causal attention never reads padding from a real token.
+            hidden = final_hidden(model, ids_d, torch.ones_like(ids_d))  # [b, L, d]
             proj[out_rows, cols], sq_norm[out_rows, cols] = _sketched(
                 sketch, hidden[rows_d, before], targets, tau, chunk_size
             )  # hidden: [N, d]
