@@ -19,6 +19,8 @@ from virtual_devices import virtual_devices
 from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.response_batch import ResponseBatch, pad
 from otb_diag.policy.forward_pass import checkpoint_stats, final_hidden, pad_batch
+from otb_diag.policy.scores.directions import Block, select_parameters
+from otb_diag.policy.scores.forward_mode import forward_scores
 from otb_diag.policy.scores.token_scores import token_scores
 
 MODELS = {"gpt2": tiny_gpt2, "qwen2": tiny_qwen2}
@@ -111,3 +113,23 @@ def test_host_reads_of_a_pass_do_not_grow_with_rows_or_chunks(arch) -> None:
                 model, lambda b=batch, c=chunk: token_scores(model, b, "head", 4, 0, chunk_size=c)
             )
             assert sorted(head) == sorted(bare + ["cpu"] * 2), (rows, chunk)
+
+
+@pytest.mark.parametrize(("scores", "reads"), [(1 << 20, 0), (40, 1)], ids=["one", "several"])
+def test_forward_mode_reads_its_query_chunks_keys_once_a_forward(scores, reads) -> None:
+    """Forward mode's query-chunked attention reads which keys each chunk needs off the device
+    once per forward, for all its layers (they share the mask), and not at all when one chunk
+    holds every query row; it read them once per layer (issue 41's one read per call, made in
+    each of 28 layers on Qwen2.5-1.5B). Two layers, 4 directions 2 at a time: 2 forwards."""
+    model, batch = tiny_qwen2(), rows_batch(3)
+
+    def run() -> None:
+        params = select_parameters(model, None)
+        blocks = [Block("all", tuple(params), 4, 0)]
+        forward_scores(
+            model, batch, params, blocks, 0, batch_tokens=4096, directions_batch=2,
+            attention_scores=scores,
+        )  # fmt: skip
+
+    assert model.config.num_hidden_layers == 2
+    assert reads_of(model, run) == ["tolist"] * 2 * reads
