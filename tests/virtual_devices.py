@@ -7,7 +7,7 @@ CUDA) fails here, on the CPU, in the real code path.
 
 How: one `TorchFunctionMode` sees every torch function, `Tensor` method and property:
 - `Tensor.device` (and `is_cuda`) answer the label, so the code under test takes the branches it
-  takes on that device (`_to`'s pinned copy, `stats_plan`'s CUDA plan...);
+  takes on that device (`placement.to_device`'s pinned copy, `stats_plan`'s CUDA plan...);
 - `Tensor.to` / `cuda` / `cpu` relabel (a copy, as between real devices), `pin_memory` is the
   identity, `is_pinned` answers False;
 - factory functions (`torch.zeros(..., device=d)`, `arange`, `empty`...) run on the CPU and label

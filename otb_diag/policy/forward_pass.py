@@ -93,13 +93,29 @@ def output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float 
 
 
 def head_weight(weight: Tensor) -> Tensor:
-    """The output embedding `[V, d]` as `head_logits` multiplies it, made once per pass: the weight
-    itself where the device multiplies its dtype into fp32 products (fp32; bf16/fp16 on CUDA), else
-    an fp32 copy (the CPU has no half × half → fp32 product; the upcast is exact)."""
+    """The output embedding `[V, d]` as `head_logits` multiplies it, made once per pass: in the
+    dtype `head_product_dtype` plans for its device (the weight itself: fp32, or bf16/fp16 on
+    CUDA), else an fp32 copy (the upcast is exact), also where the device refuses the half
+    product it was planned for (`_half_into_fp32`: an older torch, say)."""
     weight = weight.detach()
-    if weight.dtype == torch.float32 or _half_into_fp32(weight.device.type, weight.dtype):
+    planned = head_product_dtype(weight.device.type, weight.dtype)
+    if planned == weight.dtype and (
+        planned == torch.float32 or _half_into_fp32(weight.device.type, weight.dtype)
+    ):
         return weight
     return weight.float()
+
+
+HALF_PRODUCT_DEVICES = ("cuda", "meta")  # where `torch.mm(..., out_dtype=torch.float32)` runs
+
+
+def head_product_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the output layer's product takes its inputs, for a `dtype` weight on
+    a device of `device_type`: a half-precision weight's own on CUDA (tensor cores with fp32
+    sums and an fp32 result, issue 41: the fp32 product had been 46 % of the statistics pass's
+    GPU time), fp32 elsewhere (the CPU has no half × half → fp32 product)."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return dtype if half and device_type in HALF_PRODUCT_DEVICES else torch.float32
 
 
 @functools.cache
@@ -295,22 +311,33 @@ MAX_BATCH_TOKENS = 1 << 15
 
 
 def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, int]:
-    """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device: `STATS_CHUNK` and
-    `BATCH_TOKENS` off CUDA; on CUDA the largest powers of two whose `[chunk, V]` fp32 buffers and
-    whose batch's activations (`16 d` fp32 per token) each take at most `PLANNED_SHARE` of
-    `free_bytes` (default: what the device has free now), never below the CPU's sizes."""
+    """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device (`stats_layout`):
+    `STATS_CHUNK` and `BATCH_TOKENS` off CUDA unless `free_bytes` is given; on CUDA planned from
+    `free_bytes` (default: what the device has free now)."""
     weight = output_layer(model)[0]
     if weight.device.type != "cuda" and free_bytes is None:
         return STATS_CHUNK, BATCH_TOKENS
     free = available_memory(weight.device) if free_bytes is None else free_bytes
     vocab, width = weight.shape
+    return stats_layout(vocab, width, "cuda", free)
+
+
+def stats_layout(vocab: int, width: int, device_type: str, free_bytes: float) -> tuple[int, int]:
+    """`(chunk_size, batch_tokens)` of the statistics pass for an output layer `[V, d]` on a
+    device of `device_type` with `free_bytes` free, a pure function of them (the GPU rows' plans
+    are tested on the CPU: tests/policy/scores/test_gpu_plans.py): the CPU's `STATS_CHUNK` and
+    `BATCH_TOKENS`; on CUDA the largest powers of two whose `[chunk, V]` fp32 buffers and whose
+    batch's activations (`16 d` fp32 per token) each take at most `PLANNED_SHARE` of
+    `free_bytes`, never below the CPU's sizes nor above `MAX_STATS_CHUNK`, `MAX_BATCH_TOKENS`."""
+    if device_type != "cuda":
+        return STATS_CHUNK, BATCH_TOKENS
     chunk = rows_that_fit(
-        free, STATS_BUFFERS * 4 * vocab, share=PLANNED_SHARE, smallest=STATS_CHUNK,
+        free_bytes, STATS_BUFFERS * 4 * vocab, share=PLANNED_SHARE, smallest=STATS_CHUNK,
         largest=MAX_STATS_CHUNK,
     )  # fmt: skip
     tokens = rows_that_fit(
-        free, ACTIVATION_BYTES_PER_WIDTH * width, share=PLANNED_SHARE, smallest=BATCH_TOKENS,
-        largest=MAX_BATCH_TOKENS,
+        free_bytes, ACTIVATION_BYTES_PER_WIDTH * width, share=PLANNED_SHARE,
+        smallest=BATCH_TOKENS, largest=MAX_BATCH_TOKENS,
     )  # fmt: skip
     return chunk, tokens
 
