@@ -45,7 +45,7 @@ from otb_diag.policy.forward_pass import (
     pack_by_tokens,
     pad_batch,
 )
-from otb_diag.policy.placement import host_batch
+from otb_diag.policy.placement import host_batch, to_device
 from otb_diag.policy.scores import chunked_attention
 from otb_diag.policy.scores.directions import Block, unit_pieces
 
@@ -245,14 +245,16 @@ def forward_scores(
     Responses are packed into padded batches of at most `batch_tokens` `prompt ⧺ response`
     tokens; each batch runs `⌈k_b / directions_batch⌉` vmapped jvps per block, every one over
     `directions_batch` tangents; the head's logits are formed `chunk_size` tokens at a time.
-    `progress` gets the response tokens of a batch once all its directions are done. The model
+    `progress` gets the response tokens of a batch once all its directions are queued. The model
     runs with the `attention` implementation (`forward_mode_attention`), whose query chunks hold
     `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`).
     """
     batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape
-    proj = torch.zeros(n_rows, width, sum(b.k for b in blocks))
+    # Filled on the device and copied off once: a copy per vmapped call made the host wait for
+    # each call before drawing the next one's tangents, where it can run ahead of the GPU.
+    proj = torch.zeros(n_rows, width, sum(b.k for b in blocks), device=device)
     lengths = batch.length.tolist()
     wrapper = _TokenLogProbs(model, chunk_size)
     frozen = _padding_rows(model)
@@ -269,6 +271,7 @@ def forward_scores(
     ):
         for group in pack_by_tokens(packed, batch_tokens):
             inputs, out_rows, cols = _padded(batch, group, device)
+            out_rows, cols = to_device(out_rows, device), to_device(cols, device)
             for block in blocks:
                 primals = {_PREFIX + n: params[n] for n in block.params}
 
@@ -287,11 +290,11 @@ def forward_scores(
                         tangents
                     )  # [d, N]: √k_b·⟨v, ∇θ log p_t⟩
                     proj[out_rows, cols, block.offset + lo : block.offset + lo + len(js)] = (
-                        u.T.float().cpu() / math.sqrt(block.k)
+                        u.T.float() / math.sqrt(block.k)
                     )  # the jvp is linear in the tangent: 1/√k_b applied to [N, d], not to [d, D]
             if progress is not None:
                 progress(sum(lengths[i] for i in group))
-    return proj
+    return proj.cpu()
 
 
 def _padding_rows(model: nn.Module) -> dict[str, int]:
