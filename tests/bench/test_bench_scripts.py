@@ -33,7 +33,7 @@ SMALLEST = {
     "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],
     "bench_sample.py": ["--rows", "2", "--new", "4", "--reps", "1"],
     "bench_scale.py": ["--tiny"],
-    "gpu.py": ["--tiny", "--reps", "1"],
+    "gpu.py": ["--tiny", "--reps", "1", "--in-process"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
     "bench_train_smollm2.py": ["--steps", "1", "--seeds", "1", "--prompts-per-step", "1",
