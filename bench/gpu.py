@@ -175,7 +175,8 @@ def full_per_direction(model, device, tokens: int, k: int, reps: int) -> tuple[f
     seconds = timed(run, device, reps, warm=skip_warm_up)  # plan_full's calibration warmed it
     detail = (
         f"{seconds / k:.3f} s/direction, bare {bare:.4f} s, {plan.directions_batch} directions "
-        f"per vmap, head chunk {plan.head_chunk}; cost model {plan.forward_s:.1f} s for "
+        f"per vmap, head chunk {plan.head_chunk}, {plan.attention_scores:,} scores a query chunk; "
+        f"cost model {plan.forward_s:.1f} s for "
         f"{seconds:.1f} s measured ({plan.forward_s / seconds:.2f}x)"
     )
     return seconds / k / bare, detail

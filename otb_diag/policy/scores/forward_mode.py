@@ -374,5 +374,5 @@ def _padded(
     rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(as_tuple=True)
     pos = start[rows] + cols  # position of y_{t+1}; the hidden state at pos − 1 predicts it
     tau = batch.temperature[group][rows]
-    inputs = tuple(x.to(device) for x in (ids, attention, rows, pos, tau))
+    inputs = tuple(to_device(x, device) for x in (ids, attention, rows, pos, tau))  # no wait
     return inputs, torch.tensor(group)[rows], cols
