@@ -13,11 +13,11 @@ from contextlib import contextmanager
 import pytest
 import torch
 from test_forward_pass import tiny_gpt2, tiny_qwen2
-from test_placement import make_batch
+from test_placement import batch_of, make_batch
 from virtual_devices import virtual_devices
 
 from otb_diag.maths.energy.token_stats import TokenStats
-from otb_diag.maths.response_batch import ResponseBatch, pad
+from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import checkpoint_stats, final_hidden, pad_batch
 from otb_diag.policy.scores.directions import Block, select_parameters
 from otb_diag.policy.scores.forward_mode import forward_scores
@@ -31,16 +31,7 @@ def rows_batch(rows: int) -> ResponseBatch:
     """`rows` responses of 3 to 8 tokens after prompts of 1 to 3 (ids below 50)."""
     prompts = [[1 + i % 7] * (1 + i % 3) for i in range(rows)]
     responses = [[(5 * i + t) % 49 + 1 for t in range(3 + i % 6)] for i in range(rows)]
-    length = torch.tensor([len(r) for r in responses])
-    valid = torch.arange(int(length.max()))[None] < length[:, None]
-    return ResponseBatch(
-        group_names=["g"], group=torch.zeros(rows, dtype=torch.long), sample=torch.arange(rows),
-        length=length, prompt_ids=prompts,
-        response_ids=pad(responses, int(length.max()), 0, torch.long), valid=valid,
-        mask=valid.float(), token_rewards=torch.zeros(valid.shape), reward=torch.zeros(rows),
-        temperature=torch.full((rows,), 0.9), step=[None] * rows, is_weights=None, logprobs=None,
-        sum_pi2=None,
-    )  # fmt: skip
+    return batch_of(prompts, responses, [0.9] * rows)
 
 
 @contextmanager

@@ -42,12 +42,19 @@ MODELS = {"gpt2": tiny_gpt2, "qwen2": tiny_qwen2}
 
 def make_batch(temperature: list[float]) -> ResponseBatch:
     """PROMPTS / RESPONSES as a `ResponseBatch` (the fields the passes read), on the CPU."""
-    n, length = len(RESPONSES), torch.tensor([len(r) for r in RESPONSES])
+    return batch_of(PROMPTS, RESPONSES, temperature)
+
+
+def batch_of(
+    prompts: list[list[int]], responses: list[list[int]], temperature: list[float]
+) -> ResponseBatch:
+    """A `ResponseBatch` of the fields the passes read, on the CPU."""
+    n, length = len(responses), torch.tensor([len(r) for r in responses])
     valid = torch.arange(int(length.max()))[None] < length[:, None]
     return ResponseBatch(
         group_names=["g"], group=torch.zeros(n, dtype=torch.long), sample=torch.arange(n),
-        length=length, prompt_ids=PROMPTS,
-        response_ids=pad(RESPONSES, int(length.max()), 0, torch.long), valid=valid,
+        length=length, prompt_ids=prompts,
+        response_ids=pad(responses, int(length.max()), 0, torch.long), valid=valid,
         mask=valid.float(), token_rewards=torch.zeros(valid.shape), reward=torch.zeros(n),
         temperature=torch.tensor(temperature), step=[None] * n, is_weights=None, logprobs=None,
         sum_pi2=None,
