@@ -58,11 +58,12 @@ bench: setup
 	$(BIN)/python bench/bench_stats.py
 	$(BIN)/python bench/bench_variance.py
 
-# Every row of issue 25's table on one GPU (bench/gpu.py), then the CUDA-against-CPU tests. Run
-# by the Python that has a CUDA torch (not `setup`'s venv, which pins the CPU wheel).
+# Every row of bench/gpu.py on one GPU, each in its own process under a time limit (8 minutes in
+# all), then the CUDA-against-CPU tests (under 150 s), whatever the rows gave: a short GPU loan's
+# check (issue 48). Run by the Python that has a CUDA torch (not `setup`'s venv, which pins the
+# CPU wheel). Exits non-zero if a row or a test failed.
 bench-gpu:
-	cd bench && $(PYTHON) gpu.py
-	$(PYTHON) -m pytest -q -m gpu tests/gpu
+	cd bench && $(PYTHON) gpu.py; rows=$$?; cd .. && timeout 150 $(PYTHON) -m pytest -q -m gpu tests/gpu; tests=$$?; exit $$((rows || tests))
 
 lint: setup
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import TokenStats, _stats_in_place
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.placement import host_batch, input_device, to_device
 from otb_diag.runtime.memory import available_memory, rows_that_fit
 
 
@@ -91,13 +93,29 @@ def output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float 
 
 
 def head_weight(weight: Tensor) -> Tensor:
-    """The output embedding `[V, d]` as `head_logits` multiplies it, made once per pass: the weight
-    itself where the device multiplies its dtype into fp32 products (fp32; bf16/fp16 on CUDA), else
-    an fp32 copy (the CPU has no half × half → fp32 product; the upcast is exact)."""
+    """The output embedding `[V, d]` as `head_logits` multiplies it, made once per pass: in the
+    dtype `head_product_dtype` plans for its device (the weight itself: fp32, or bf16/fp16 on
+    CUDA), else an fp32 copy (the upcast is exact), also where the device refuses the half
+    product it was planned for (`_half_into_fp32`: an older torch, say)."""
     weight = weight.detach()
-    if weight.dtype == torch.float32 or _half_into_fp32(weight.device.type, weight.dtype):
+    planned = head_product_dtype(weight.device.type, weight.dtype)
+    if planned == weight.dtype and (
+        planned == torch.float32 or _half_into_fp32(weight.device.type, weight.dtype)
+    ):
         return weight
     return weight.float()
+
+
+HALF_PRODUCT_DEVICES = ("cuda", "meta")  # where `torch.mm(..., out_dtype=torch.float32)` runs
+
+
+def head_product_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the output layer's product takes its inputs, for a `dtype` weight on
+    a device of `device_type`: a half-precision weight's own on CUDA (tensor cores with fp32
+    sums and an fp32 result, issue 41: the fp32 product had been 46 % of the statistics pass's
+    GPU time), fp32 elsewhere (the CPU has no half × half → fp32 product)."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return dtype if half and device_type in HALF_PRODUCT_DEVICES else torch.float32
 
 
 @functools.cache
@@ -171,8 +189,12 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     """Final hidden states `[B, L, d]` of the backbone (`model.base_model`), the LM head not run.
 
-    Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows.
+    Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows. The ids
+    and the mask go to the backbone's input device first (no copy where they are there).
     """
+    device = input_device(model)
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     out = model.base_model(
         input_ids=input_ids,
@@ -183,8 +205,32 @@ def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
     return out[0]  # last_hidden_state
 
 
+# The models whose output layer `check_output_layer` has passed, each with what the verdict
+# depends on (`_head_key`); weak, so a checked model is freed as if it had never been checked.
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def _head_key(model: nn.Module) -> tuple:
+    """What `check_output_layer`'s verdict depends on: the head and backbone modules, the head's
+    dtype, device and bias, the logit scale and soft-cap of its config, and a forward wrapped on
+    the instance. Trained weights keep it (the head's transform is not in their values);
+    `model.to(torch.bfloat16)`, another device, a swapped `lm_head`, a changed config or a
+    forward wrapped by accelerate make the next call check again."""
+    weight, bias, scale, softcap = output_layer(model)
+    head, backbone = model.get_output_embeddings(), model.base_model
+    forward = model.__dict__.get("forward")  # a wrapped forward (accelerate's autocast)
+    return (
+        id(head), id(backbone), id(forward), weight.dtype, weight.device, bias is None, scale,
+        softcap,
+    )  # fmt: skip
+
+
 def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """Raise InputError unless the logits rebuilt from the final hidden states match the model's.
+
+    Once per model: a model that passed is not probed again while `_head_key` stays the same,
+    so a statistics pass runs its backbone once per call, not twice (the probe is a whole
+    forward of kernel launches, 56 attention calls where the bare path makes 28: issue 48).
 
     Catches heads this module does not know (an extra scaling, a transform, a backbone whose last
     hidden state is not what the head reads) on a short probe sequence: one forward of the model,
@@ -199,6 +245,16 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     """
     if model.base_model is model:
         raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
+    key = _head_key(model)
+    if _CHECKED.get(model) == key:
+        return
+    _probe_output_layer(model, n_tokens)
+    _CHECKED[model] = key
+
+
+def _probe_output_layer(model: nn.Module, n_tokens: int) -> None:
+    """`check_output_layer`'s probe: one forward of `n_tokens` ids, its logits against those
+    rebuilt from its backbone's output."""
     weight, bias, scale, softcap = output_layer(model)
     ids = (torch.arange(n_tokens, device=weight.device) % weight.shape[0])[None]
     caught: dict[str, Tensor] = {}
@@ -255,33 +311,35 @@ MAX_BATCH_TOKENS = 1 << 15
 
 
 def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, int]:
-    """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device: `STATS_CHUNK` and
-    `BATCH_TOKENS` off CUDA; on CUDA the largest powers of two whose `[chunk, V]` fp32 buffers and
-    whose batch's activations (`16 d` fp32 per token) each take at most `PLANNED_SHARE` of
-    `free_bytes` (default: what the device has free now), never below the CPU's sizes."""
+    """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device (`stats_layout`):
+    `STATS_CHUNK` and `BATCH_TOKENS` off CUDA unless `free_bytes` is given; on CUDA planned from
+    `free_bytes` (default: what the device has free now)."""
     weight = output_layer(model)[0]
     if weight.device.type != "cuda" and free_bytes is None:
         return STATS_CHUNK, BATCH_TOKENS
     free = available_memory(weight.device) if free_bytes is None else free_bytes
     vocab, width = weight.shape
+    return stats_layout(vocab, width, "cuda", free)
+
+
+def stats_layout(vocab: int, width: int, device_type: str, free_bytes: float) -> tuple[int, int]:
+    """`(chunk_size, batch_tokens)` of the statistics pass for an output layer `[V, d]` on a
+    device of `device_type` with `free_bytes` free, a pure function of them (the GPU rows' plans
+    are tested on the CPU: tests/policy/scores/test_gpu_plans.py): the CPU's `STATS_CHUNK` and
+    `BATCH_TOKENS`; on CUDA the largest powers of two whose `[chunk, V]` fp32 buffers and whose
+    batch's activations (`16 d` fp32 per token) each take at most `PLANNED_SHARE` of
+    `free_bytes`, never below the CPU's sizes nor above `MAX_STATS_CHUNK`, `MAX_BATCH_TOKENS`."""
+    if device_type != "cuda":
+        return STATS_CHUNK, BATCH_TOKENS
     chunk = rows_that_fit(
-        free, STATS_BUFFERS * 4 * vocab, share=PLANNED_SHARE, smallest=STATS_CHUNK,
+        free_bytes, STATS_BUFFERS * 4 * vocab, share=PLANNED_SHARE, smallest=STATS_CHUNK,
         largest=MAX_STATS_CHUNK,
     )  # fmt: skip
     tokens = rows_that_fit(
-        free, ACTIVATION_BYTES_PER_WIDTH * width, share=PLANNED_SHARE, smallest=BATCH_TOKENS,
-        largest=MAX_BATCH_TOKENS,
+        free_bytes, ACTIVATION_BYTES_PER_WIDTH * width, share=PLANNED_SHARE,
+        smallest=BATCH_TOKENS, largest=MAX_BATCH_TOKENS,
     )  # fmt: skip
     return chunk, tokens
-
-
-def _to(x: Tensor, device: torch.device) -> Tensor:
-    """`x` on `device`; from the CPU to CUDA without waiting for the device: a pinned copy is
-    queued on CUDA's stream, where a pageable one would first wait for the work queued before it
-    (the caching host allocator keeps the pinned block until the copy is done)."""
-    if device.type != "cuda" or x.device.type != "cpu":
-        return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
 
 
 def response_token_stats(
@@ -306,8 +364,9 @@ def response_token_stats(
     response token `t + 1` (1-based) of row i, and is 0 where `t ≥ T_i`.
     Memory beyond the forward pass: two `[chunk, V]` fp32 buffers (plus, off CUDA, an fp32 copy
     of a half-precision output embedding, `head_weight`).
-    The inputs are checked and indexed where they are (the CPU for `checkpoint_stats`), then
-    queued to the device: nothing here waits for the device.
+    The tensors may come on any devices: the mask, the starts and the temperatures are moved
+    once to the ids' device, where they are checked and indexed (the CPU for `checkpoint_stats`,
+    so nothing here waits for the model's device), then queued to the model's device.
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InputError("input_ids and attention_mask must both be [B, L]")
@@ -317,14 +376,22 @@ def response_token_stats(
         check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)
     device = weight.device
-    start = response_start.to(dtype=torch.long)
+    # Moved once, here: the checks and the index work run where the ids are, whatever device
+    # the mask, the starts and the temperatures came on (`placement.py`).
+    here = input_ids.device
+    attention_mask = attention_mask.to(here)
+    start = torch.as_tensor(response_start).to(here, torch.long)
+    if start.shape != input_ids.shape[:1]:
+        raise InputError(
+            f"response_start must be [B], B = {len(input_ids)}; got {list(start.shape)}"
+        )
     n_real = attention_mask.sum(-1)
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    positions = torch.arange(input_ids.shape[1], device=here)
     if (attention_mask.bool() != (positions[None] < n_real[:, None])).any():
         raise InputError("attention_mask must be right-padded: each row's 1s come first")
     if (start < 1).any() or (start > n_real).any():
         raise InputError("response_start must lie in [1, number of real tokens] for every row")
-    tau = torch.as_tensor(temperature, dtype=torch.float32).expand(len(start))
+    tau = torch.as_tensor(temperature, dtype=torch.float32).to(here).expand(len(start))
     if (tau <= 0).any():
         raise InputError("temperature must be positive")
     tempered = bool((tau != 1).any())
@@ -334,9 +401,9 @@ def response_token_stats(
     rows, cols = (t[None] < length[:, None]).nonzero(as_tuple=True)  # the N valid (i, t) pairs
     target_pos = start[rows] + cols  # 0-based position of response token t + 1 (1-based)
     input_ids, attention_mask, rows, cols, target_pos = (
-        _to(x, device) for x in (input_ids, attention_mask, rows, cols, target_pos)
+        to_device(x, device) for x in (input_ids, attention_mask, rows, cols, target_pos)
     )
-    tau = _to(tau.contiguous(), device)
+    tau = to_device(tau.contiguous(), device)
 
     parts = []
     with torch.no_grad(), eval_mode(model):
@@ -388,7 +455,7 @@ def stats_for_sequences(
     """
     if len(prompts) != len(responses):
         raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
-    taus = torch.as_tensor(temperature, dtype=torch.float32).expand(len(prompts))
+    taus = torch.as_tensor(temperature, dtype=torch.float32).cpu().expand(len(prompts))
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
     grids = _stats_grids(
         model, prompts, responses, lengths, taus, chunk_size, batch_tokens, progress
@@ -411,7 +478,9 @@ def checkpoint_stats(
     padding (`response_token_stats` per packed batch; chunk_size, batch_tokens: `stats_plan`'s
     unless given).
 
-    `progress(n)` is called with the number of response tokens of each finished model batch."""
+    `progress(n)` is called with the number of response tokens of each finished model batch.
+    The batch's tensors may be on any device (read on the host: `placement.host_batch`)."""
+    batch = host_batch(batch)
     rows = batch.response_ids.tolist()  # the inputs' ids, read once; the statistics stay tensors
     responses = [ids[:n] for ids, n in zip(rows, batch.length.tolist(), strict=True)]
     grids = _stats_grids(
@@ -449,7 +518,7 @@ def _stats_grids(
         stats = response_token_stats(
             model, ids, mask, start, taus[group], chunk_size, check_head=False
         )
-        index = _to(torch.tensor(group), device)
+        index = to_device(torch.tensor(group), device)
         for name, grid in grids.items():
             value = getattr(stats, name)  # [rows, T_group], 0 beyond each row's T_i
             grid[index, : value.shape[1]] = value

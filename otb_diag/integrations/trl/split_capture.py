@@ -9,7 +9,7 @@ loss run), detached, during `_compute_loss` only. The π-side term `P₁ π_t` n
 TRL's fused head (`trl/kernels/chunked_logprob.py`) folds its `[4096, chunk]` tiles into
 online-logsumexp sums and keeps none, and its optional outputs (entropy, `log Σπ²`, the mean
 logit, top-1) carry no projection of π; so the logits are recomputed from the caught `h_t`,
-`[256, V]` at a time under no_grad (`head_sketch_from_hidden`): one head matmul per response token,
+`[256, V]` at a time under no_grad (`sketched_on_device`): one head matmul per response token,
 `V · d` of the forward's `2 · params` flops per token, and no pass through the body.
 
 The caught states are those the loss differentiates: TRL's left-padded rows without position
@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.maths.noise.step_split import SPLIT_SEED
-from otb_diag.policy.scores.token_scores import head_sketch_from_hidden, head_sketch_of
+from otb_diag.policy.forward_pass import STATS_CHUNK
+from otb_diag.policy.scores.token_scores import head_sketch_of, sketched_on_device
 
 
 class HiddenCatch:
@@ -77,7 +78,7 @@ class HiddenCatch:
         h = hidden[:, -c - 1 : -1].reshape(m * c, -1)  # [m·C, d]
         targets = completion_ids.reshape(-1).to(h.device)
         tau = torch.full((m * c,), float(temperature), device=h.device)
-        proj, _ = head_sketch_from_hidden(sketch, h, targets, tau)
+        proj, _ = sketched_on_device(sketch, h, targets, tau, STATS_CHUNK)  # on the device
         return proj.view(m, c, k)
 
 

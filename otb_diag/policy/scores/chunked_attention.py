@@ -27,6 +27,7 @@ under `vmap(jvp)` on the CPU (bench/README.md, run 6), so it is not used.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -73,15 +74,17 @@ def chunked_attention_forward(
     scaling = head_dim**-0.5 if scaling is None else scaling
     budget = _PLANNED.get() or SCORES_PER_CHUNK
     rows = rows or max(1, budget // (batch * heads * kv_len))
-    q = query.reshape(batch, kv_heads, group, q_len, head_dim)
+    # s·q once per call, not s·(q kᵀ) per chunk: [B, h, L, D] instead of [B, h, L, Lk] (and a
+    # chunk's operations fewer, each one a pass of forward-mode's bookkeeping on the host)
+    q = (query * scaling).reshape(batch, kv_heads, group, q_len, head_dim)
     k, v = key[:, :, None], value[:, :, None]  # [B, kv_heads, 1, Lk, D]: broadcast over the group
     masks = None if attention_mask is None else _grouped(attention_mask[..., :kv_len], kv_heads)
-    bounds = kept_keys(masks, q_len, kv_len, rows)  # [first, last) of each chunk's keys
+    bounds = _chunk_keys(attention_mask, masks, q_len, kv_len, rows)  # [first, last) per chunk
     out = []
     for lo, (first, last) in zip(range(0, q_len, rows), bounds, strict=True):
         hi = min(lo + rows, q_len)
         mask = None if masks is None else masks[:, :, :, lo:hi]
-        scores = q[:, :, :, lo:hi] @ k[:, :, :, first:last].transpose(-1, -2) * scaling
+        scores = q[:, :, :, lo:hi] @ k[:, :, :, first:last].transpose(-1, -2)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)  # Gemma-2: c·tanh(s/c)
         if mask is not None:
@@ -99,6 +102,30 @@ def _grouped(mask: Tensor, kv_heads: int) -> Tensor:
     if mask.shape[1] == 1:
         return mask[:, :, None]
     return mask.unflatten(1, (kv_heads, mask.shape[1] // kv_heads))
+
+
+# The last masks whose chunks' keys were read (`_chunk_keys`), weakly: (mask, shape key, bounds).
+_READ: list[tuple[weakref.ref, tuple[int, ...], list[tuple[int, int]]]] = []
+_READ_KEPT = 2  # Gemma-2's layers alternate two masks (sliding window, full)
+
+
+def _chunk_keys(
+    attention_mask: Tensor | None, masks: Tensor | None, q_len: int, kv_len: int, rows: int
+) -> list[tuple[int, int]]:
+    """`kept_keys` of a call, read off the device at most once per mask: a call of one chunk
+    takes every key without reading (its mask still drops what it drops: exact), and the layers
+    of one forward, which share their mask, reuse the first layer's read (a read per layer had
+    made a GPU's queue drain once per layer: 28 times a forward of Qwen2.5-1.5B, issue 48)."""
+    n = -(-q_len // rows)
+    if n == 1 or attention_mask is None or is_batchedtensor(attention_mask):
+        return kept_keys(None, q_len, kv_len, rows)
+    shape = (q_len, kv_len, rows, *masks.shape)
+    for ref, key, bounds in _READ:
+        if ref() is attention_mask and key == shape:
+            return bounds
+    bounds = kept_keys(masks, q_len, kv_len, rows)
+    _READ[:] = [(weakref.ref(attention_mask), shape, bounds), *_READ[: _READ_KEPT - 1]]
+    return bounds
 
 
 def kept_keys(masks: Tensor | None, q_len: int, kv_len: int, rows: int) -> list[tuple[int, int]]:

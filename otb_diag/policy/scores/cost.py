@@ -26,8 +26,12 @@ projection product, and `columns` the time to draw the `n × K` direction column
 they are held, per product otherwise).
 
 Memory (bytes, fp32 activations; `d` model width, `h` heads, `L` longest row, V vocabulary):
-forward `params · (1 + d_dir) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2) + 4 · HEAD_BUFFERS ·
-chunk · V` (the output layer's tangent forms no `[chunk, V]` logits: `forward_mode.TargetLogProb`)
+forward `model + d_dir · (n_b · e + 4 · n_t) + (1 + d_dir) · 4 · (tokens · 16 d + A · 2) +
+4 · HEAD_BUFFERS · chunk · V` with `n_b` the largest block's parameters in their dtype's `e`
+bytes and `n_t` the largest tensor's fp32 draw before its cast (none for fp32 parameters; it was
+counted as `n_b · (4 + e)`, all the draws at once, which halved a GPU's directions per call:
+`ModelShape.tangent_bytes`), and the output layer's tangent forming no `[chunk, V]` logits
+(`forward_mode.TargetLogProb`),
 with `A = rows · h · L²` the attention scores, `min(A, max(S, rows · h · L))` when they are
 formed a query chunk of `S` scores at a time (`chunked_attention.py`; `S` from `scores_chunk_for`);
 reverse
@@ -52,6 +56,7 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import BATCH_TOKENS, pack_by_tokens
+from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
 from otb_diag.policy.scores.directions import Block, projection_columns, unit_pieces
 from otb_diag.policy.scores.forward_mode import (
@@ -82,9 +87,18 @@ MAX_HEAD_CHUNK = 4096  # on a GPU; the CPU keeps `HEAD_CHUNK` (cache-sized produ
 ATTENTION_SHARE = 0.1  # of the available memory, for one query chunk's scores and their tangents
 # On a GPU; the CPU keeps `SCORES_PER_CHUNK` (cache-sized). Larger chunks would skip less of a
 # causal mask's upper triangle (`chunked_attention.py`).
-MAX_SCORES_PER_CHUNK = 1 << 24
+# The GPU's chunks come from `ATTENTION_SHARE` of its memory, below this cap. A GPU runs forward
+# mode bound by its host (issue 48: a vmapped jvp call costs the host some 0.3 s of Python and
+# dispatch, and each query chunk of each layer adds its share), so its chunks are as large as
+# memory allows: one chunk for a row of 2,048 tokens of Qwen2.5-1.5B (50.7 M scores), where the
+# old cap, 2^24, cut it in 4 and the SmolLM2-1.7B batch's (64 × 520 tokens) in 33 a layer.
+MAX_SCORES_PER_CHUNK = 1 << 28
 SCORE_BUFFERS = 2  # fp32 `[B, heads, rows, keys]` tensors of a chunk: the scores, the weights
-DIRECTION_BATCHES = (8, 4, 2, 1)  # directions per vmapped jvp, largest that fits first
+# Directions per vmapped jvp, largest that fits first. A GPU takes up to 16: its vmapped call
+# costs the host about the same whatever the directions, so more of them share it; the CPU is
+# bound by its arithmetic, and 8 keep the tangents in its caches (bench/README.md, run 4).
+DIRECTION_BATCHES = (8, 4, 2, 1)
+GPU_DIRECTION_BATCHES = (16, *DIRECTION_BATCHES)
 DEFAULT_BUDGET_S = 7200.0
 # `auto` keeps the reverse engine unless forward mode is this much cheaper: the reverse engine
 # gives the exact per-token norms (optseq-true, otb-true, fidelity), forward mode estimates.
@@ -198,6 +212,102 @@ def _sub_batch(batch: ResponseBatch, rows: list[int], max_tokens: int) -> Respon
     })  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What forward mode's memory plan reads off a model and its selected parameters: shapes
+    and sizes, no weights (so a plan for a real model's shape is computed on the CPU from a
+    model built on the meta device)."""
+
+    width: int  # d
+    heads: int
+    layers: int
+    vocab: int
+    model_bytes: int  # every parameter, tied ones once
+    selected: int  # n: the selected parameters' elements
+    biggest_block: int  # elements of the largest block's parameters
+    largest_tensor: int  # elements of the largest selected tensor
+    element_size: int  # bytes of a selected parameter's element
+    switchable: bool  # attention through transformers' interface (`forward_mode.switchable`)
+
+    @classmethod
+    def of(cls, model: nn.Module, params: dict[str, Tensor], blocks: Sequence[Block]) -> ModelShape:
+        d, heads, layers, vocab = _shape(model)
+        return cls(
+            d, heads, layers, vocab, sum(p.numel() * p.element_size() for p in model.parameters()),
+            sum(p.numel() for p in params.values()),
+            max(sum(params[name].numel() for name in b.params) for b in blocks),
+            max(p.numel() for p in params.values()), next(iter(params.values())).element_size(),
+            switchable(model),
+        )  # fmt: skip
+
+    def tangent_bytes(self, directions: int) -> int:
+        """The tangents of one vmapped call: `directions` of the largest block in the
+        parameters' dtype, and the fp32 draw of one tensor before its cast (`unit_pieces`
+        draws fp32; an fp32 parameter's draw is its tangent)."""
+        draw = 0 if self.element_size == 4 else 4 * self.largest_tensor
+        return directions * (self.biggest_block * self.element_size + draw)
+
+
+@dataclass(frozen=True)
+class ForwardLayout:
+    """How forward mode runs a batch on a device (`forward_layout`): directions per vmapped
+    call (0: none fits), padded tokens per packed batch, tokens of the head's fp32 logits at
+    once, scores of one query chunk of the attention, and the peak memory it expects."""
+
+    directions_batch: int
+    batch_tokens: int
+    head_chunk: int
+    attention_scores: int
+    peak_bytes: float
+    query_chunks: int  # query chunks a layer of the longest packed batch runs
+    groups: list[list[int]] = field(repr=False)
+
+
+def forward_layout(
+    shape: ModelShape,
+    rows: Sequence[tuple[int, int]],
+    device_type: str,
+    available_bytes: float,
+    *,
+    batch_tokens: int = BATCH_TOKENS,
+    head_chunk: int | None = None,
+) -> ForwardLayout:
+    """Forward mode's plan for `rows` ((prompt, response) lengths) on a device of `device_type`
+    with `available_bytes` free: a pure function of the shapes (module docstring, "Memory"), so
+    the plan of every GPU row is computed and tested on the CPU
+    (tests/policy/scores/test_gpu_plans.py). The largest of `DIRECTION_BATCHES` (a GPU's:
+    `GPU_DIRECTION_BATCHES`) whose peak fits in `MEMORY_SHARE` of the memory."""
+    if device_type == "cpu":
+        batch_tokens = min(batch_tokens, CPU_FORWARD_BATCH_TOKENS)
+    groups = pack_by_tokens([p + t for p, t in rows], batch_tokens)
+    longest = max(p + t for p, t in rows)
+    tok_batch = max(len(g) * max(sum(rows[i]) for i in g) for g in groups)
+    rows_max = max(len(g) for g in groups)
+    head_chunk = head_chunk or head_chunk_for(device_type, shape.vocab, available_bytes)
+    eager = tok_batch * shape.heads * longest  # eager scores [rows, heads, L, L]
+
+    def attention(nd: int) -> int:
+        """Scores alive at once: one query chunk's (chunked_attention.py) or all of them."""
+        if not shape.switchable:
+            return eager
+        planned = scores_chunk_for(device_type, available_bytes, nd)
+        return min(eager, max(planned, rows_max * shape.heads * longest))
+
+    def peak(nd: int) -> float:
+        acts = tok_batch * 16 * shape.width + attention(nd) * SCORE_BUFFERS
+        head = HEAD_BUFFERS * 4 * head_chunk * shape.vocab
+        return shape.model_bytes + shape.tangent_bytes(nd) + (1 + nd) * 4 * acts + head
+
+    batches = DIRECTION_BATCHES if device_type == "cpu" else GPU_DIRECTION_BATCHES
+    limit = MEMORY_SHARE * available_bytes
+    nd = next((x for x in batches if peak(x) <= limit), 0)
+    scores = attention(max(nd, 1))
+    query_rows = max(1, scores // (rows_max * shape.heads * longest))
+    return ForwardLayout(
+        nd, batch_tokens, head_chunk, scores, peak(max(nd, 1)), -(-longest // query_rows), groups
+    )
+
+
 def plan_full(
     model: nn.Module,
     batch: ResponseBatch,
@@ -224,52 +334,36 @@ def plan_full(
     """
     if engine not in ("auto", "jvp", "vjp"):
         raise InputError(f"engine must be auto, jvp or vjp, got {engine!r}", field="engine")
+    batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     available = available_memory(device) if available_bytes is None else available_bytes
-    limit = MEMORY_SHARE * available
-    n = sum(p.numel() for p in params.values())
-    elsize = next(iter(params.values())).element_size()
-    d, heads, layers, vocab = _shape(model)
+    shape = ModelShape.of(model, params, blocks)
     rows = _rows(batch)
+    layout = forward_layout(
+        shape, rows, device.type, available, batch_tokens=batch_tokens, head_chunk=head_chunk
+    )
+    nd, groups = layout.directions_batch, layout.groups
+    n, d, heads, layers = shape.selected, shape.width, shape.heads, shape.layers
     k_total = sum(b.k for b in blocks)
     longest = max(p + t for p, t in rows)
     tokens = sum(t for _, t in rows)
-    if device.type == "cpu":
-        batch_tokens = min(batch_tokens, CPU_FORWARD_BATCH_TOKENS)
-    groups = pack_by_tokens([p + t for p, t in rows], batch_tokens)
     padded = sum(len(g) * max(rows[i][0] + rows[i][1] for i in g) for g in groups)
-    tok_batch = max(len(g) * max(sum(rows[i]) for i in g) for g in groups)
-    biggest_block = max(sum(params[name].numel() for name in b.params) for b in blocks)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    head_chunk = head_chunk or head_chunk_for(device, vocab, available)
-
-    eager = tok_batch * heads * longest  # eager scores [rows, heads, L, L]
-    rows_max = max(len(g) for g in groups)
-
-    def attention(nd: int) -> int:
-        """Scores alive at once: one query chunk's (chunked_attention.py) or all of them."""
-        if not switchable(model):
-            return eager
-        return min(eager, max(scores_chunk_for(device, available, nd), rows_max * heads * longest))
-
-    def forward_peak(nd: int) -> float:
-        acts = tok_batch * 16 * d + attention(nd) * SCORE_BUFFERS
-        head = HEAD_BUFFERS * 4 * head_chunk * vocab
-        return model_bytes + nd * biggest_block * (4 + elsize) + (1 + nd) * 4 * acts + head
 
     def reverse_peak(c: int) -> float:
         stored = layers * longest * (34 * d + 5 * heads * longest) * 4
         per_token = 3 * 4 * n + 4 * longest * (16 * d + 2 * heads * longest)
         columns = min(HOLD_BYTES, n * k_total * 4)
-        return model_bytes + stored + c * per_token + columns + max(PENDING_BYTES, c * 4 * n)
+        return shape.model_bytes + stored + c * per_token + columns + max(PENDING_BYTES, c * 4 * n)
 
-    nd = next((x for x in DIRECTION_BATCHES if forward_peak(x) <= limit), 0)
+    limit = MEMORY_SHARE * available
     chunk = next((c for c in range(chunk_size, 0, -1) if reverse_peak(c) <= limit), 0)
     calibration: dict[str, float] = {}
     forward_s = reverse_s = math.inf
     if nd and engine in ("auto", "jvp"):
-        run = dict(batch_tokens=batch_tokens, directions_batch=nd, chunk_size=head_chunk,
-                   attention_scores=attention(nd))  # fmt: skip
+        run = dict(
+            batch_tokens=layout.batch_tokens, directions_batch=nd, chunk_size=layout.head_chunk,
+            attention_scores=layout.attention_scores,
+        )  # fmt: skip
         forward_s, more = _forward_estimate(model, batch, params, blocks, seed, groups, run)
         calibration.update(more)
     if chunk and engine in ("auto", "vjp"):
@@ -281,9 +375,9 @@ def plan_full(
         forward_w, reverse_w = work_counts(model, n, k_total, padded, rows, chunk_size)
         engine = choose_engine(forward_w if nd else math.inf, reverse_w if chunk else math.inf)
     plan = FullPlan(
-        engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, forward_peak(max(nd, 1)),
-        reverse_peak(max(chunk, 1)), available, max(nd, 1), batch_tokens, head_chunk,
-        attention(max(nd, 1)), max(chunk, 1), budget_s, calibration,
+        engine, n, k_total, len(blocks), tokens, forward_s, reverse_s, layout.peak_bytes,
+        reverse_peak(max(chunk, 1)), available, max(nd, 1), layout.batch_tokens,
+        layout.head_chunk, layout.attention_scores, max(chunk, 1), budget_s, calibration,
     )  # fmt: skip
     if not math.isfinite(plan.estimate_s):
         peak = plan.forward_peak_bytes if plan.engine == "jvp" else plan.reverse_peak_bytes
@@ -309,23 +403,23 @@ def calibration_tokens(device: torch.device) -> int:
     return GPU_CALIBRATION_TOKENS if device.type == "cuda" else CALIBRATION_TOKENS
 
 
-def head_chunk_for(device: torch.device, vocab: int, available_bytes: float) -> int:
+def head_chunk_for(device: torch.device | str, vocab: int, available_bytes: float) -> int:
     """Forward mode's head chunk: the largest power of two whose `HEAD_BUFFERS` fp32 `[chunk, V]`
     buffers take at most `HEAD_SHARE` of `available_bytes`, at most `HEAD_CHUNK` on the CPU (its
     products run as fast at 256 tokens, in cache) and `MAX_HEAD_CHUNK` on a GPU."""
-    largest = HEAD_CHUNK if device.type == "cpu" else MAX_HEAD_CHUNK
+    largest = HEAD_CHUNK if torch.device(device).type == "cpu" else MAX_HEAD_CHUNK
     return rows_that_fit(
         available_bytes, HEAD_BUFFERS * 4 * vocab, share=HEAD_SHARE, smallest=MIN_HEAD_CHUNK,
         largest=largest,
     )  # fmt: skip
 
 
-def scores_chunk_for(device: torch.device, available_bytes: float, directions: int) -> int:
+def scores_chunk_for(device: torch.device | str, available_bytes: float, directions: int) -> int:
     """Scores of one query chunk of the forward-mode attention: the largest power of two whose
     `SCORE_BUFFERS` fp32 buffers, for the primal and each of the `directions` tangents under
     `vmap`, take at most `ATTENTION_SHARE` of `available_bytes`; `SCORES_PER_CHUNK` on the CPU
     (cache-sized) and the floor, `MAX_SCORES_PER_CHUNK` the cap on a GPU."""
-    largest = SCORES_PER_CHUNK if device.type == "cpu" else MAX_SCORES_PER_CHUNK
+    largest = SCORES_PER_CHUNK if torch.device(device).type == "cpu" else MAX_SCORES_PER_CHUNK
     return rows_that_fit(
         available_bytes, SCORE_BUFFERS * 4 * (1 + directions), share=ATTENTION_SHARE,
         smallest=SCORES_PER_CHUNK, largest=largest,

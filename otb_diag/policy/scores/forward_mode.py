@@ -41,10 +41,14 @@ from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import (
     eval_mode,
     final_hidden,
+    head_logits,
+    head_product_dtype,
+    head_weight,
     output_layer,
     pack_by_tokens,
     pad_batch,
 )
+from otb_diag.policy.placement import host_batch, to_device
 from otb_diag.policy.scores import chunked_attention
 from otb_diag.policy.scores.directions import Block, unit_pieces
 
@@ -57,17 +61,24 @@ HEAD_BUFFERS = 3
 
 
 class TargetLogProb(torch.autograd.Function):
-    """`log p(y) = log_softmax(c·tanh((h Uᵀ + b)/c) / τ)[y]` per token, `[n]` fp32, with its
+    """`log p(y) = log_softmax(c·tanh((U (s·h) + b)/c) / τ)[y]` per token, `[n]` fp32, with its
     forward-mode derivative in closed form.
 
-    With `z = c·tanh(a/c)`, `a = h Uᵀ + b`, `π = softmax(z/τ)`, the slope `s = ∂z/∂a = 1 − (z/c)²`
-    (1 without a softcap) and `r = (s_y e_y − π ∘ s)/τ ∈ R^V` per token:
+    With `z = c·tanh(a/c)`, `a = U (s·h) + b`, `π = softmax(z/τ)`, the slope `s_z = ∂z/∂a =
+    1 − (z/c)²` (1 without a softcap) and `r = (s_z,y e_y − π ∘ s_z)/τ ∈ R^V` per token:
 
-        d log p(y) = ⟨r, da⟩ = ⟨dh, r U⟩ + ⟨h, r dU⟩ + ⟨r, db⟩
+        d log p(y) = ⟨r, da⟩ = s·⟨dh, r U⟩ + s·⟨h, r dU⟩ + ⟨r, db⟩
 
     so a tangent never forms `[directions, n, V]` logits: `r U` (`[n, d]`) is shared by every
     direction and only a direction that moves `U` pays one `[n, V] × [V, d]` product, where
     autograd's jvp would pay two products and a tangent log-softmax per direction.
+
+    The logits are `forward_pass.head_logits`' (fp32, whatever the weight's dtype). The tangent
+    products run in the weight's dtype: fp32 for an fp32 weight (the CPU's plan for every model,
+    `forward_pass.head_product_dtype`), or, for a half-precision weight on CUDA, `r` rounded to
+    it (a relative 2⁻⁹ for bf16) and multiplied on the tensor cores with fp32 sums: in fp32
+    those `[n, V] × [V, d]` products, one per direction of a tied or trained head, had run off
+    the tensor cores (about 1.4 bare forwards a direction at T = 2,048 on Qwen2.5-1.5B, issue 48).
     """
 
     generate_vmap_rule = True
@@ -75,64 +86,86 @@ class TargetLogProb(torch.autograd.Function):
     @staticmethod
     def forward(
         h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, tau: Tensor,
-        softcap: float | None,
+        softcap: float | None, scale: float,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
-        """`h [n, d]`, `weight [V, d]`, `bias [V]` fp32; `targets`, `tau [n]` → `(log p(y) [n],
-        r [n, V])`."""
-        a = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)  # [n, V]
-        z = a if softcap is None else a.div_(softcap).tanh_().mul_(softcap)  # c·tanh(a/c)
+        """`h [n, d]`, `weight [V, d]`, `bias [V]` fp32 (or wider), or a half weight and `h` in
+        its dtype; `targets`, `tau [n]` → `(log p(y) [n], r [n, V])`, fp32 (or wider)."""
+        if _half(weight):  # fp32 logits of the half product (`head_logits`)
+            z = head_logits(h, head_weight(weight), bias, softcap, scale)  # c·tanh(a/c)
+        else:  # s·h folded into h by the caller (scale 1)
+            a = h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)  # [n, V]
+            z = a if softcap is None else a.div_(softcap).tanh_().mul_(softcap)  # c·tanh(a/c)
         logp = torch.log_softmax(z / tau[:, None], dim=-1)  # [n, V]
         picked = targets[:, None]
         logp_y = logp.gather(-1, picked)[:, 0]
         r = logp.exp_().neg_()  # −π, in the log-softmax's buffer
         if softcap is not None:
-            r.mul_(1 - (z / softcap).square())  # −π ∘ s
+            r.mul_(1 - (z / softcap).square())  # −π ∘ s_z
             slope_y = 1 - (z.gather(-1, picked) / softcap).square()
         else:
             slope_y = torch.ones_like(picked, dtype=r.dtype)
-        r.scatter_add_(-1, picked, slope_y).div_(tau[:, None])  # (s_y e_y − π ∘ s)/τ
+        r.scatter_add_(-1, picked, slope_y).div_(tau[:, None])  # (s_z,y e_y − π ∘ s_z)/τ
         return logp_y, r
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001 (autograd.Function API)
-        h, weight = inputs[0], inputs[1]
+        h, weight, scale = inputs[0], inputs[1], inputs[6]
         ctx.mark_non_differentiable(output[1])
         ctx.save_for_forward(h, weight, output[1])
+        ctx.scale = scale
 
     @staticmethod
     def jvp(ctx, dh, dweight, dbias, *_) -> tuple[Tensor, None]:  # noqa: ANN001
         h, weight, r = ctx.saved_tensors
-        du = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+        if not _half(weight):
+            du = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+            if dh is not None:
+                du = du + (dh * (r @ weight)).sum(-1)  # ⟨dh, r U⟩
+            if dweight is not None:
+                du = du + (h * (r @ dweight)).sum(-1)  # ⟨h, r dU⟩
+            if dbias is not None:
+                du = du + r @ dbias  # ⟨r, db⟩
+            return du, None
+        r_w, s = r.to(weight.dtype), ctx.scale  # the products in the half weight's dtype
+        du = torch.zeros(h.shape[0], dtype=r.dtype, device=h.device)
         if dh is not None:
-            du = du + (dh * (r @ weight)).sum(-1)  # ⟨dh, r U⟩
+            du = du + s * (dh.float() * (r_w @ weight).float()).sum(-1)  # s·⟨dh, r U⟩
         if dweight is not None:
-            du = du + (h * (r @ dweight)).sum(-1)  # ⟨h, r dU⟩
+            du = du + s * (h.float() * (r_w @ dweight).float()).sum(-1)  # s·⟨h, r dU⟩
         if dbias is not None:
-            du = du + r @ dbias  # ⟨r, db⟩
+            du = du + r @ dbias.float()  # ⟨r, db⟩
         return du, None
+
+
+def _half(weight: Tensor) -> bool:
+    return weight.dtype in (torch.bfloat16, torch.float16)
 
 
 class _TokenLogProbs(nn.Module):
     """`forward(ids, attention, rows, pos, targets, tau) -> [N]` fp32 tempered log p of the
-    tokens `ids[rows, pos]`, predicted from the final hidden states at `pos − 1`."""
+    tokens `ids[rows, pos]`, predicted from the final hidden states at `pos − 1`; the head's
+    tangent products in `head_dtype` (`TargetLogProb`)."""
 
-    def __init__(self, model: nn.Module, chunk_size: int) -> None:
+    def __init__(self, model: nn.Module, chunk_size: int, head_dtype: torch.dtype) -> None:
         super().__init__()
-        self.lm, self.chunk_size = model, chunk_size
+        self.lm, self.chunk_size, self.head_dtype = model, chunk_size, head_dtype
 
     def forward(
         self, ids: Tensor, attention: Tensor, rows: Tensor, pos: Tensor, tau: Tensor
     ) -> Tensor:
         hidden = final_hidden(self.lm, ids, attention)[rows, pos - 1]  # [N, d]
         weight, bias, scale, softcap = output_layer(self.lm)
-        weight32 = weight.float()  # cast once per pass, not per chunk (a no-op in fp32)
-        bias32 = None if bias is None else bias.float()
-        h = hidden.float() * scale
+        if self.head_dtype == weight.dtype and _half(weight):
+            hidden = hidden.to(weight.dtype)  # the half product's inputs (`head_logits`)
+        else:  # cast once per pass, not per chunk (a no-op in fp32); s·h in fp32: [N, d]
+            weight, bias = weight.float(), None if bias is None else bias.float()
+            hidden, scale = hidden.float() * scale, 1.0
         targets = ids[rows, pos]
         out = []
         for lo in range(0, len(rows), self.chunk_size):
             c = slice(lo, lo + self.chunk_size)
-            out.append(TargetLogProb.apply(h[c], weight32, bias32, targets[c], tau[c], softcap)[0])
+            logp = TargetLogProb.apply(hidden[c], weight, bias, targets[c], tau[c], softcap, scale)
+            out.append(logp[0])
         return torch.cat(out)
 
 
@@ -237,6 +270,7 @@ def forward_scores(
     progress: Callable[[int], None] | None = None,
     attention: str = chunked_attention.NAME,
     attention_scores: int | None = None,
+    head_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """`proj [B, T, K]` (K = Σ_b k_b) fp32 on the CPU, 0 at padding: `proj[i, t, offset_b + j] =
     ⟨v_{b,j}, ∇θ log p_t⟩` (module docstring).
@@ -244,15 +278,22 @@ def forward_scores(
     Responses are packed into padded batches of at most `batch_tokens` `prompt ⧺ response`
     tokens; each batch runs `⌈k_b / directions_batch⌉` vmapped jvps per block, every one over
     `directions_batch` tangents; the head's logits are formed `chunk_size` tokens at a time.
-    `progress` gets the response tokens of a batch once all its directions are done. The model
+    `progress` gets the response tokens of a batch once all its directions are queued. The model
     runs with the `attention` implementation (`forward_mode_attention`), whose query chunks hold
-    `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`).
+    `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`). The head's tangent
+    products run in `head_dtype` (default: `forward_pass.head_product_dtype` of the output layer
+    on its device: fp32 on the CPU, a half model's own dtype on CUDA; `TargetLogProb`).
     """
+    batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape
-    proj = torch.zeros(n_rows, width, sum(b.k for b in blocks))
+    # Filled on the device and copied off once: a copy per vmapped call made the host wait for
+    # each call before drawing the next one's tangents, where it can run ahead of the GPU.
+    proj = torch.zeros(n_rows, width, sum(b.k for b in blocks), device=device)
     lengths = batch.length.tolist()
-    wrapper = _TokenLogProbs(model, chunk_size)
+    weight = output_layer(model)[0]
+    head_dtype = head_dtype or head_product_dtype(weight.device.type, weight.dtype)
+    wrapper = _TokenLogProbs(model, chunk_size, head_dtype)
     frozen = _padding_rows(model)
     packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
     planned = chunked_attention.scores_per_chunk(
@@ -267,6 +308,7 @@ def forward_scores(
     ):
         for group in pack_by_tokens(packed, batch_tokens):
             inputs, out_rows, cols = _padded(batch, group, device)
+            out_rows, cols = to_device(out_rows, device), to_device(cols, device)
             for block in blocks:
                 primals = {_PREFIX + n: params[n] for n in block.params}
 
@@ -285,11 +327,11 @@ def forward_scores(
                         tangents
                     )  # [d, N]: √k_b·⟨v, ∇θ log p_t⟩
                     proj[out_rows, cols, block.offset + lo : block.offset + lo + len(js)] = (
-                        u.T.float().cpu() / math.sqrt(block.k)
+                        u.T.float() / math.sqrt(block.k)
                     )  # the jvp is linear in the tangent: 1/√k_b applied to [N, d], not to [d, D]
             if progress is not None:
                 progress(sum(lengths[i] for i in group))
-    return proj
+    return proj.cpu()
 
 
 def _padding_rows(model: nn.Module) -> dict[str, int]:
@@ -332,5 +374,5 @@ def _padded(
     rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(as_tuple=True)
     pos = start[rows] + cols  # position of y_{t+1}; the hidden state at pos − 1 predicts it
     tau = batch.temperature[group][rows]
-    inputs = tuple(x.to(device) for x in (ids, attention, rows, pos, tau))
+    inputs = tuple(to_device(x, device) for x in (ids, attention, rows, pos, tau))  # no wait
     return inputs, torch.tensor(group)[rows], cols

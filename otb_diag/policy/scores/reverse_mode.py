@@ -23,6 +23,7 @@ from torch.func import functional_call, vjp, vmap
 
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.forward_pass import eval_mode
+from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores.directions import Block, projection_columns
 
 # The direction columns are kept in memory up to this size and otherwise regenerated, a slice of
@@ -83,6 +84,7 @@ def reverse_scores(
     the projection. Memory: one chunk's vectorised backward over one prefix, the pending
     gradients (`PENDING_BYTES`, or one chunk if larger) and the held columns (`HOLD_BYTES`).
     """
+    batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     columns = _Columns(params, blocks, seed, device)
     n_rows, width = batch.response_ids.shape

@@ -51,6 +51,7 @@ from otb_diag.policy.forward_pass import (
     pack_by_tokens,
     pad_batch,
 )
+from otb_diag.policy.placement import host_batch, to_device
 from otb_diag.policy.scores.cost import DEFAULT_BUDGET_S, FullPlan, plan_full
 from otb_diag.policy.scores.directions import parameter_blocks, select_parameters
 from otb_diag.policy.scores.forward_mode import forward_scores
@@ -124,7 +125,9 @@ def token_scores(
     engine, params, by_block, directions_per_block: `full` only: the engine (`auto` by the cost
     model), a regular expression selecting parameters by name, and the block split.
     on_plan: called with the cost estimate before a `full` run starts.
+    The batch's tensors may be on any device (read on the host: `placement.host_batch`).
     """
+    batch = host_batch(batch)
     if mode not in _DEFAULT_CHUNK:
         raise InputError(f"mode must be 'head' or 'full', got {mode!r}")
     if k < 1:
@@ -184,6 +187,7 @@ def proxy_scores(w: Tensor, k: int, seed: int) -> Tensor:
     same paired-draw machinery as the exact modes, so the modes can be compared line by line.
     """
     xi = _gaussian(w.numel(), k, seed, _STREAM_PROXY).view(*w.shape, k)  # entries N(0, 1/k)
+    xi = xi.to(w.device)  # drawn on the CPU (the same numbers on every device), used on w's
     return w.clamp_min(0).sqrt().unsqueeze(-1) * xi
 
 
@@ -287,12 +291,12 @@ def head_sketch(
     biased: the head has a bias (folded in as `h̃ = [h; 1]`). `_head_scores` calls it on the
     chunks of its own forward, a verl actor on its log-prob forward (`integrations/verl/scores.py`).
     """
-    p1, p2 = sketch
-    lead = targets.shape
-    h = hidden.reshape(-1, hidden.shape[-1]).float()
     z = logits.reshape(-1, logits.shape[-1]).float()
-    tau = torch.as_tensor(tau, dtype=torch.float32, device=z.device).expand(lead).reshape(-1)
-    u = _logit_score(z, targets.reshape(-1), tau, softcap)  # [N, V]
+    p1, p2 = (p.to(z.device) for p in sketch)  # everything where the logits are
+    lead = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1]).to(z.device, torch.float32)
+    tau = torch.as_tensor(tau, dtype=torch.float32).to(z.device).expand(lead).reshape(-1)
+    u = _logit_score(z, targets.reshape(-1).to(z.device), tau, softcap)  # [N, V]
     if biased:
         h = torch.cat([h, torch.ones_like(h[:, :1])], dim=1)  # h̃ = [h; 1]
     proj = ((u @ p1)[:, :, None] * (h @ p2)[:, None, :]).flatten(1)  # (P₁u) ⊗ (P₂h̃)
@@ -303,24 +307,35 @@ def head_sketch(
 def head_sketch_from_hidden(
     sketch: HeadSketch, hidden: Tensor, targets: Tensor, tau: Tensor, chunk_size: int = STATS_CHUNK
 ) -> tuple[Tensor, Tensor]:
-    """`proj [N, k]`, `sq_norm [N]` (fp32, on the layer's device: the caller reads them to the
-    host once, not once a chunk) of N tokens' output-layer scores (module docstring) from the
-    final hidden states that predict them, `hidden [N, d]` (any dtype, on the layer's device),
+    """`proj [N, k]`, `sq_norm [N]` (CPU, fp32) of N tokens' output-layer scores (module
+    docstring) from the final hidden states that predict them, `hidden [N, d]` (any dtype),
     their `targets [N]` and temperatures `tau [N]`: the head's logits recomputed
-    `[chunk_size, V]` at a time, no gradient, then `head_sketch`."""
+    `[chunk_size, V]` at a time, no gradient, then `head_sketch`. The tensors may come on any
+    devices: they are moved to the layer's once, and the scores copied off it once."""
+    proj, sq_norm = sketched_on_device(sketch, hidden, targets, tau, chunk_size)
+    return proj.cpu(), sq_norm.cpu()
+
+
+def sketched_on_device(
+    sketch: HeadSketch, hidden: Tensor, targets: Tensor, tau: Tensor, chunk_size: int
+) -> tuple[Tensor, Tensor]:
+    """`head_sketch_from_hidden`'s scores, left on the layer's device (no read of the device
+    per chunk: the caller copies them off once; the live split, once a step)."""
+    device = sketch.weight.device
+    hidden, targets = hidden.to(device), targets.to(device)
+    tau = torch.as_tensor(tau, dtype=torch.float32).to(device).expand(targets.shape)
     k = sketch.p1.shape[1] * sketch.p2.shape[1]
-    proj = torch.empty(len(targets), k, device=hidden.device)
-    sq_norm = torch.empty(len(targets), device=hidden.device)
+    proj = torch.empty(len(targets), k, device=device)
+    sq_norm = torch.empty(len(targets), device=device)
     biased = sketch.bias is not None
     with torch.no_grad():
         for lo in range(0, len(targets), chunk_size):
             c = slice(lo, lo + chunk_size)
             z = head_logits(hidden[c], sketch.weight, sketch.bias, sketch.softcap, sketch.scale)
             h = hidden[c].float() * sketch.scale  # the head reads s · h
-            out, norm = head_sketch(
+            proj[c], sq_norm[c] = head_sketch(
                 h, z, targets[c], tau[c], (sketch.p1, sketch.p2), biased, sketch.softcap
             )
-            proj[c], sq_norm[c] = out, norm
     return proj, sq_norm
 
 
@@ -333,35 +348,39 @@ def _head_scores(
     batch_tokens: int,
     progress: Callable[[int], None] | None,
 ) -> tuple[Tensor, Tensor]:
-    """`proj [B, T, k]`, `sq_norm [B, T]` of the output-layer scores (module docstring).
+    """`proj [B, T, k]`, `sq_norm [B, T]` of the output-layer scores (module docstring), on the
+    CPU: filled on the model's device, copied off it once.
 
-    Memory beyond the forward pass: `[chunk, V]` logits and scores, `P₁ᵀ` (`V · k₁ · 4` bytes) and
-    an fp32 copy of the output layer for half-precision models.
+    Memory beyond the forward pass: `[chunk, V]` logits and scores, `P₁ᵀ` (`V · k₁ · 4` bytes),
+    the `[B, T, k]` grid, and an fp32 copy of the output layer for half-precision models on the
+    CPU (`forward_pass.head_weight`).
     """
     sketch = head_sketch_of(model, k, seed)
     device = sketch.weight.device
-    proj, sq_norm = _grid(batch, k)
+    proj, sq_norm = (grid.to(device) for grid in _grid(batch, k))
     lengths = batch.length.tolist()
     with torch.no_grad(), eval_mode(model):
         packed = [len(p) + n for p, n in zip(batch.prompt_ids, lengths, strict=True)]
         for group in pack_by_tokens(packed, batch_tokens):
             responses = [batch.response_ids[i, : lengths[i]].tolist() for i in group]
-            ids, attention, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
-            hidden = final_hidden(model, ids.to(device), attention.to(device))  # [b, L, d]
+            ids, _, start = pad_batch([batch.prompt_ids[i] for i in group], responses)
             n_tok = torch.tensor([lengths[i] for i in group])
             rows, cols = (torch.arange(int(n_tok.max()))[None] < n_tok[:, None]).nonzero(
                 as_tuple=True
-            )  # the N valid (row, t) pairs, 0-based t
+            )  # the N valid (row, t) pairs, 0-based t, found on the host
             pos = start[rows] + cols  # position of y_{t+1}; the logits at pos − 1 predict it
             out_rows = torch.tensor(group)[rows]
-            scores, norms = head_sketch_from_hidden(
-                sketch,
-                hidden[rows.to(device), (pos - 1).to(device)],  # [N, d]
-                ids[rows, pos].to(device),
-                batch.temperature[group][rows].to(device),
-                chunk_size,
-            )
-            proj[out_rows, cols], sq_norm[out_rows, cols] = scores.cpu(), norms.cpu()
+            ids_d, rows_d, before, targets, tau, out_rows, cols = (
+                to_device(x, device)
+                for x in (ids, rows, pos - 1, ids[rows, pos], batch.temperature[group][rows],
+                          out_rows, cols)
+            )  # fmt: skip
+            # A mask of ones, as the statistics pass runs it (`response_token_stats`): the rows
+            # are right-padded, so causal attention never reads padding from a real token.
+            hidden = final_hidden(model, ids_d, torch.ones_like(ids_d))  # [b, L, d]
+            proj[out_rows, cols], sq_norm[out_rows, cols] = sketched_on_device(
+                sketch, hidden[rows_d, before], targets, tau, chunk_size
+            )  # hidden: [N, d]
             if progress is not None:
                 progress(int(n_tok.sum()))
-    return proj, sq_norm
+    return proj.cpu(), sq_norm.cpu()

@@ -101,9 +101,9 @@ def test_causal_chunks_skip_the_keys_after_their_last_row(monkeypatch) -> None:
     """With a causal mask, query rows [lo, hi) read keys [0, hi) only: the scores formed add up
     to the lower triangle by blocks, not L × L."""
     seen = []
-    real = chunked_attention.kept_keys
+    real = chunked_attention._chunk_keys
     monkeypatch.setattr(
-        chunked_attention, "kept_keys", lambda *a: seen.extend(real(*a)) or real(*a)
+        chunked_attention, "_chunk_keys", lambda *a: seen.extend(real(*a)) or real(*a)
     )
     q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)
     causal = (
@@ -143,9 +143,9 @@ def test_a_planned_chunk_of_scores_sets_the_query_rows(monkeypatch) -> None:
     """Rows per chunk are ⌊scores / (B · heads · keys)⌋: `SCORES_PER_CHUNK` outside a plan, the
     planned number inside `scores_per_chunk`, and back after it."""
     seen = []
-    real = chunked_attention.kept_keys
+    real = chunked_attention._chunk_keys
     monkeypatch.setattr(
-        chunked_attention, "kept_keys", lambda *a: seen.extend(real(*a)) or real(*a)
+        chunked_attention, "_chunk_keys", lambda *a: seen.extend(real(*a)) or real(*a)
     )
     monkeypatch.setattr(chunked_attention, "SCORES_PER_CHUNK", 2 * 4 * 8 * 4)  # 4 rows
     q, k = torch.randn(2, 4, 8, 3), torch.randn(2, 2, 8, 3)

@@ -118,13 +118,13 @@ def test_forward_peak_counts_one_query_chunk_of_attention_scores(monkeypatch) ->
 def test_attention_scores_are_planned_from_the_free_memory() -> None:
     """`SCORE_BUFFERS` fp32 scores for the primal and each of 8 tangents in `ATTENTION_SHARE`:
     72 bytes a score; a GPU with 8 GiB free gets 2^⌊log2(0.1 · 8 GiB / 72)⌋ = 2^23 scores, one with
-    80 GiB the cap 2^24, a nearly full one the CPU's `SCORES_PER_CHUNK` (the floor), and the CPU
-    always that."""
+    80 GiB 2^26, one with 1 TiB the cap 2^28, a nearly full one the CPU's `SCORES_PER_CHUNK` (the
+    floor), and the CPU always that."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert full_cost.SCORE_BUFFERS * 4 * (1 + 8) == 72
     assert full_cost.scores_chunk_for(cuda, 8 * 2**30, 8) == 2**23
-    assert full_cost.scores_chunk_for(cuda, 80 * 2**30, 8) == full_cost.MAX_SCORES_PER_CHUNK
-    assert full_cost.scores_chunk_for(cuda, 80 * 2**30, 8) == 2**24
+    assert full_cost.scores_chunk_for(cuda, 80 * 2**30, 8) == 2**26
+    assert full_cost.scores_chunk_for("cuda", 2**40, 8) == full_cost.MAX_SCORES_PER_CHUNK == 2**28
     assert full_cost.scores_chunk_for(cuda, 2**20, 8) == full_cost.SCORES_PER_CHUNK
     assert full_cost.scores_chunk_for(cpu, 80 * 2**30, 8) == full_cost.SCORES_PER_CHUNK
     # fewer directions, more scores: 2 tangents are 24 bytes a score, 2^⌊log2(0.1 · 2 GiB / 24)⌋

@@ -5,6 +5,7 @@ and bf16; the directions regenerate; the cost model refuses and accepts as docum
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -29,13 +30,18 @@ from transformers import (
 from otb_diag.errors import InputError
 from otb_diag.policy.scores.chunked_attention import NAME
 from otb_diag.policy.scores.directions import (
+    Block,
     block_of,
     parameter_blocks,
     projection_columns,
     select_parameters,
     unit_pieces,
 )
-from otb_diag.policy.scores.forward_mode import TargetLogProb, composite_layer_norms
+from otb_diag.policy.scores.forward_mode import (
+    TargetLogProb,
+    composite_layer_norms,
+    forward_scores,
+)
 from otb_diag.policy.scores.token_scores import token_scores
 
 SMALL = {"vocab_size": V, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -290,7 +296,7 @@ def test_closed_form_head_jvp_is_autograds(softcap: float | None, biased: bool) 
         return torch.log_softmax(z / tau[:, None], -1).gather(-1, targets[:, None])[:, 0]
 
     def closed(h, w, b=None):
-        return TargetLogProb.apply(h, w, b, targets, tau, softcap)[0]
+        return TargetLogProb.apply(h, w, b, targets, tau, softcap, 1.0)[0]
 
     primals = (h, weight, bias) if biased else (h, weight)
     for f in (plain, closed):
@@ -302,3 +308,48 @@ def test_closed_form_head_jvp_is_autograds(softcap: float | None, biased: bool) 
     only_h = torch.func.jvp(lambda x: closed(x, *primals[1:]), (h,), (tangents[0][0],))[1]
     expected_h = torch.func.jvp(lambda x: plain(x, *primals[1:]), (h,), (tangents[0][0],))[1]
     assert_close_to_norm(only_h, expected_h, rel=1e-12, msg="hidden only")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_half_precision_head_tangents_against_fp32(tied: bool) -> None:
+    """A bf16 model's head tangent products in bf16 (`r` rounded to it: what CUDA runs, on its
+    tensor cores, `forward_pass.head_product_dtype`) against the same products in fp32 (what the
+    CPU runs): within 1e-2 of the projections' norm (2e-3 measured on GPT-2, Qwen2 and Granite
+    shapes, a logit scale included), far inside the JL error `√(2/k)`; the CPU's default is
+    fp32, bit for bit."""
+    torch.manual_seed(4)
+    config = GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                        tie_word_embeddings=tied)  # fmt: skip
+    model = GPT2LMHeadModel(config).eval().to(torch.bfloat16)
+    batch = make_batch([0.7, 1.3, 1.0])
+    params = select_parameters(model, None)
+    blocks = [Block("all", tuple(params), 16, 0)]
+
+    def run(head_dtype: torch.dtype | None) -> torch.Tensor:
+        return forward_scores(model, batch, params, blocks, 0, batch_tokens=1024,
+                              directions_batch=4, head_dtype=head_dtype)  # fmt: skip
+
+    half, full = run(torch.bfloat16), run(torch.float32)
+    assert not torch.equal(half, full)  # the half path ran
+    assert_close_to_norm(half, full, rel=1e-2, msg="bf16 head tangents")
+    assert torch.equal(run(None), full)
+
+
+def test_the_cuda_head_path_runs_under_vmap_and_jvp_on_the_meta_device() -> None:
+    """The meta device has CUDA's `mm(..., out_dtype=float32)` (`forward_pass._half_into_fp32`):
+    the half head's primal product and its bf16 tangent products, vmapped over directions as the
+    engine runs them, give fp32 `[directions, n]` without a batching rule missing (vmap's
+    fallback warns, here an error)."""
+    n, d, vocab, dirs = 5, 8, 11, 3
+    bf16 = dict(dtype=torch.bfloat16, device="meta")
+    h, w = torch.empty(n, d, **bf16), torch.empty(vocab, d, **bf16)
+    targets, tau = torch.zeros(n, dtype=torch.long, device="meta"), torch.ones(n, device="meta")
+    tangents = torch.empty(dirs, n, d, **bf16), torch.empty(dirs, vocab, d, **bf16)
+
+    def logp(h, w):
+        return TargetLogProb.apply(h, w, None, targets, tau, None, 0.5)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        du = torch.func.vmap(lambda a, b: torch.func.jvp(logp, (h, w), (a, b))[1])(*tangents)
+    assert du.shape == (dirs, n) and du.dtype == torch.float32
