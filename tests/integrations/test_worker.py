@@ -110,7 +110,9 @@ def test_a_failure_in_the_worker_switches_the_diagnostics_off(tmp_path: Path) ->
     core = LiveCore(None, None, "token-mean", dump_dir=blocker)
     blocker.write_text("not a directory")
     core.submit(toy_batch(), 1)
-    with pytest.warns(RuntimeWarning, match="switched off at step 1: .*Error"):
+    with pytest.warns(
+        RuntimeWarning, match="switched off at step 1: (IsADirectory|NotADirectory|FileExists)Error"
+    ):
         core.guard(1, core.collect)
     assert not core.enabled
 

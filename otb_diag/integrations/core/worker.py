@@ -167,8 +167,10 @@ def main(read_fd: int, write_fd: int, preload: list[str]) -> None:
 
 
 def describe(error: Exception) -> str:
-    """The sentence a warning gives of `error`: an `InputError`'s own, else its type and text."""
-    return str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+    """The sentence a warning gives of `error`: an `InputError`'s own or a `WorkerError`'s (the
+    child's description already), else its type and text."""
+    own = isinstance(error, InputError | WorkerError)
+    return str(error) if own else f"{type(error).__name__}: {error}"
 
 
 if __name__ == "__main__":
