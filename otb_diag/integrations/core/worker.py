@@ -42,6 +42,7 @@ from otb_diag.errors import InputError
 
 READY = "ready"
 MEASURING = "otb_diag.integrations.core.live_core"  # what the live core's jobs import
+CLOSING_S = 30.0  # how long `close` waits for the child to end
 
 
 class WorkerError(RuntimeError):
@@ -123,11 +124,17 @@ class Worker:
         return f"otb-diag's worker process (pid {self.pid}) {what}: {status}"
 
     def close(self) -> None:
-        """Close the pipes: the child ends at its next read."""
+        """Close the pipes: the child ends at its next read, within `CLOSING_S` (a job in
+        flight finishes first), or is killed."""
         if not self.closed:
             self.closed = True
             self._out.close()
             self._in.close()
+            try:
+                self.process.wait(timeout=CLOSING_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 _SHARED: Worker | None = None
