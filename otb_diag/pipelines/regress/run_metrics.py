@@ -237,7 +237,14 @@ def read_fidelity(path: Path) -> pd.DataFrame:
 
 
 def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]:
-    """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
+    """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones; a
+    run whose rewards carried no signal wrote no table: its signal counts alone."""
+    if not result.signal.carries_any:
+        return {
+            f"signal/{name}": Metric("deterministic", float(value))
+            for name, value in (("groups", result.signal.groups),
+                                ("groups_with_signal", result.signal.groups_with_signal))
+        }  # fmt: skip
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
     k = result.sketch_dim
