@@ -439,3 +439,50 @@ def test_all_zero_variances_draw_on_a_linear_axis_with_a_note() -> None:
         table.assign(variance=[1.0, 0.5, 0.5, 0.2])
     )
     assert positive.axes[0].get_yscale() == "log"
+
+
+def test_all_zero_variances_draw_no_read_off() -> None:
+    """The all-zero pools of the test above: no dotted N′ line and no "N′≈" label (an N′ read
+    off a curve of zeros is no measurement); where the mean curve is already lower at the
+    smallest N, the label says N′ is at most that N."""
+    table = pd.DataFrame(
+        {
+            "aggregation": "token-sum", "baseline": ["mean", "otb", "mean", "otb"],
+            "group_size": [2, 2, 4, 4], "variance": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+            "equivalent_mean_group_size": 2.0, "equivalent_range": "below",
+        }
+    )  # fmt: skip
+    ax = plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4)).axes[0]
+    assert not any("N′" in t.get_text() for t in ax.texts)
+    assert [line.get_linestyle() for line in ax.get_lines()].count(":") == 0
+    below = table.assign(variance=[1.0, 2.0, 0.5, 1.5])
+    ax = plots_variance.fig_variance_vs_group_size(below, mark=("otb", 4)).axes[0]
+    assert [t.get_text() for t in ax.texts if "N′" in t.get_text()] == [" N′ ≤ 2.0"]
+
+
+def test_equal_knees_are_drawn_apart_and_the_lowest_has_a_tick_below() -> None:
+    """mean and rloo share their knee (rloo's advantages are mean's times N/(N−1)): their points
+    sit a little apart about each N, in the baselines' order; the lowest point (593 tokens) has
+    a labelled tick at or below it (the axis used to start above 500 with its first label at
+    1,000, so "≥ 593" could not be read)."""
+    rows = [
+        {"aggregation": "token-sum", "baseline": b, "group_size": n, "grad_sq_resolved": False,
+         "noise_scale_tokens": math.nan, "noise_scale_tokens_low": low,
+         "noise_scale_tokens_high": math.inf}
+        for b, lows in (("none", (593.0, 778.0)), ("mean", (2350.0, 1850.0)),
+                        ("rloo", (2350.0, 1850.0)))
+        for n, low in zip((2, 4), lows, strict=True)
+    ]  # fmt: skip
+    fig = plots_variance.fig_knee_tokens(pd.DataFrame(rows))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    xs = {b: lines[f"{b} (≥)"].get_xdata() for b in ("none", "mean", "rloo")}
+    assert (xs["none"] < xs["mean"]).all() and (xs["mean"] < xs["rloo"]).all()
+    np.testing.assert_allclose(xs["mean"], [2, 4])  # the middle one of three stays on N
+    np.testing.assert_allclose(lines["mean (≥)"].get_ydata(), lines["rloo (≥)"].get_ydata())
+    low, high = ax.get_ylim()
+    ticks = [t.get_position()[1] for t in ax.get_yticklabels() if t.get_text()]
+    ticks = [t for t in ticks if low <= t <= high]
+    assert min(ticks) <= 593 and max(ticks) >= 2350
+    assert "500" in [t.get_text() for t in ax.get_yticklabels()]
