@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+HELPERS = {"threads.py"}  # imported by the scripts, no benchmark of its own
 SMALLEST = {
     "bench_full.py": ["--models", "5M", "--lengths", "24,32", "--k", "2", "--prefix", "4",
                       "--directions", "2"],
@@ -85,7 +87,8 @@ def run_main(
         module, "subprocess", SimpleNamespace(run=in_process(module)), raising=False
     )
     monkeypatch.setattr(sys, "argv", [str(BENCH / script), *args])
-    threads = torch.get_num_threads()  # bench_sample sets its own
+    threads = torch.get_num_threads()  # the scripts set their own (bench/threads.py)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", ""))  # restored
     try:
         with unwritten_figures():
             assert module.main() in (None, 0)  # gpu.py returns its exit status
@@ -99,7 +102,7 @@ def last_json(out: str) -> dict | list:
 
 
 def test_every_script_has_a_smallest_path() -> None:
-    assert {p.name for p in BENCH.glob("*.py")} == set(SMALLEST)
+    assert {p.name for p in BENCH.glob("*.py")} - HELPERS == set(SMALLEST)
 
 
 @pytest.mark.slow
@@ -128,3 +131,31 @@ def test_gpu_bench_without_cuda_says_skipped(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     assert run_main("gpu.py", [], monkeypatch, capsys) == "skipped: no CUDA\n"
+
+
+def test_a_script_runs_at_its_documented_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--threads` defaults to $OMP_NUM_THREADS where set (a documented `OMP_NUM_THREADS=1 python
+    bench/...` keeps its meaning), else to the script's own count; `pin_threads` sets torch's
+    and the environment's for the processes the script starts, and says so with the load."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    from threads import add_threads, pin_threads
+
+    def default(env: str | None) -> int:
+        if env is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", env)
+        parser = argparse.ArgumentParser()
+        add_threads(parser, 2)
+        return parser.parse_args([]).threads
+
+    assert (default(None), default("1"), default("3")) == (2, 1, 3)
+    before = torch.get_num_threads()
+    try:
+        line = pin_threads(1)
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        assert line.startswith(f"threads: 1 torch thread(s) on {os.cpu_count()} cores")
+    finally:
+        torch.set_num_threads(before)
