@@ -17,10 +17,11 @@
     python bench/bench_controller.py synthetic [--out DIR]
     python bench/bench_controller.py toy [--seeds 3] [--out DIR]
 
-It runs on one torch thread (`THREADS`, set before any work: the toy's steps are launch-bound,
-and a second thread beside another job slowed them 40-fold, issue 46); the numbers do not
-depend on the machine's load, only the wall times do. Prints a table and one JSON line; writes
-the figure `steps_vs_examples.png` (synthetic) or the toy's runs and `dynamics/` under --out.
+It runs on one torch thread by default (`--threads`, bench/threads.py, set before any work:
+the toy's steps are launch-bound, and a second thread beside another job slowed them 40-fold,
+issue 46); the numbers do not depend on the machine's load, only the wall times do. Prints a
+table and one JSON line; writes the figure `steps_vs_examples.png` (synthetic) or the toy's runs
+and `dynamics/` under --out.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import synthetic_knee as truth  # noqa: E402
+from threads import add_threads, pin_threads  # noqa: E402
 
 from otb_diag.integrations.core.controller import KneeController, KneeRule  # noqa: E402
 
-THREADS = 1
 FIXED = (4, 8, 16, 32, 64, 128, 256, 512)  # the synthetic's fixed batches
 BASE, MOST = 4, 1024  # the synthetic controller's base batch and ceiling
 TOY_ARMS = (  # label, prompts a generation batch, controller
@@ -171,11 +171,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4, help="toy: constant learning rate")
     parser.add_argument("--target", type=float, default=0.8, help="toy: the target score")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "controller")
+    add_threads(parser, 1)
     args = parser.parse_args()
-    torch.set_num_threads(THREADS)
+    print(pin_threads(args.threads))
     args.out.mkdir(parents=True, exist_ok=True)
     record = synthetic(args.out) if args.part == "synthetic" else toy(args)
-    print(json.dumps({"part": args.part, "threads": THREADS, **record}, default=str))
+    print(json.dumps({"part": args.part, "threads": args.threads, **record}, default=str))
 
 
 if __name__ == "__main__":

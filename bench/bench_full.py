@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from bench_stats import _rss_kib
+from threads import add_threads, pin_threads
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from otb_diag.maths.response_batch import ResponseBatch, pad
@@ -248,13 +249,14 @@ def main() -> None:
         help="only jvp_over_bare: no reverse mode, eager attention or memory",
     )
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
+    add_threads(parser, 2)
     args = parser.parse_args()
+    threads = pin_threads(args.threads)  # the memory children inherit it
     if args._memory:
         name, length, what, vocab = args._memory.split(",")
         return memory_child(name, int(length), what, int(vocab))
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with "
-          f"{torch.get_num_threads()} threads, {platform.python_version()}, load average "
-          f"{os.getloadavg()}")  # fmt: skip
+    print(f"machine: torch {torch.__version__}, {platform.python_version()}, load average "
+          f"{os.getloadavg()}; {threads}")  # fmt: skip
     chosen = args.models.split(",")
     lengths = tuple(int(t) for t in args.lengths.split(","))
     cases = [("5M", (256,))] if args.quick else [(m, lengths) for m in chosen if m]

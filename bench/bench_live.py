@@ -68,6 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 
 import torch  # noqa: E402
+from threads import add_threads, pin_threads  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback  # noqa: E402
 from trl_toy import PROMPTS, toy_trainer  # noqa: E402
 
@@ -199,7 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds per configuration (default 3)")
     parser.add_argument("--steps", type=int, help="timed steps per round (default 12; --gpu 5)")
     parser.add_argument("--model", choices=MODELS, default="toy", help="the CPU policy")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    add_threads(parser, 1)
     parser.add_argument("--gpu", action="store_true", help="the realistic GPU row (above)")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # --gpu's smoke test
     args = parser.parse_args()
@@ -214,7 +215,7 @@ def main() -> None:
         trainer_options = GPU_TRAINER | {"use_cpu": args.device != "cuda"}
         trainer_options["bf16"] = args.device == "cuda"
     else:
-        torch.set_num_threads(args.threads)
+        print(pin_threads(args.threads))
         names, size, trainer_options = tuple(CONFIGS), MODELS[args.model], {}
     times: dict[str, list[float]] = {name: [] for name in names}
     parts: dict[str, dict[str, float]] = {name: dict.fromkeys(PARTS, 0.0) for name in names}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from threads import add_threads, pin_threads
 
 from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.scenarios import default_checkpoint
@@ -119,8 +119,9 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--_memory", choices=list(PATHS), help=argparse.SUPPRESS)
+    add_threads(parser, 1)
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    threads = pin_threads(args.threads)  # the memory children inherit it
     models = [args.model] if args.model else ["embedded"] + (["smollm2"] if args.gguf else [])
     if args._memory:
         ckpt, prompts, no_eos = _setup(args.model, args.gguf, int(args.rows))
@@ -163,10 +164,7 @@ def main() -> None:
                 "memory_ratio": peak["ours"] / peak["bare"],
             }
         )
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-        f"load {os.getloadavg()[0]:.2f}"
-    )
+    print(f"torch {torch.__version__}; {threads}")
     print(
         f"{'model':10} {'rows':>5} {'bare tok/s':>10} {'ours tok/s':>10} {'ratio':>6} {'target':>7}"
         f" {'bare MiB':>9} {'ours MiB':>9} {'ratio':>6} {'target':>7}"

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from threads import add_threads, pin_threads
 
 BIN = Path(sys.executable).parent / "otb-diag"
 GIB = 1 << 30
@@ -104,13 +105,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
+    add_threads(parser, 2)
     args = parser.parse_args()
+    print(pin_threads(args.threads))  # the commands it times inherit it (torchrun's ranks: 1)
     sizes = (
         (20_000, 40_000) if args.tiny
         else (300_000, 1_250_000) if args.quick
         else (3_000_000, 12_500_000)
     )  # fmt: skip
-    results = {"load_average": os.getloadavg(), "cores": os.cpu_count()}
+    results = {"load_average": os.getloadavg(), "cores": os.cpu_count(), "threads": args.threads}
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             path = Path(tmp) / f"r{n}.parquet"

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from threads import add_threads, pin_threads
 from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -245,10 +246,13 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
     parser.add_argument("--_memory", choices=["stats", "naive"], help=argparse.SUPPRESS)
     parser.add_argument("--_response-len", type=int, help=argparse.SUPPRESS)
+    add_threads(parser, 1)
     args = parser.parse_args()
+    threads = pin_threads(args.threads)  # the memory subprocesses inherit it
     if args._memory is not None:  # the subprocess of `memory_case`
         print(_peak_extra_rss(args._memory, args._response_len))
         return
+    print(threads)
     load_before = os.getloadavg()[0]
     reps = 1 if args.tiny else 7 if args.quick else 15
     response_len = 64 if args.tiny else 448 if args.quick else 960

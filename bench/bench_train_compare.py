@@ -1,6 +1,7 @@
 """The comparison of docs/train-with-otb.md: TRL's GRPOTrainer on the embedded checkpoint and
-the toy task (3-digit copy, reverse and sort prompts; tests/integrations/trl_toy.py's trainer
-and rewards), trained three ways at the same prompts per step, each with several seeds:
+the toy task (4-digit copy, reverse and sort prompts; tests/integrations/trl_toy.py's trainer
+and rewards), trained three ways at the same prompts per step, each with several seeds, on one
+torch thread (`--threads`; its float sums, so its tokens and scores, depend on the count):
 
     grpo N=4    TRL alone (its own advantages), groups of 4
     otb N=4     attach(trainer, advantages="otb"): OTB's token-level advantages, groups of 4
@@ -10,6 +11,7 @@ then read by `otb-diag dynamics` (the runs of one arm share a --label, so its co
 gives each arm's tokens to the target score with an interval over the seeds).
 
     python bench/bench_train_compare.py                      # 3 arms x 3 seeds, 400 steps each
+                                                             # (~4 min on one idle core)
     python bench/bench_train_compare.py --steps 2 --seeds 1  # the smallest path
     python bench/bench_train_compare.py --cost               # seconds per step, N = 4
 
@@ -21,7 +23,8 @@ steps of warm-up.
 Writes under --out (default out/train-compare, outside git): runs/<arm>-s<seed>/trainer_state.json
 for each run, and dynamics/ (dynamics.csv, collapse.json, comparison.csv, the figures). Prints
 the dynamics report, then one JSON line: per run its wall time and seconds per step (a timing
-taken beside other jobs says little), and the comparison's rows.
+taken beside other jobs says little), and the comparison's rows. Its first line gives the thread
+count and the machine's load: with two threads beside another job a step went from 0.07 s to 3 s.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
+sys.path.insert(0, str(ROOT / "bench"))  # when imported (tests/bench/), not run from bench/
 
+from threads import add_threads, pin_threads  # noqa: E402
 from trl_toy import toy_trainer  # noqa: E402
 
 from otb_diag.integrations.trl import attach  # noqa: E402
@@ -119,12 +124,14 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8, help="score for tokens-to-target")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "train-compare")
     parser.add_argument("--cost", action="store_true", help="time a step instead (see above)")
+    add_threads(parser, 1)
     args = parser.parse_args()
+    print(pin_threads(args.threads), flush=True)
     if args.cost:
         cost = step_cost(args)
         for name, seconds in cost.items():
             print(f"{name:<11} {1e3 * seconds:7.1f} ms/step  ({seconds / cost['plain'] - 1:+.0%})")
-        print(json.dumps({"steps": args.steps, "seconds_per_step": cost}))
+        print(json.dumps({"steps": args.steps, "threads": args.threads, "seconds_per_step": cost}))
         return
 
     logs, labels, runs = [], [], []
@@ -144,6 +151,7 @@ def main() -> None:
         "prompts_per_step": args.prompts_per_step,
         "lr": args.lr,
         "target": args.target,
+        "threads": args.threads,
         "runs": runs,
         "comparison": [vars(arm) for arm in result.arms],
     }

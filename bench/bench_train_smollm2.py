@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from real_model import cache_dir, smollm2_gguf  # noqa: E402
+from threads import add_threads, pin_threads  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -267,15 +268,13 @@ def main() -> None:
     parser.add_argument(
         "--controller", action="store_true", help="add the knee controller's two arms"
     )
-    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads a run")
+    add_threads(parser, THREADS)
     parser.add_argument("--only", action="append", help="arm label to run (repeatable)")
     parser.add_argument("--compare-only", action="store_true", help="no training")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "smollm2-train")
     parser.add_argument("--cache", type=Path, default=cache_dir(), help="converted model")
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)  # before any work: a rerun on other threads differs
+    print(pin_threads(args.threads))  # before any work: a rerun on other threads differs
     arms = ARMS + ((N32,) if args.with_n32 else ()) + (CONTROLLED if args.controller else ())
     unknown = set(args.only or ()) - {arm.label for arm in arms}
     if unknown:

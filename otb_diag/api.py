@@ -113,11 +113,13 @@ def variance_compare(
     out: str | Path,
     **settings: Any,
 ) -> VarianceResult | None:
-    """Run `otb-diag variance-compare` and return its result (`headline`: OTB's ratio to mean,
-    mean-equivalent N′ and token saving per mode; `paper_claim`: the paper's headline read at
-    equal gradient variance, beside its own > 65 % at equal score; `to_json()`: its
-    summary.json; None on a torchrun rank but 0). Writes variance.csv, fidelity.csv, figures
-    and summary.json into `out`. `settings` are `VarianceSettings` fields, e.g.
+    """Run `otb-diag variance-compare` and return its result (`signal`: the groups whose rewards
+    carry one; `headline`: OTB's ratio to mean, mean-equivalent N′ and token saving per mode,
+    each with its 95 % interval; `paper_claim`: the paper's headline read at equal gradient
+    variance, beside its own > 65 % at equal score, each verdict "holds", "does not hold", "not
+    resolved" or "no signal"; `to_json()`: its summary.json; None on a torchrun rank but 0).
+    Writes variance.csv, fidelity.csv, figures and summary.json into `out` (summary.json alone
+    where no group's rewards carry a signal). `settings` are `VarianceSettings` fields, e.g.
     `modes=("proxy", "head")`, `group_sizes=(2, 4, 8)`, `draws=200`, `seed=0`."""
     return run_variance(
         Inputs(ckpt=[Path(checkpoint)], rollouts=Path(rollouts)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -42,3 +43,10 @@ class InputError(Exception):
             where.append(f"field '{self.field}'")
         text = (", ".join(where) + ": " if where else "") + self.message
         return text + (f" {self.hint}" if self.hint else "")
+
+
+def json_problem(err: json.JSONDecodeError) -> str:
+    """A JSON parser's complaint and its column as one phrase: "Expecting ',' delimiter at
+    column 6", "Unterminated string starting at column 315" (a message that ends in "at" says
+    where itself)."""
+    return f"{err.msg.removesuffix(' at')} at column {err.colno}"

@@ -29,7 +29,7 @@ def test_readme_example_runs_and_prints_what_it_says(
     exec(compile(readme_example(), "README.md#python-api", "exec"), namespace)
     printed = capsys.readouterr().out.splitlines()
     # The verdict and the collapse step are printed as the comments say.
-    assert printed[-2] in {"reproduced", "not reproduced", "undecided"}
+    assert printed[-2] in {"holds", "does not hold", "not resolved", "no signal"}
     assert printed[-1] == "150"
     # The objects are what the names promise, on the embedded default.
     batch, stats, adv, tables = (namespace[k] for k in ("batch", "stats", "adv", "tables"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from packaging.version import Version
 
-from otb_diag.errors import InputError
+from otb_diag.errors import InputError, json_problem
 from otb_diag.io.provenance import checkpoint_fingerprint
 from otb_diag.runtime.devices import device_map_kwargs, resolve_device
 
@@ -314,7 +314,7 @@ def _check_config(root: Path, trust_remote_code: bool) -> None:
         config: Any = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise InputError(
-            f"config.json is not valid JSON ({err.msg}, column {err.colno}).",
+            f"config.json is not valid JSON ({json_problem(err)}).",
             path=config_path,
             line=err.lineno,
         ) from None

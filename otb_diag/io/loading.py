@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,15 @@ class RolloutSet:
     groups: group name -> indices into `rollouts.responses`, in order of first appearance.
     sizes: `[rows]` each response's tokens (characters of its text when it has no ids yet).
     record: path, format and hash of the files (`rollouts_record`), for summary.json.
+    with_signal: per group, in `groups`' order, whether its rewards carry a signal
+    (`groups_with_signal`).
     """
 
     rollouts: Rollouts
     groups: dict[str, list[int]]
     sizes: list[int]
     record: dict[str, Any]
+    with_signal: list[bool]
 
 
 def load_rollout_set(
@@ -50,12 +54,42 @@ def load_rollout_set(
 ) -> RolloutSet:
     """`load_rollouts` (same arguments), with the rows' groups, sizes and record."""
     rollouts = load_rollouts(path, temperature, steps=steps, reward_columns=reward_columns)
+    groups = group_rows(rollouts.responses)
     return RolloutSet(
         rollouts=rollouts,
-        groups=group_rows(rollouts.responses),
+        groups=groups,
         sizes=[response_size(r) for r in rollouts.responses],
         record=rollouts_record(rollouts),
+        with_signal=groups_with_signal(rollouts.responses, groups),
     )
+
+
+def groups_with_signal(responses: list[Response], groups: dict[str, list[int]]) -> list[bool]:
+    """Per group of `groups` (name -> indices into `responses`), whether its rewards carry a
+    signal: whether its members' returns take more than one value (`_return_values`). Where
+    they are all one value c, every group baseline is c and every advantage `G_t − c` is 0: the
+    group tells no baseline from another. Read off the rows alone, before any model is
+    loaded."""
+    return [
+        len(set().union(*(_return_values(responses[i]) for i in rows))) > 1
+        for rows in groups.values()
+    ]
+
+
+def _return_values(r: Response) -> set[float]:
+    """The values a response's returns `G_t = Σ_{k≥t} mask_k r_k` take at its generated tokens,
+    and `G_0` (the `R_i` a group baseline averages): with token rewards, their suffix sums over
+    the mask-1 tokens; with an outcome reward R placed on the last generated token
+    (`maths/returns.py:outcome_token_rewards`), R; a response with no generated token, 0."""
+    if r.token_rewards is not None:
+        mask = r.mask or [1] * len(r.token_rewards)  # rows are checked: one entry a token
+        kept = [x * m for x, m in zip(r.token_rewards, mask, strict=True)]
+        suffix = list(accumulate(reversed(kept)))[::-1]  # G_t, t = 0..T-1
+        generated = [g for g, m in zip(suffix, mask, strict=True) if m]
+        return {suffix[0] if suffix else 0.0, *generated}
+    length = len(r.response_ids) if r.response_ids is not None else len(r.response or "")
+    generated = any(r.mask) if r.mask is not None else length > 0
+    return {float(r.reward or 0.0) if generated else 0.0}
 
 
 @dataclass(frozen=True)

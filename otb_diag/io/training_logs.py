@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from otb_diag.errors import InputError
+from otb_diag.errors import InputError, json_problem
 from otb_diag.io.trainers import log_trainer
 from otb_diag.io.trainers.trl import OTB_RECORD, REWARD_KEY, TRL, trainer_state
 from otb_diag.maths.estimators.registry import families
@@ -102,7 +102,15 @@ def read_training_log(path: str | Path) -> TrainingLog:
         raw, where = _read_csv(path), "row"
     else:
         text = path.read_text(encoding="utf-8")
-        state = trainer_state(text)
+        try:
+            state = trainer_state(text)
+        except json.JSONDecodeError as err:  # one JSON document that breaks off (cut short?)
+            raise InputError(
+                f"not valid JSON ({json_problem(err)}); a trainer_state.json cut short breaks "
+                "off here",
+                path=path,
+                line=err.lineno,
+            ) from None
         if state is not None:
             return TrainingLog(path, TRL.name, _trl_frame(path, state))
         raw, where = _read_jsonl(path, text), "line"
@@ -133,7 +141,9 @@ def _json_objects(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"not valid JSON ({err.msg})", path=path, line=number) from None
+            raise InputError(
+                f"not valid JSON ({json_problem(err)})", path=path, line=number
+            ) from None
         if not isinstance(row, dict):
             raise InputError("expected a JSON object per line", path=path, line=number)
         yield number, row

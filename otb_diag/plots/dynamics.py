@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from otb_diag.plots.style import COLUMN_WIDTH_IN, OKABE_ITO, STYLE, baseline_color, new_figure
@@ -266,27 +267,32 @@ def fig_score_vs_tokens(
 
 # The live diagnostics' curves (docs/live.md): the column each panel draws, its axis label.
 LIVE_PANELS = (
-    ("otb/energy/sequence_mean", "mean energy W(τ)"),
-    ("otb/energy/group_cv_median", "energy CV in a group\n(median)"),
-    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy\n(dashed: no zero tail)"),
+    ("otb/energy/sequence_mean", "mean energy\nW(τ)"),
+    ("otb/energy/group_cv_median", "energy CV\nin a group\n(median)"),
+    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy"),
 )
-# A panel's second curve, dashed: OTB/mean less the part verl's zero tail adds (docs/live.md).
-LIVE_DASHED = {
+# A panel's second series, as crosses where it differs from the first: OTB/mean less the part
+# verl's zero tail adds (docs/live.md).
+LIVE_WITHOUT_TAIL = {
     "otb/otb_over_mean/token_total_power": "otb/otb_over_mean/without_zero_tail/token_total_power"
 }
+TAIL_MOVES = 1e-3  # a relative difference below this is no move of the ratio
 
 
 def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """The `otb/` metrics a trainer logged (`otb_diag.integrations`) beside its gradient norm,
     against step: ‖g‖ and the mean energy on log axes, the within-group energy CV and OTB's
-    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance; dashed,
-    the same without the part verl's zero tail adds, where logged) on linear ones; the collapse
-    as a dotted line. Runs without a metric leave its panel empty."""
+    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance) on
+    linear ones; the collapse as a dotted line. The ratio's panel marks with × the steps where,
+    without the part verl's zero tail adds (where logged), it would differ, and says why its
+    lines have gaps: steps where every group's rewards were equal, so the mean baseline's proxy
+    is 0 and there is no ratio. Runs without a metric leave its panel empty."""
     styles, results = _styles(table), _results(runs)
     groups = list(table.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
-        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.4 * (1 + len(LIVE_PANELS))))
-        axes = fig.subplots(1 + len(LIVE_PANELS), 1, sharex=True)
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.5 * (1 + len(LIVE_PANELS))))
+        # room above the ratio's panel for its two-line note
+        axes = fig.subplots(1 + len(LIVE_PANELS), 1, sharex=True, gridspec_kw={"hspace": 0.4})
         _log_panel(axes[0], [(rows, "grad_norm", styles[r], r) for r, rows in groups], "grad_norm")
         axes[0].set_ylabel("gradient norm ‖g‖")
         for ax, (column, label) in zip(axes[1:], LIVE_PANELS, strict=True):
@@ -297,12 +303,8 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
             else:
                 for run, rows in present:  # dots too: a step between two NaNs is a lone point
                     ax.plot(rows["step"], rows[column], marker="o", markersize=2, **styles[run])
-                    dashed = LIVE_DASHED.get(column)
-                    if dashed in rows:
-                        style = {**styles[run], "linestyle": "--", "linewidth": 0.8}
-                        ax.plot(rows["step"], rows[dashed], marker=".", markersize=1.5, **style)
-            if column.startswith("otb/otb_over_mean"):
-                ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
+            if column in LIVE_WITHOUT_TAIL:
+                _ratio_notes(ax, present, column, styles)
             ax.set_ylabel(label)
         for run, _ in groups:
             for ax in axes:
@@ -314,6 +316,39 @@ def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     return fig
 
 
+def _ratio_notes(
+    ax: Axes, present: list[tuple[str, pd.DataFrame]], column: str, styles: dict[str, dict]
+) -> None:
+    """The OTB/mean panel's extras: the line at 1, a × where the ratio without the zero tail's
+    part differs (by more than `TAIL_MOVES`), and a note on the marks and on the gaps (steps
+    with no ratio between logged ones)."""
+    ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
+    without, moved, gaps = LIVE_WITHOUT_TAIL[column], 0, 0
+    for run, rows in present:
+        ratio = rows[column].to_numpy(dtype=float)
+        logged = np.flatnonzero(np.isfinite(ratio))
+        if len(logged):
+            gaps += int(np.isnan(ratio[logged[0] : logged[-1] + 1]).sum())
+        if without in rows:
+            other = rows[without].to_numpy(dtype=float)
+            with np.errstate(invalid="ignore"):
+                differs = (
+                    np.isfinite(other)
+                    & np.isfinite(ratio)
+                    & (np.abs(other - ratio) > TAIL_MOVES * np.abs(ratio))
+                )
+            ax.plot(rows["step"].to_numpy()[differs], other[differs], linestyle="none",
+                    marker="x", markersize=3.5, color=styles[run]["color"])  # fmt: skip
+            moved += int(differs.sum())
+    notes = []
+    if moved:
+        notes.append(f"×: without verl's zero tail ({moved} step(s) it moves)")
+    if gaps:
+        notes.append(f"gaps: {gaps} step(s) with equal rewards in every group (no ratio)")
+    if notes:  # above the panel: its data may reach any height
+        ax.set_title("\n".join(notes), fontsize=5.5, loc="right")
+
+
 def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
     """The noise scale pooled over the split steps so far (`pipelines/pooled_budget.py`, the
     window pool), against step: one panel per run, per estimator (coloured as its baseline) its
@@ -321,8 +356,8 @@ def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
     a filled dot on a line; where it is not, B is no estimate (a `|G|²` of 1e-13 makes it 1e13)
     and only the bound the sentence gives is drawn, a hollow dot at the band's low end (the band
     runs off the top: the knee is only bounded below); the run's P as a dashed line. Where P sits
-    under the band the run trains below its knee. Log y axis; the legend says what the dots
-    are."""
+    under the band the run trains below its knee. Log y axis; the legend gives each estimator as
+    its band's colour and says what the band and the kinds of dot drawn in the panel are."""
     window = budget[budget["pool"] == "window"]
     runs = list(window.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
@@ -331,25 +366,30 @@ def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
         grid = fig.subplots(len(runs), 1, squeeze=False, gridspec_kw={"hspace": 0.5})
         axes = np.atleast_1d(grid[:, 0])
         for ax, (run, rows) in zip(axes, runs, strict=True):
-            _pooled_panel(ax, rows)
+            drawn = _pooled_panel(ax, rows)
             ax.set_title(f"{run}: pooled noise scale (prompts per step)", fontsize=6.5)
-            ax.legend(handles=[*ax.get_legend_handles_labels()[0], *POOLED_MARKERS],
+            bands = [Patch(facecolor=baseline_color(str(e)), alpha=0.35, label=str(e))
+                     for e in rows["estimator"].unique()]  # fmt: skip
+            marks = [h for kind, h in POOLED_MARKERS.items() if drawn[kind]]
+            ax.legend(handles=[*bands, *ax.get_legend_handles_labels()[0], *marks],
                       **LEGEND_BESIDE)  # fmt: skip
             integer_steps(ax)
         axes[-1].set_xlabel("training step")
     return fig
 
 
-# What the pooled noise scale's dots mean, in its legend.
-POOLED_MARKERS = (
-    Line2D([], [], color="0.3", marker="o", ms=3, ls="none", label="knee B (|G|² resolved)"),
-    Line2D([], [], color="0.3", marker="o", ms=3, mfc="white", ls="none",
-           label="knee ≥ this (|G|² not resolved)"),
-)  # fmt: skip
+# What the pooled noise scale's band and dots mean, in its legend (those a panel draws).
+POOLED_MARKERS = {
+    "band": Patch(facecolor="0.7", alpha=0.5, label="shaded: B's 95 % interval"),
+    "knee": Line2D([], [], color="0.3", marker="o", ms=3, label="knee B (|G|² resolved)"),
+    "bound": Line2D([], [], color="0.3", marker="o", ms=3, mfc="white", ls="none",
+                    label="knee ≥ this (|G|² not resolved)"),
+}  # fmt: skip
 
 
-def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
-    """One run's estimators (see `fig_pooled_noise_scale`)."""
+def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> dict[str, bool]:
+    """One run's estimators (see `fig_pooled_noise_scale`); which kinds were drawn: a band, a
+    knee (dot on a line), a bound (hollow dot)."""
     resolved = rows["resolved"].to_numpy(dtype=float) > 0
     drawn = [rows["noise_scale"][resolved]] + [
         rows[c] for c in ("noise_scale_low", "noise_scale_high", "prompts_per_step")
@@ -357,7 +397,7 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
     values = np.concatenate([np.asarray(v, dtype=float) for v in drawn])
     positive = values[np.isfinite(values) & (values > 0)]
     top = 3 * positive.max() if positive.size else 10.0  # an open band runs past the top
-    dots = 0  # knees and bounds drawn
+    kinds = {"band": False, "knee": False, "bound": False}
     for estimator, lines in rows.groupby("estimator", sort=False):
         color = baseline_color(str(estimator))
         step = lines["step"].to_numpy(dtype=float)
@@ -370,12 +410,14 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
                         lw=0)  # fmt: skip
         knee = lines["resolved"].to_numpy(dtype=float) > 0
         point = np.where(knee, lines["noise_scale"], np.nan)
-        ax.plot(step, point, color=color, label=estimator)
+        ax.plot(step, point, color=color)
         ax.plot(step[knee], point[knee], "o", ms=3, color=color)
         bound = ~knee & (low > 0)  # "the knee is at least low"; none yet without an interval
         ax.plot(step[bound], np.minimum(low[bound], top), "o", ms=3, mfc="white", color=color)
-        dots += int(knee.sum() + bound.sum())
-    if not dots:
+        kinds["band"] |= bool(spread.any())
+        kinds["knee"] |= bool(knee.any())
+        kinds["bound"] |= bool(bound.any())
+    if not (kinds["knee"] or kinds["bound"]):
         ax.text(0.5, 0.9, "no knee and no bound yet: one split step has no interval",
                 transform=ax.transAxes, ha="center", fontsize=5.5)  # fmt: skip
     steps = rows["step"].to_numpy(dtype=float)
@@ -388,6 +430,7 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> None:
     floor = positive.min() / 2 if positive.size else 0.1
     ax.set_ylim(floor, top / 1.5)
     ax.set_ylabel("noise scale B\n(prompts per step)")
+    return kinds
 
 
 class ArmMarks(Protocol):
@@ -415,19 +458,20 @@ class ArmMarks(Protocol):
 
 
 def _arm_styles(arms: Sequence[ArmMarks]) -> dict[str, dict[str, str]]:
-    """Colour by baseline and line style by group size, per arm; arms that share both (a
-    sweep) each get a colour of the palette instead."""
-    keys = [(a.baseline, a.group_size) for a in arms]
+    """A colour per arm, its baseline's where no two arms share a baseline, else the palette's
+    in the arms' order (grpo at N = 4 and at N = 16 shared one blue, told apart by a line style
+    the comparison's markers do not show); the line style says the group size."""
+    baselines = [a.baseline for a in arms]
+    by_baseline = len(set(baselines)) == len(baselines)
     sizes = sorted({a.group_size for a in arms if a.group_size is not None})
     palette = list(OKABE_ITO.values())
-    distinct = len(set(keys)) == len(keys)
     return {
         a.arm: {
             "color": baseline_color(a.baseline or UNKNOWN)
-            if distinct
+            if by_baseline
             else palette[i % len(palette)],
             "linestyle": GROUP_SIZE_STYLES[sizes.index(a.group_size) % len(GROUP_SIZE_STYLES)]
-            if distinct and a.group_size in sizes
+            if a.group_size in sizes
             else "-",
         }
         for i, a in enumerate(arms)

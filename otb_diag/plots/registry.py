@@ -143,7 +143,9 @@ FIGURES = (
         "draws, log scale) against the group size N, one line per baseline, the band its 95 % "
         "bootstrap interval. Lower is better. The dotted read-off goes from OTB at N = 4 "
         "across to the mean baseline's curve: the N′ where it meets it is the group size the "
-        "mean baseline needs for OTB's variance.",
+        "mean baseline needs for OTB's variance (its point estimate; N′'s 95 % interval and the "
+        "verdicts read off it are in the verdicts above). No read-off where a variance on the "
+        "way is 0.",
         modes=MODES,
     ),
     FigureEntry(
@@ -163,9 +165,11 @@ FIGURES = (
         {"table": "noise_rows", "aggregation": "noise_aggregation"},
         "Tokens a step costs at the gradient noise scale, B·N·L̄ (B = tr Σ/|G|² prompts, N "
         "responses each, L̄ tokens a response), against N, one line per baseline with its 95 % "
-        "jackknife interval over prompts; an arrow marks an interval open above. Lower is "
-        "cheaper: past the knee, more prompts per step buy little. Only points whose |G|² is "
-        "resolved from zero are drawn.",
+        "jackknife interval over prompts (an interval open above runs to the top). Lower is "
+        "cheaper: past the knee, more prompts per step buy little. Where |G|² is not resolved "
+        "from zero, a hollow ▲ marks the bound: the knee costs at least that. The baselines' "
+        "points sit a little apart about each N, so that equal knees (mean's and rloo's) both "
+        "show.",
         modes=("head", "full"),  # proxy scores carry no signal: no knee
     ),
     FigureEntry(

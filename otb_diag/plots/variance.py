@@ -29,13 +29,33 @@ PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would 
 
 def _plain_log_ticks(axis) -> None:
     """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
-    than a decade still gets labels; over more than `PLAIN_DECADES` decades, matplotlib's own."""
+    than a decade still gets labels, the view widened to the ticks on either side of the data
+    (a lowest point of 593 under a first tick of 1,000 could not be read); over more than
+    `PLAIN_DECADES` decades, matplotlib's own."""
     low, high = axis.get_view_interval()
     if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
         return
+    if low > 0:  # the limits set, not autoscaled again by what is drawn later
+        set_lim = axis.axes.set_ylim if axis is axis.axes.yaxis else axis.axes.set_xlim
+        set_lim(_tick_at_or_below(low), _tick_at_or_above(high))
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FormatStrFormatter("%g"))
     axis.set_minor_formatter(NullFormatter())
+
+
+_PLAIN_TICKS = (1.0, 2.0, 5.0, 10.0)
+
+
+def _tick_at_or_below(x: float) -> float:
+    """The largest 1, 2, 5 × 10^n at or below `x > 0`."""
+    decade = 10.0 ** math.floor(math.log10(x))
+    return max(t * decade for t in _PLAIN_TICKS if t * decade <= x * (1 + 1e-12))
+
+
+def _tick_at_or_above(x: float) -> float:
+    """The smallest 1, 2, 5 × 10^n at or above `x > 0`."""
+    decade = 10.0 ** math.floor(math.log10(x))
+    return min(t * decade for t in _PLAIN_TICKS if t * decade >= x * (1 - 1e-12))
 
 
 def _log_y(ax, values: pd.Series) -> None:
@@ -104,9 +124,14 @@ def fig_variance_vs_group_size(
 
 
 def _mark_equivalent(ax, rows: pd.DataFrame, baseline: str, n: int) -> None:
-    """Dotted read-off from `baseline`'s variance at N to N′ on the mean curve (no-op if absent)."""
+    """Dotted read-off from `baseline`'s variance at N to N′ on the mean curve: its point
+    estimate (`N′≈`, or the bound `N′ ≤` the smallest N where the mean curve is already lower
+    there); its interval and the verdict read off it are summary.json's. No read-off where
+    there is nothing to read: the row absent, or a variance on the way not above 0 (no group's
+    rewards differ), where N′ is no measurement."""
     hit = rows[(rows["baseline"] == baseline) & (rows["group_size"] == n)]
-    if hit.empty:
+    mean = rows.loc[rows["baseline"] == "mean", "variance"]
+    if hit.empty or mean.empty or not (mean > 0).all() or not float(hit["variance"].iloc[0]) > 0:
         return
     v, n_prime = float(hit["variance"].iloc[0]), float(hit["equivalent_mean_group_size"].iloc[0])
     color = baseline_color(baseline)
@@ -118,9 +143,11 @@ def _mark_equivalent(ax, rows: pd.DataFrame, baseline: str, n: int) -> None:
         )
         ax.text(right, v, f"N′ > {rows['group_size'].max()}", ha="right", va="bottom", fontsize=6)
         return
+    below = hit["equivalent_range"].iloc[0] == "below" if "equivalent_range" in hit else False
     ax.plot([n, n_prime], [v, v], color=color, linestyle=":", linewidth=0.9)
     ax.plot([n_prime, n_prime], [v, bottom], color=color, linestyle=":", linewidth=0.9)
-    ax.text(n_prime, bottom, f" N′≈{n_prime:.1f}", ha="left", va="bottom", fontsize=6)
+    label = f" N′ ≤ {n_prime:.1f}" if below else f" N′≈{n_prime:.1f}"
+    ax.text(n_prime, bottom, label, ha="left", va="bottom", fontsize=6)
     ax.set_ylim(bottom=bottom)
 
 
@@ -215,7 +242,8 @@ def fig_proxy_fidelity(tokens: pd.DataFrame) -> Figure:
 
 def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
     """Tokens per step at the knee, `B·N·L̄`, against group size N (log–log), one line per
-    baseline. Where `|G|²` is resolved from 0: a filled point with its 95 % interval (an
+    baseline, each baseline's points shifted a little about N (`_dodged`: equal knees stay
+    visible). Where `|G|²` is resolved from 0: a filled point with its 95 % interval (an
     interval open above ends at the top of the axes). Elsewhere no knee is claimed, only a
     lower bound: a hollow ▲ at the interval's low end ("at least this many tokens").
 
@@ -223,11 +251,12 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
     group_size, noise_scale_tokens with _low and _high, grad_sq_resolved)."""
     rows = _rows(table, aggregation)
     sizes = sorted(rows["group_size"].unique())
+    labels = list(dict.fromkeys(rows["baseline"]))
     fig, ax = new_figure(height_in=2.8)
     undrawn = False  # a resolved point whose interval could not be drawn around it
     with mpl.rc_context(STYLE):
         top = _axis_top(rows)
-        for label, curve in rows.groupby("baseline", sort=False):
+        for k, (label, curve) in enumerate(rows.groupby("baseline", sort=False)):
             curve = curve.sort_values("group_size")
             color = baseline_color(label)
             style = LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-")
@@ -236,13 +265,14 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
             y, below, above, drawn = _error_bars(resolved, top)
             undrawn |= not drawn.all()
             ax.errorbar(
-                resolved["group_size"], y, yerr=[below, above], color=color,
-                linestyle=style, marker="o", markersize=2.5, capsize=1.5,
+                _dodged(resolved["group_size"], k, len(labels)), y, yerr=[below, above],
+                color=color, linestyle=style, marker="o", markersize=2.5, capsize=1.5,
                 label=label if len(resolved) else None,
             )  # fmt: skip
             ax.plot(
-                bound["group_size"], bound["noise_scale_tokens_low"], linestyle=":",
-                linewidth=0.8, marker="^", markersize=3.5, markerfacecolor="none", color=color,
+                _dodged(bound["group_size"], k, len(labels)), bound["noise_scale_tokens_low"],
+                linestyle=":", linewidth=0.8, marker="^", markersize=3.5,
+                markerfacecolor="none", color=color,
                 label=f"{label} (≥)" if len(bound) else None,
             )  # fmt: skip
         ax.set_xscale("log", base=2)
@@ -262,6 +292,16 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
             title="\n".join(notes) or None, title_fontsize=6,
         )  # fmt: skip
     return fig
+
+
+DODGE = 0.05  # log2 units between neighbouring baselines' points at one N
+
+
+def _dodged(sizes: pd.Series, k: int, count: int) -> np.ndarray:
+    """The x of baseline `k` of `count` at each N, shifted by `DODGE` per baseline about N on
+    the log2 axis, so that baselines with equal values (mean and rloo share their knee: rloo's
+    advantages are mean's times N/(N−1), which the noise scale does not see) stay visible."""
+    return sizes.to_numpy(dtype=float) * 2.0 ** ((k - (count - 1) / 2) * DODGE)
 
 
 def _axis_top(rows: pd.DataFrame) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -37,10 +38,12 @@ SMALLEST = {
     "bench_host.py": ["--quick", "--plan", "2x2"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
+    "bench_controller.py": ["toy", "--seeds", "1", "--updates", "2"],
     "bench_train_smollm2.py": ["--steps", "1", "--seeds", "1", "--prompts-per-step", "1",
                                "--max-tokens", "4"],
 }  # fmt: skip
-MODULES = {"row_runner.py"}  # imported by the scripts (gpu.py's runner), not run
+MODULES = {"row_runner.py", "threads.py"}  # imported by the scripts (gpu.py's runner, the
+# thread count), not run
 
 
 def script_module(script: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -87,7 +90,8 @@ def run_main(
         module, "subprocess", SimpleNamespace(run=in_process(module)), raising=False
     )
     monkeypatch.setattr(sys, "argv", [str(BENCH / script), *args])
-    threads = torch.get_num_threads()  # bench_sample sets its own
+    threads = torch.get_num_threads()  # the scripts set their own (bench/threads.py)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", ""))  # restored
     try:
         with unwritten_figures():
             assert module.main() in (None, 0)  # gpu.py returns its exit status
@@ -110,7 +114,7 @@ def test_smallest_path_runs_to_its_json_line(
     script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     args = SMALLEST[script] + (
-        ["--out", str(tmp_path)] if script.startswith("bench_train_") else []
+        ["--out", str(tmp_path)] if script.startswith(("bench_train_", "bench_controller")) else []
     )
     record = last_json(run_main(script, args, monkeypatch, capsys))
     assert record  # a JSON line with the measurements, not an empty one
@@ -130,3 +134,31 @@ def test_gpu_bench_without_cuda_says_skipped(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     assert run_main("gpu.py", [], monkeypatch, capsys) == "skipped: no CUDA\n"
+
+
+def test_a_script_runs_at_its_documented_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--threads` defaults to $OMP_NUM_THREADS where set (a documented `OMP_NUM_THREADS=1 python
+    bench/...` keeps its meaning), else to the script's own count; `pin_threads` sets torch's
+    and the environment's for the processes the script starts, and says so with the load."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    from threads import add_threads, pin_threads
+
+    def default(env: str | None) -> int:
+        if env is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", env)
+        parser = argparse.ArgumentParser()
+        add_threads(parser, 2)
+        return parser.parse_args([]).threads
+
+    assert (default(None), default("1"), default("3")) == (2, 1, 3)
+    before = torch.get_num_threads()
+    try:
+        line = pin_threads(1)
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        assert line.startswith(f"threads: 1 torch thread(s) on {os.cpu_count()} cores")
+    finally:
+        torch.set_num_threads(before)

@@ -89,7 +89,9 @@ def test_the_embedded_scenarios_ship_in_the_wheel(installed: Path) -> None:
 
 def test_every_package_is_listed_for_the_wheel() -> None:
     """pyproject's explicit `packages` names every folder of otb_diag/ with an __init__.py (a new
-    sub-package left out imports in the editable install and fails in a wheel)."""
+    sub-package left out imports in the editable install and fails in a wheel), and the
+    embedded scenarios' data folders, which Python also sees as packages (setuptools warns of
+    each one left out)."""
     import tomllib
 
     root = Path(__file__).resolve().parents[2]
@@ -99,4 +101,6 @@ def test_every_package_is_listed_for_the_wheel() -> None:
     found = {
         ".".join(p.parent.relative_to(root).parts) for p in (root / "otb_diag").rglob("__init__.py")
     }
-    assert found | {"otb_diag.cli"} == listed
+    data = {f"otb_diag.lab.{s}{sub}" for s in ("default", "long") for sub in ("", ".checkpoints")}
+    assert all((root / p.replace(".", "/")).is_dir() for p in data)
+    assert found | {"otb_diag.cli"} | data == listed

@@ -19,7 +19,7 @@ from zero_tail_step import dumped_step
 from otb_diag.integrations.verl.adapter import compute_otb_metrics, dump_batch
 from otb_diag.pipelines.energy.recipe import run_energy
 from otb_diag.pipelines.inputs import EnergyInputs
-from otb_diag.plots.dynamics import LIVE_DASHED, LIVE_PANELS, fig_live_otb
+from otb_diag.plots.dynamics import LIVE_PANELS, LIVE_WITHOUT_TAIL, fig_live_otb
 
 
 def verl_fields(rows: list[dict]) -> dict:
@@ -93,10 +93,12 @@ def test_a_step_whose_every_generation_was_aborted_is_logged_and_read_back(tmp_p
 
 
 def test_the_live_figure_draws_otb_over_mean_with_and_without_the_zero_tail() -> None:
-    """The OTB/mean panel: the logged ratio, and dashed, the ratio without the tail's part."""
+    """The OTB/mean panel: the logged ratio as the run's line, the ratio without the tail's
+    part as × where it differs (step 1's tail moves nothing: no mark, nothing promised there),
+    and a note on the marks and on the gap of step 4 (no ratio: every group's rewards equal)."""
     steps = np.arange(1, 6)
-    with_tail = np.array([0.4, 0.6, 1.9, 2.45, 2.2])
-    without = np.array([0.4, 0.5, 0.3, 0.58, 0.21])
+    with_tail = np.array([0.4, 0.6, 1.9, np.nan, 2.2])
+    without = np.array([0.4, 0.5, 0.3, np.nan, 0.21])
     table = pd.DataFrame(
         {
             "run": "trl",
@@ -110,11 +112,13 @@ def test_the_live_figure_draws_otb_over_mean_with_and_without_the_zero_tail() ->
     )
     runs = [SimpleNamespace(run="trl", collapse_step=None)]
     fig = fig_live_otb(table, runs)
-    (column,) = LIVE_DASHED
+    (column,) = LIVE_WITHOUT_TAIL
     panel = fig.axes[1 + [c for c, _ in LIVE_PANELS].index(column)]
-    drawn = [line for line in panel.get_lines() if len(line.get_xdata()) == len(steps)]
-    solid = [line for line in drawn if line.get_linestyle() == "-"]
-    dashed = [line for line in drawn if line.get_linestyle() == "--"]
-    np.testing.assert_array_equal(solid[0].get_ydata(), with_tail)
-    np.testing.assert_array_equal(dashed[0].get_ydata(), without)
-    assert "no zero tail" in panel.get_ylabel()
+    (line,) = [x for x in panel.get_lines() if len(x.get_xdata()) == len(steps)]
+    np.testing.assert_array_equal(line.get_ydata(), with_tail)
+    (crosses,) = [x for x in panel.get_lines() if x.get_marker() == "x"]
+    np.testing.assert_array_equal(crosses.get_xydata(), [[2, 0.5], [3, 0.3], [5, 0.21]])
+    note = panel.get_title(loc="right").replace("\n", " ")
+    assert "×: without verl's zero tail (3 step(s) it moves)" in note
+    assert "gaps: 1 step(s) with equal rewards in every group (no ratio)" in note
+    assert "dashed" not in panel.get_ylabel()

@@ -1,8 +1,9 @@
 """Every committed figure set's figures.json is what today's code writes: the typed result
 writes the file back key for key, and each sentence it stores is the one today's code words
-from the numbers stored beside it (the paper-claim verdicts, `claim_verdict`; the
-recommendation, `recommendation_text`; the learning-rate sweep's reason, `choose_lr`). A
-wording change fails here until the sets are regenerated (`otb-diag figures`, figures/README.md).
+from the numbers stored beside it (the paper-claim verdicts from N′ and its interval,
+`claim_verdict`; the recommendation, `recommendation_text`; the learning-rate sweep's reason,
+`choose_lr`). A wording change fails here until the sets are regenerated (`otb-diag figures`,
+figures/README.md).
 No model runs: the sentences are rebuilt from the files alone."""
 
 import json
@@ -52,19 +53,28 @@ def test_the_result_writes_the_committed_file(path: Path) -> None:
 
 @pytest.mark.parametrize("path", COMMITTED, ids=_name)
 def test_the_paper_claim_is_todays_wording(path: Path) -> None:
-    """Each mode's verdict and text from its stored N′, range and saving (the largest N
-    measured: the largest of the scenario's plan, every pool holding twice as many)."""
+    """Each mode's verdicts and text from its stored N′, saving and their intervals (the largest
+    N measured: the largest of the scenario's plan, every pool holding twice as many)."""
     _, result = _read(path)
     assert result.paper_claim, "a full figure set measures N = 4"
     max_n = max(FigurePlan.make(result.quick, result.scenario).group_sizes)
     for claim in result.paper_claim:
-        assert claim == claim_verdict(
-            claim.mode,
-            claim.equivalent_mean_group_size,
-            claim.equivalent_range,
-            claim.token_savings,
-            max_n,
-        )
+        assert claim == claim_verdict(claim.mode, claim, max_n)
+
+
+def test_the_embedded_defaults_head_claim_is_not_resolved() -> None:
+    """Its N′ interval reaches past the largest N its pools of 32 show (16), so it cannot
+    exclude N′ ≥ 32: "not resolved", never "does not hold", the sentence giving the interval."""
+    _, result = _read(ROOT / "figures" / "figures.json")
+    assert result.paper_claim is not None
+    (head,) = [c for c in result.paper_claim if c.mode == "head"]
+    assert head.equivalent_high_range == "beyond"
+    assert head.verdict == "not resolved"
+    assert "(95 % interval ≤ 2.0 to > 16)" in head.text
+    assert head.text.endswith(
+        "N = 4 ≈ N = 32 at equal variance: not resolved (N′ up to 16 can "
+        "be measured here; N′ ≥ 32 needs N = 32 measured, pools of M ≥ 64)"
+    )
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=_name)

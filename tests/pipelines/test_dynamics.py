@@ -258,6 +258,26 @@ def test_reads_a_trl_trainer_state(tmp_path: Path) -> None:
     assert log.frame["response_length"].tolist() == [40.0, 40.0]
 
 
+def test_a_trainer_state_cut_short_names_the_line_where_it_breaks(tmp_path: Path) -> None:
+    """A pretty-printed trainer_state.json cut inside its log (as a copy stopped mid-write):
+    the line where the JSON breaks, not line 1 of a JSONL reading, and the parser's complaint
+    in one phrase (its "starting at" is not doubled)."""
+    history = [{"step": s, "grad_norm": 1.0, "reward": 0.5} for s in range(1, 41)]
+    text = json.dumps({"global_step": 40, "log_history": history}, indent=2)
+    cut = text[: text.index('"reward"', len(text) // 2) + 4]  # inside a key, past half-way
+    path = tmp_path / "trainer_state.json"
+    path.write_text(cut)
+    with pytest.raises(InputError) as err:
+        read_training_log(path)
+    assert err.value.line == cut.count("\n") + 1 > 100  # the last line, where it breaks
+    assert "Unterminated string starting at column " in str(err.value)
+    assert "at at" not in str(err.value) and "cut short" in str(err.value)
+    # JSONL (one object a line) is still read as JSONL, not as a broken document
+    rows = [{"step": 1, "mean_reward": 0.1, "grad_norm": 1.0}, {"step": 2, "mean_reward": 0.2,
+            "grad_norm": 1.0}]  # fmt: skip
+    assert read_training_log(write_jsonl(tmp_path / "metrics.jsonl", rows)).source == "otb-diag"
+
+
 def test_unknown_keys_name_the_file_and_list_the_keys(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "other.jsonl", [{"epoch": 1, "lr": 0.1, "acc": 0.5}])
     with pytest.raises(InputError) as err:

@@ -137,6 +137,23 @@ def test_energy_over_a_run_directory_gives_steps(run_dir: Path, rollouts: Path, 
     assert "wrote" in result.stdout and "otb" in result.stdout
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_rewards_without_signal_are_said_first(run_dir: Path, rollouts: Path, tmp_path: Path):
+    """Every reward 0: the energies are measured all the same (they need no reward), the
+    summary opens by saying there is no signal, and no NaN is written or warned about."""
+    flat = tmp_path / "flat.jsonl"
+    rows = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    flat.write_text("".join(json.dumps({**r, "reward": 0.0}) + "\n" for r in rows))
+    result = energy(flat, tmp_path / "out", run_dir / "checkpoint-10")
+    assert result is not None
+    text = result.format()
+    assert text.startswith("no signal: each of the 3 groups has equal rewards within it")
+    assert "proxies below are all 0 and compare nothing" in text.splitlines()[0]
+    assert "zero tail" not in text
+    assert "NaN" not in (tmp_path / "out" / "summary.json").read_text()
+    assert result.energy.groups_with_mixed_rewards == 0
+
+
 def test_unknown_group_fails_cleanly(run_dir: Path, rollouts: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(InputError) as err:

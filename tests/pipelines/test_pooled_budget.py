@@ -248,6 +248,23 @@ def test_the_split_names_the_runs_baseline_and_group_size() -> None:
 
 
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
+def test_the_table_and_the_figure_name_the_runs_baseline_and_n(tmp_path: Path) -> None:
+    """A TRL log (neither named; the split logged under grpo at N = 4) given no label: the row
+    says grpo at N = 4, and so do dynamics.csv and score against tokens' legend ("grpo, N=?"
+    before)."""
+    from otb_diag.plots.dynamics import fig_score_vs_tokens
+
+    entries = [{**e, "num_tokens": 100.0 * e["step"]} for e in logged_steps(6, 1, 0.5)]
+    result = dynamics([trainer_state(tmp_path / "run", entries)], tmp_path / "out")
+    (run,) = result.runs
+    assert (run.baseline, run.group_size) == ("grpo", 4)
+    table = pd.read_csv(tmp_path / "out" / "dynamics.csv")
+    assert (table["baseline"] == "grpo").all() and (table["group_size"] == 4).all()
+    ax = fig_score_vs_tokens(table, result.runs, None).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["grpo, N=4"]
+
+
+@pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_the_live_values_of_a_family_are_one_steps(tmp_path: Path) -> None:
     """The pooled window's noise scale and its interval's ends come from the last step that
     logged the window (its high end, infinite, left out of the log there: None, not an older

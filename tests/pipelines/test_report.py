@@ -136,9 +136,12 @@ def test_sections_come_in_order_and_verdicts_are_read_from_the_runs(
     for mode in ("proxy", "full"):
         row = next(h for h in summary["headline"] if h["mode"] == mode and h["group_size"] == 4)
         lo, hi = metrics[f"{mode}/token-sum/otb/N4/ratio_to_mean"].interval()
+        # summary.json's interval is regress's: one computation (pipelines/variance/evidence.py)
+        assert (row["otb_ratio_to_mean_low"], row["otb_ratio_to_mean_high"]) == (lo, hi)
         assert (
             f"({mode} mode, token-sum), OTB at N = 4 has {row['otb_ratio_to_mean']:.3f}× the "
-            f"gradient variance of the mean baseline (95 % interval {lo:.3f}–{hi:.3f})"
+            f"gradient variance of the mean baseline (95 % interval {lo:.3f}–{hi:.3f}; OTB below "
+            f"mean: {row['otb_below_mean']})"
         ) in verdicts
         saving = f"at least {row['token_savings']:.0%} fewer sampled tokens at equal variance"
         saving = saving.replace("%", " %")

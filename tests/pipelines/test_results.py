@@ -190,12 +190,28 @@ def test_dynamics_says_each_file_it_wrote_and_a_log_without_live_keys() -> None:
     text = both.format()
     assert "wrote dynamics.csv, budget.csv, comparison.csv, collapse.json and 6 figures" in text
     assert (
-        "plain: this log holds no otb/ keys: the otb-diag live diagnostics were not attached or "
-        "were switched off, so there is no noise split to pool." in text
+        "run plain: no otb/ keys: the otb-diag live diagnostics were not attached or were "
+        "switched off, so there is no noise split to pool." in text
     )
-    assert "live: this log holds no otb/ keys" not in text
+    assert "run live" not in text and "runs plain and live" not in text
     alone = DynamicsResult(DetectionRule(), None, [_run("plain", None)], "/o").format()
     assert "wrote dynamics.csv, collapse.json and 3 figures" in alone
+
+
+def test_dynamics_names_the_runs_without_live_keys_once_and_no_target_no_column() -> None:
+    """Twelve runs of three arms without the live diagnostics: one line names them (a line a
+    run before); no --target: no "tokens to target" column of dashes, in the runs' table or the
+    arms'."""
+    runs = [_run(f"grpo N=4#{k}", None) for k in range(1, 13)]
+    arm = DynamicsArm("grpo N=4", "grpo", 4, [r.run for r in runs], [None] * 12, 0, [None] * 12,
+                      0, None, None, None, 0.5, 0.4, 0.6)  # fmt: skip
+    text = DynamicsResult(DetectionRule(), None, runs, "/o", [arm]).format()
+    assert text.count("no otb/ keys") == 1
+    assert "runs grpo N=4#1, grpo N=4#2, grpo N=4#3, grpo N=4#4 and 8 more: no otb/ keys" in text
+    assert "tokens to" not in text.splitlines()[0] and "reached" not in text
+    assert "—" not in "\n".join(text.splitlines()[1:13])  # no column of dashes
+    with_target = DynamicsResult(DetectionRule(), 0.5, runs[:1], "/o").format()
+    assert "tokens to 0.5" in with_target.splitlines()[0]
 
 
 # Every result (summary.json, train.json, collapse.json, manifest.json, report and inspect

@@ -281,7 +281,8 @@ def pooled_rows(run: str, steps: list[int], resolved: list[bool], b: list[float]
 def test_pooled_noise_scale_draws_knees_where_resolved_and_bounds_where_not() -> None:
     """Step 1 (|G|² = 1e-13: B = 1e13, no interval) draws nothing and sets no limit; step 2,
     unresolved, a hollow dot at its lower bound; steps 3-4, resolved, filled dots at B on the
-    line. The legend says what filled and hollow dots are."""
+    line. The legend gives the estimator as its band's colour and says what the band and the
+    filled and hollow dots are; a panel with bounds alone lists no knee (no line promised)."""
     inf = math.inf
     rows = pooled_rows("a", [1, 2, 3, 4], [False, False, True, True], [1e13, 500.0, 40.0, 45.0],
                        [-inf, 20.0, 25.0, 30.0], [inf, inf, 90.0, 80.0])  # fmt: skip
@@ -289,13 +290,22 @@ def test_pooled_noise_scale_draws_knees_where_resolved_and_bounds_where_not() ->
     lines = [x for x in ax.get_lines() if len(x.get_ydata())]
     assert max(np.nanmax(np.asarray(x.get_ydata(), dtype=float)) for x in lines) < 1e3
     assert ax.get_ylim()[1] < 1e3
-    (line,) = [x for x in lines if x.get_label() == "grpo"]
+    (line,) = [x for x in lines if x.get_linestyle() == "-" and x.get_marker() == "None"]
     np.testing.assert_allclose(line.get_ydata(), [np.nan, np.nan, 40.0, 45.0])
     (filled,) = [x for x in lines if x.get_marker() == "o" and x.get_markerfacecolor() != "white"]
     (hollow,) = [x for x in lines if x.get_markerfacecolor() == "white"]
     np.testing.assert_allclose(filled.get_xydata(), [[3, 40.0], [4, 45.0]])
     np.testing.assert_allclose(hollow.get_xydata(), [[2, 20.0]])
-    assert legend_labels(ax)[-2:] == ["knee B (|G|² resolved)", "knee ≥ this (|G|² not resolved)"]
+    assert legend_labels(ax) == [
+        "grpo", "the run's P = 8", "shaded: B's 95 % interval", "knee B (|G|² resolved)",
+        "knee ≥ this (|G|² not resolved)",
+    ]  # fmt: skip
+    (band,) = [h for h in ax.get_legend().legend_handles if h.get_label() == "grpo"]
+    assert to_hex(band.get_facecolor()) == to_hex(baseline_color("grpo"))  # a patch: the band
+    bounds = rows.assign(resolved=0.0)
+    ax = plots_dynamics.fig_pooled_noise_scale(bounds).axes[0]
+    assert "knee B (|G|² resolved)" not in legend_labels(ax)
+    assert legend_labels(ax)[-1] == "knee ≥ this (|G|² not resolved)"
 
 
 def shown_ticks(ax) -> list[float]:
@@ -439,3 +449,81 @@ def test_all_zero_variances_draw_on_a_linear_axis_with_a_note() -> None:
         table.assign(variance=[1.0, 0.5, 0.5, 0.2])
     )
     assert positive.axes[0].get_yscale() == "log"
+
+
+def test_all_zero_variances_draw_no_read_off() -> None:
+    """The all-zero pools of the test above: no dotted N′ line and no "N′≈" label (an N′ read
+    off a curve of zeros is no measurement); where the mean curve is already lower at the
+    smallest N, the label says N′ is at most that N."""
+    table = pd.DataFrame(
+        {
+            "aggregation": "token-sum", "baseline": ["mean", "otb", "mean", "otb"],
+            "group_size": [2, 2, 4, 4], "variance": 0.0, "ci_low": 0.0, "ci_high": 0.0,
+            "equivalent_mean_group_size": 2.0, "equivalent_range": "below",
+        }
+    )  # fmt: skip
+    ax = plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4)).axes[0]
+    assert not any("N′" in t.get_text() for t in ax.texts)
+    assert [line.get_linestyle() for line in ax.get_lines()].count(":") == 0
+    below = table.assign(variance=[1.0, 2.0, 0.5, 1.5])
+    ax = plots_variance.fig_variance_vs_group_size(below, mark=("otb", 4)).axes[0]
+    assert [t.get_text() for t in ax.texts if "N′" in t.get_text()] == [" N′ ≤ 2.0"]
+
+
+def test_equal_knees_are_drawn_apart_and_the_lowest_has_a_tick_below() -> None:
+    """mean and rloo share their knee (rloo's advantages are mean's times N/(N−1)): their points
+    sit a little apart about each N, in the baselines' order; the lowest point (593 tokens) has
+    a labelled tick at or below it (the axis used to start above 500 with its first label at
+    1,000, so "≥ 593" could not be read)."""
+    rows = [
+        {"aggregation": "token-sum", "baseline": b, "group_size": n, "grad_sq_resolved": False,
+         "noise_scale_tokens": math.nan, "noise_scale_tokens_low": low,
+         "noise_scale_tokens_high": math.inf}
+        for b, lows in (("none", (593.0, 778.0)), ("mean", (2350.0, 1850.0)),
+                        ("rloo", (2350.0, 1850.0)))
+        for n, low in zip((2, 4), lows, strict=True)
+    ]  # fmt: skip
+    fig = plots_variance.fig_knee_tokens(pd.DataFrame(rows))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    xs = {b: lines[f"{b} (≥)"].get_xdata() for b in ("none", "mean", "rloo")}
+    assert (xs["none"] < xs["mean"]).all() and (xs["mean"] < xs["rloo"]).all()
+    np.testing.assert_allclose(xs["mean"], [2, 4])  # the middle one of three stays on N
+    np.testing.assert_allclose(lines["mean (≥)"].get_ydata(), lines["rloo (≥)"].get_ydata())
+    low, high = ax.get_ylim()
+    ticks = [t.get_position()[1] for t in ax.get_yticklabels() if t.get_text()]
+    ticks = [t for t in ticks if low <= t <= high]
+    assert min(ticks) <= 593 and max(ticks) >= 2350
+    assert "500" in [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_arms_sharing_a_baseline_get_a_colour_each() -> None:
+    """grpo at N = 4 and at N = 16 beside otb: three colours (the tokens-to-target panel draws
+    markers, where a line style cannot tell two arms apart); arms of distinct baselines keep
+    their baselines' colours."""
+    table, _ = dynamics_table()
+    rows = {
+        "grpo N=4": table[table["run"] == "otb N=4"],
+        "grpo N=16": table[table["run"] == "mean N=16"],
+    }
+    rows["otb N=4"] = rows["grpo N=4"]
+    frames = [r.assign(run=arm, baseline=arm.split()[0]) for arm, r in rows.items()]
+    both = pd.concat(frames, ignore_index=True)
+
+    def arm(name: str) -> SimpleNamespace:
+        baseline, n = name.split()[0], int(name.split("=")[1])
+        return SimpleNamespace(arm=name, baseline=baseline, group_size=n, runs=[name],
+                               collapse_steps=[None], reached=1, tokens_to_target=[2000.0],
+                               tokens_to_target_mean=2000.0, tokens_to_target_low=None,
+                               tokens_to_target_high=None)  # fmt: skip
+
+    def colours(names: list[str]) -> list[str]:
+        fig = plots_dynamics.fig_baseline_comparison(
+            both[both["run"].isin(names)], [arm(n) for n in names], {n: n for n in names}, 0.5
+        )
+        return [to_hex(c.lines[0].get_color()) for c in fig.axes[2].containers]
+
+    shared = colours(["grpo N=4", "otb N=4", "grpo N=16"])
+    assert len(set(shared)) == 3
+    assert colours(["grpo N=4", "otb N=4"]) == [to_hex(baseline_color(b)) for b in ("grpo", "otb")]

@@ -17,7 +17,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from otb_diag.errors import InputError
+from otb_diag.errors import InputError, json_problem
 from otb_diag.io.rollouts.rows import describe
 
 # Parquet rows decoded at once: the batch that bounds memory (responses, not tokens).
@@ -90,7 +90,7 @@ def _decoded(path: Path, line: _Line) -> Record:
         record = json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError(
-            f"malformed JSON: {err.msg} at column {err.colno}.",
+            f"malformed JSON: {json_problem(err)}.",
             path=path,
             line=line.number,
             hint="Each line must hold one JSON object (JSON Lines).",

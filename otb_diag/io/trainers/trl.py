@@ -106,12 +106,19 @@ OTB_RECORD = "otb_metrics.jsonl"
 
 
 def trainer_state(text: str) -> dict[str, Any] | None:
-    """The parsed file when it is one JSON object with a `log_history` list, else None."""
+    """The parsed file when it is one JSON object with a `log_history` list, else None (a JSONL
+    file: several objects, the first line one of them). One JSON document that does not parse,
+    such as a trainer_state.json cut short, raises its `json.JSONDecodeError`, whose line is
+    where it breaks."""
     if not text.lstrip().startswith("{"):
         return None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as err:
+        try:
+            json.loads(text.lstrip().split("\n", 1)[0])
+        except json.JSONDecodeError:
+            raise err from None  # not even its first line is an object: one document, broken
         return None  # several JSON objects: a JSONL file
     return data if isinstance(data, dict) and "log_history" in data else None
 

@@ -4,7 +4,9 @@
 
 `noise_table` turns the paired draws into one row per (aggregation, baseline, N) with the
 estimates of `noise_scale.py` and their intervals; `recommend` picks the cheapest knee whose
-`|G|²` is resolved from zero, beside the `mean` baseline at the group size the user trains with.
+`|G|²` is resolved from zero, beside the `mean` baseline at the group size the user trains with,
+and says whether it is cheaper than mean's by the two intervals, not by the point estimates
+(`cheaper_verdict`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from otb_diag.maths.estimators.registry import TRUE_SUFFIX
+from otb_diag.maths.interval_verdict import FAILS, HOLDS, NO_SIGNAL, NOT_RESOLVED, below_interval
 from otb_diag.maths.noise.noise_scale import FEW_PROMPTS, PromptMoments, noise_estimates
 from otb_diag.maths.variance.paired_draws import PROXY, PairedDraws
 
@@ -112,7 +115,30 @@ def recommend(table: pd.DataFrame, current_n: int) -> dict[str, Any]:
             "noise_scale_tokens_low": float(r["noise_scale_tokens_low"]),
             "noise_scale_tokens_high": float(r["noise_scale_tokens_high"]),
         }
+        out["verdict"] = cheaper_verdict(out["claim"], out["reference"])
     return {**out, "text": recommendation_text(out)}
+
+
+def no_signal() -> dict[str, Any]:
+    """The recommendation of a run whose rewards carry no signal: nothing was measured."""
+    out: dict[str, Any] = {"mode": None, "claim": None, "verdict": NO_SIGNAL}
+    return {**out, "text": recommendation_text(out)}
+
+
+def cheaper_verdict(claim: Mapping[str, Any] | None, ref: Mapping[str, Any]) -> str | None:
+    """The verdict on "the knee claimed costs fewer tokens a step than mean's at the reference
+    N", read off both 95 % intervals of the tokens at the knee (`interval_verdict.below_interval`;
+    mean's knee unresolved: only its low end, the interval open above). None where no such
+    comparison is stated: no knee claimed, or the knee claimed is mean's at that N itself."""
+    if claim is None or (
+        claim["baseline"] == ref["baseline"] and claim["group_size"] == ref["group_size"]
+    ):
+        return None
+    ref_high = ref["noise_scale_tokens_high"] if ref["resolved"] else math.inf
+    return below_interval(
+        (_number(claim["noise_scale_tokens_low"]), _number(claim["noise_scale_tokens_high"])),
+        (_number(ref["noise_scale_tokens_low"]), _number(ref_high)),
+    )
 
 
 # The numbers a knee's sentence reads (`_knee_text`), besides its baseline and N.
@@ -127,10 +153,16 @@ _KNEE_NUMBERS = (
 def recommendation_text(advice: Mapping[str, Any]) -> str:
     """The recommendation's sentence from its record's fields alone (`recommend`'s, or a
     summary.json's or figures.json's `noise_scale` as read back, where a non-finite number is
-    null, `_number`): the knee claimed or why none is, `mean` at the reference N beside it, the
-    between-prompt share no baseline can remove, and the caveats (N not measured, few
-    prompts)."""
+    null, `_number`): the knee claimed or why none is, `mean` at the reference N beside it and
+    the verdict comparing the two (`cheaper_verdict`), the between-prompt share no baseline can
+    remove, and the caveats (N not measured, few prompts); or, where the rewards carried no
+    signal (`no_signal`), that no knee can be measured."""
     mode = advice["mode"]
+    if advice.get("verdict") == NO_SIGNAL:
+        return (
+            "no knee: the rewards carry no signal (each group's rewards are equal), so no "
+            "mean gradient |G|² can be measured"
+        )
     if mode is None:
         return (
             "no knee: proxy scores carry no signal (|G|² = 0 by construction); "
@@ -148,6 +180,12 @@ def recommendation_text(advice: Mapping[str, Any]) -> str:
     if ref is not None:
         if ref["resolved"]:
             parts.append(_knee_text(ref))
+        verdict = advice.get("verdict")
+        if verdict is not None:
+            parts.append(
+                f"the knee claimed costs fewer tokens a step than {REFERENCE}'s at N = {n_ref}: "
+                f"{verdict} ({_CHEAPER_WHY[verdict]})"
+            )
         else:
             at_least = _number(ref["noise_scale_low"])
             parts.append(
@@ -177,6 +215,14 @@ def recommendation_text(advice: Mapping[str, Any]) -> str:
             f"so their intervals are wide (use ≥ {FEW_PROMPTS})"
         )
     return "; ".join(parts) + "."
+
+
+# Why the comparison of two knees reads as it does (`cheaper_verdict`).
+_CHEAPER_WHY = {
+    HOLDS: "its tokens' interval lies below mean's",
+    FAILS: "its tokens' interval lies at or above mean's",
+    NOT_RESOLVED: "the two tokens' intervals overlap",
+}
 
 
 def _knee_text(knee: Mapping[str, Any]) -> str:

@@ -1,15 +1,21 @@
-"""Statistics over the paired draws of `variance.py`: the trace variance, its bootstrap
-interval, the bias z-score and the equivalent group size (definitions in `variance.py`)."""
+"""Statistics over the paired draws of `paired_draws.py`: the trace variance, its bootstrap
+interval, the bias z-score and the equivalent group size (definitions in `paired_draws.py`), and
+the intervals of the columns derived from the variances (`derived_intervals`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from itertools import product
 
 import numpy as np
 import pandas as pd
 
 REFERENCE = "mean"  # the curve equivalent group sizes are read off
+# The columns `compare_to_mean` derives from the variances, whose intervals `derived_intervals`
+# propagates.
+DERIVED = ("ratio_to_mean", "equivalent_mean_group_size", "token_savings")
 
 
 def trace_variance(g: np.ndarray) -> float:
@@ -111,3 +117,62 @@ def compare_to_mean(table: pd.DataFrame, sizes: Sequence[int]) -> pd.DataFrame:
         equivalent_range=columns["range"],
         token_savings=columns["savings"],
     )
+
+
+@functools.cache
+def projection_factor_range(dims: tuple[int, ...]) -> tuple[float, float]:
+    """95 % range of the factor by which a seeded random projection scales a squared norm, in
+    the worst case (a rank-one covariance): the product over `dims` of independent `χ²_d / d`
+    (one Gaussian projection to k dimensions: `dims = (k,)`; a Kronecker sketch `k₁ × k₂`: two
+    factors). Quantiles from a fixed-seed Monte Carlo of 200,000 draws (error ~0.3 %, far below
+    what they widen)."""
+    rng = np.random.default_rng(0)
+    factor = np.ones(200_000)
+    for dim in dims:
+        factor *= rng.chisquare(dim, factor.size) / dim
+    low, high = np.quantile(factor, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def unprojected(rows: pd.DataFrame, dims: tuple[int, ...]) -> pd.DataFrame:
+    """`rows` (variance.csv's rows of one mode) with `ci_low`/`ci_high` widened into an
+    interval for the unprojected variance: the bootstrap (over draws, projection fixed) does
+    not see the seeded projection of the scores, whose factor `q` (`projection_factor_range`,
+    `[q_lo, q_hi]`) scales the trace, so `[ci_low / q_hi, ci_high / q_lo]`."""
+    q_lo, q_hi = projection_factor_range(dims)
+    return rows.assign(ci_low=rows["ci_low"] / q_hi, ci_high=rows["ci_high"] / q_lo)
+
+
+def derived_intervals(rows: pd.DataFrame) -> pd.DataFrame:
+    """The intervals of the `DERIVED` columns of `rows` (one mode's rows of `compare_to_mean`'s
+    table, with the variance intervals `ci_low`/`ci_high`): per row, the range of
+    `compare_to_mean` over the four corners (this row's variance at its interval's low or high
+    end) x (the `mean` curve at its intervals' low or high ends), and the point value itself.
+    The corners ignore the pairing of the draws, so the bands are wide on purpose.
+
+    Returns a frame indexed as `rows`: `<column>_low` and `<column>_high` for each derived
+    column, and where N′'s ends lie, `equivalent_low_range` and `equivalent_high_range`
+    ("within", "beyond": N′ = inf, above the largest N measured, "below": N′ at most the
+    smallest N measured; as `equivalent_group_size` says of the point)."""
+    sizes = sorted(rows["group_size"].unique().tolist())
+    is_reference = rows["baseline"] == REFERENCE
+    keys = rows[["aggregation", "baseline", "group_size"]]
+    corners = [rows]
+    for own, ref in product(("ci_low", "ci_high"), repeat=2):
+        variance = np.where(is_reference, rows[ref], rows[own])
+        corners.append(compare_to_mean(keys.assign(variance=variance), sizes))
+    out = pd.DataFrame(index=rows.index)
+    for column in DERIVED:
+        values = np.stack([c[column].to_numpy(np.float64) for c in corners])  # [5, rows]
+        out[f"{column}_low"], out[f"{column}_high"] = values.min(0), values.max(0)
+    # N′ is "below" at min N and inf "beyond": the ends' ranges follow from the values, a
+    # "below" corner taking precedence at the smallest N (a bound, not a value).
+    n_prime = np.stack([c["equivalent_mean_group_size"].to_numpy(np.float64) for c in corners])
+    below = np.stack([(c["equivalent_range"] == "below").to_numpy() for c in corners])
+    for end in ("low", "high"):
+        value = out[f"equivalent_mean_group_size_{end}"].to_numpy()
+        bound = (below & (n_prime == value)).any(0)
+        out[f"equivalent_{end}_range"] = np.where(
+            np.isinf(value), "beyond", np.where(bound, "below", "within")
+        )
+    return out

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from otb_diag.errors import InputError
+from otb_diag.errors import InputError, json_problem
 from otb_diag.io.atomic import write_text
 from otb_diag.pipelines.regress.run_metrics import Metric, find_runs
 from otb_diag.pipelines.results.schema import plain
@@ -198,7 +198,9 @@ def _load_json(path: Path, what: str, hint: str | None = None) -> Any:
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read the {what}: {err}", path=path) from None
     except json.JSONDecodeError as err:
-        raise InputError(f"malformed JSON: {err.msg}", path=path, line=err.lineno) from None
+        raise InputError(
+            f"malformed JSON: {json_problem(err)}", path=path, line=err.lineno
+        ) from None
 
 
 def tolerance_for(name: str, overrides: Sequence[tuple[str, Tolerance]]) -> Tolerance:

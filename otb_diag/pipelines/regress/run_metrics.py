@@ -19,7 +19,8 @@ fails it far less often than 5 % of the time, while a shift of more than both ha
 - `ratio_to_mean`, `equivalent_mean_group_size`, `token_savings`: recomputed by the library's
   own `compare_to_mean` at the four corners (this baseline's widened interval's low or high
   end) x (the `mean` curve at its widened intervals' low or high ends); the interval is the
-  range of the corners and the point value. The projection is shared by all baselines of a run
+  range of the corners and the point value (`pipelines/variance/evidence.py`, the same intervals
+  variance-compare's verdicts read). The projection is shared by all baselines of a run
   but does not cancel in ratios (reseeding moved proxy-mode `none`/`mean` from 0.26 to 0.60 on
   the reduced default), and the corners ignore the pairing of the draws, so these bands are wide
   on purpose: the variances and `bias_z` are where a regression is caught.
@@ -32,12 +33,10 @@ fails it far less often than 5 % of the time, while a shift of more than both ha
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from itertools import product
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,9 +44,11 @@ import numpy as np
 import pandas as pd
 
 from otb_diag.errors import InputError
+from otb_diag.maths.variance.intervals import DERIVED, projection_factor_range
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.read import Result, read_record, result_from_json
 from otb_diag.pipelines.results.variance import VarianceResult
+from otb_diag.pipelines.variance.evidence import mode_intervals, projection_dims
 
 RUN_COMMANDS = ("energy", "variance-compare")
 
@@ -55,7 +56,6 @@ Kind = Literal["deterministic", "statistical"]
 
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
 # Columns of variance.csv that regress reads; the derived ones get intervals by propagation.
-DERIVED = ("ratio_to_mean", "equivalent_mean_group_size", "token_savings")
 VARIANCE_COLUMNS = (
     *("mode", "aggregation", "baseline", "group_size"),
     *("variance", "ci_low", "ci_high", "bias_z", *DERIVED),
@@ -237,20 +237,25 @@ def read_fidelity(path: Path) -> pd.DataFrame:
 
 
 def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]:
-    """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones."""
-    from otb_diag.maths.variance.intervals import REFERENCE
-
+    """Statistical metrics of variance.csv (with intervals) and deterministic fidelity ones; a
+    run whose rewards carried no signal wrote no table: its signal counts alone."""
+    if not result.signal.carries_any:
+        return {
+            f"signal/{name}": Metric("deterministic", float(value))
+            for name, value in (("groups", result.signal.groups),
+                                ("groups_with_signal", result.signal.groups_with_signal))
+        }  # fmt: skip
     path = run_dir / "variance.csv"
     table = _require(_read(path, pd.read_csv), VARIANCE_COLUMNS, path)
     k = result.sketch_dim
     metrics: dict[str, Metric] = {}
     for step, per_step in _steps(table):
         for mode, rows in per_step.groupby("mode", sort=False):
-            q_lo, q_hi = _projection_factor_range(str(mode), k)
-            # Intervals for the unprojected variance, from which everything else is derived.
-            rows = rows.assign(ci_low=rows["ci_low"] / q_hi, ci_high=rows["ci_high"] / q_lo)
-            bounds = _derived_intervals(rows, REFERENCE)
-            for index, row in rows.iterrows():
+            # Intervals for the unprojected variance, from which everything else is derived
+            # (the ones variance-compare's verdicts read: pipelines/variance/evidence.py).
+            rows = mode_intervals(rows, str(mode), k)
+            q_lo, q_hi = projection_factor_range(projection_dims(str(mode), k))
+            for _, row in rows.iterrows():
                 name = f"{step}{mode}/{row['aggregation']}/{row['baseline']}/N{row['group_size']}/"
                 metrics[name + "variance"] = Metric(
                     "statistical",
@@ -259,7 +264,9 @@ def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]
                 )
                 for column in DERIVED:
                     metrics[name + column] = Metric(
-                        "statistical", float(row[column]), bounds[column][index]
+                        "statistical",
+                        float(row[column]),
+                        (float(row[f"{column}_low"]), float(row[f"{column}_high"])),
                     )
                 z = float(row["bias_z"])
                 metrics[name + "bias_z"] = Metric(
@@ -281,45 +288,3 @@ def variance_metrics(run_dir: Path, result: VarianceResult) -> dict[str, Metric]
                         "deterministic", float(value)
                     )
     return metrics
-
-
-def _derived_intervals(
-    rows: pd.DataFrame, reference: str
-) -> dict[str, dict[Any, tuple[float, float]]]:
-    """Interval of each derived ratio per row of one mode's table: the range of
-    `compare_to_mean` over the four corners of (this baseline's variance interval) x (the
-    reference curve's intervals), and the point value itself."""
-    from otb_diag.maths.variance.intervals import compare_to_mean
-
-    sizes = sorted(rows["group_size"].unique().tolist())
-    is_reference = rows["baseline"] == reference
-    corners = []
-    for own, ref in product(("ci_low", "ci_high"), repeat=2):
-        table = rows[["aggregation", "baseline", "group_size"]].assign(
-            variance=np.where(is_reference, rows[ref], rows[own])
-        )
-        corners.append(compare_to_mean(table, sizes))
-    bounds: dict[str, dict[Any, tuple[float, float]]] = {}
-    for column in DERIVED:
-        values = np.stack([rows[column].to_numpy(np.float64)] + [c[column] for c in corners])
-        bounds[column] = {
-            index: (float(lo), float(hi))
-            for index, lo, hi in zip(rows.index, values.min(0), values.max(0), strict=True)
-        }
-    return bounds
-
-
-@functools.cache
-def _projection_factor_range(mode: str, k: int) -> tuple[float, float]:
-    """95 % range of the factor by which a seeded projection to k dimensions scales a squared
-    norm, in the worst case (rank one): `χ²_k / k` for Gaussian projections (`proxy`, `full`),
-    the product of two such factors for `head`'s Kronecker sketch. Quantiles from a fixed-seed
-    Monte Carlo (one code path for both; error ~0.3 %, far below what they widen)."""
-    from otb_diag.policy.scores.token_scores import kronecker_split
-
-    rng = np.random.default_rng(0)
-    factor = np.ones(200_000)
-    for dim in kronecker_split(k) if mode == "head" else (k,):
-        factor *= rng.chisquare(dim, factor.size) / dim
-    lo, hi = np.quantile(factor, [0.025, 0.975])
-    return float(lo), float(hi)

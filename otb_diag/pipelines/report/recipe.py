@@ -173,10 +173,11 @@ def _verdicts(runs: list[Run], regressions: list[Regression]) -> tuple[list[Verd
     absent: list[str] = []
     for run in runs:
         if run.command == "variance-compare":
-            found += verdicts.variance_verdicts(run.directory, run.result, run.label)
-            fidelity = read_fidelity(run.directory / "fidelity.csv")
-            found += verdicts.fidelity_verdicts(fidelity, run.label)
-            absent += verdicts.absent_modes(run.result, run.label)
+            found += verdicts.variance_verdicts(run.result, run.label)
+            if run.result.signal.carries_any:  # else nothing was measured: no file, no mode
+                fidelity = read_fidelity(run.directory / "fidelity.csv")
+                found += verdicts.fidelity_verdicts(fidelity, run.label)
+                absent += verdicts.absent_modes(run.result, run.label)
         elif run.command == "energy":
             found += verdicts.energy_verdicts(run.result, run.label)
         elif run.command == "dynamics":

@@ -15,7 +15,13 @@ from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.train import TrainResult
-from otb_diag.pipelines.results.variance import PAPER_TOKEN_SAVING, VarianceResult, percent
+from otb_diag.pipelines.results.variance import (
+    PAPER_TOKEN_SAVING,
+    VarianceResult,
+    n_bound,
+    percent,
+    saving_bound,
+)
 from otb_diag.plots.registry import figures_of
 
 
@@ -53,6 +59,11 @@ def _number(x: Any, fmt: str = "{:.4g}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
+def _end(x: float | None) -> str:
+    """An end of an interval: None is how summary.json holds an infinite one."""
+    return "∞" if x is None or x == float("inf") else f"{x:.3g}"
+
+
 def _step(step: int | None) -> str:
     """A step cell: the whole number, or an em dash."""
     return _number(step, "{}")
@@ -60,25 +71,35 @@ def _step(step: int | None) -> str:
 
 def variance_tables(run: Run) -> str:
     result: VarianceResult = run.result
+    if not result.signal.carries_any:
+        return html.paragraph(
+            f"No table: {result.signal.sentence()}; nothing was measured ({run.label}).",
+            class_="absent",
+        )
     max_n = max(h.group_size for h in result.headline)  # measured: requested N ≤ M/2
     head = html.table(
-        ["mode", "aggregation", "N", "OTB/mean", "OTB/RLOO", "mean-equivalent N′", "saving"],
+        ["mode", "aggregation", "N", "OTB/mean [95 %]", "OTB < mean", "OTB/RLOO",
+         "mean-equivalent N′ [95 %]", "saving [95 %]"],
         [
             (
                 h.mode,
                 h.aggregation,
                 h.group_size,
-                _number(h.otb_ratio_to_mean, "{:.3f}"),
+                _number(h.otb_ratio_to_mean, "{:.3f}")
+                + f" [{_end(h.otb_ratio_to_mean_low)}, {_end(h.otb_ratio_to_mean_high)}]",
+                h.otb_below_mean,
                 _number(h.otb_ratio_to_rloo, "{:.3f}"),
-                f"> {max_n}"
-                if h.equivalent_range == "beyond"
-                else _number(h.equivalent_mean_group_size, "{:.1f}"),
-                _number(h.token_savings, "{:.0%}"),
+                f"{n_bound(h.equivalent_mean_group_size, h.equivalent_range, max_n)} "
+                f"[{n_bound(h.equivalent_low, h.equivalent_low_range, max_n)}, "
+                f"{n_bound(h.equivalent_high, h.equivalent_high_range, max_n)}]",
+                f"{saving_bound(h.token_savings, h.equivalent_range)} "
+                f"[{saving_bound(h.token_savings_low, h.equivalent_low_range)}, "
+                f"{saving_bound(h.token_savings_high, h.equivalent_high_range)}]",
             )
             for h in result.headline
         ],
         caption=f"OTB against the mean baseline ({run.label})",
-    )
+    )  # fmt: skip
     parts = [head, _VARIANCE_DEFS]
     table = pd.read_csv(run.directory / "variance.csv")
     if "step" in table:
@@ -134,12 +155,16 @@ _VARIANCE_DEFS = html.definitions(
     [
         ("OTB/mean", "OTB's gradient variance divided by the mean baseline's at the same N "
          "(< 1: OTB is steadier)"),
+        ("[95 %]", "the interval of each number: the variances' bootstrap intervals widened for "
+         "the seeded projection, propagated through the mean curve (the ones regress uses)"),
+        ("OTB < mean", "holds where OTB/mean's interval lies below 1, does not hold where it "
+         "lies at or above 1, not resolved where it reaches 1"),
         ("OTB/RLOO", "the same against RLOO, which is unbiased"),
         ("N′", "group size at which the mean baseline's variance (interpolated log–log over "
-         "the measured N) equals OTB's; > max N: beyond the measured range"),
-        ("saving", "1 − N/N′: share of sampled tokens saved for the same gradient variance (a "
-         "lower bound when N′ is beyond the range); not the paper's > "
-         f"{percent(PAPER_TOKEN_SAVING)}, which is at equal score over training"),
+         "the measured N) equals OTB's; > max N: beyond the measured range; ≤ min N: below it"),
+        ("saving", "1 − N/N′: share of sampled tokens saved for the same gradient variance (≥: "
+         "a lower bound when N′ is beyond the range, ≤: an upper one below it); not the "
+         f"paper's > {percent(PAPER_TOKEN_SAVING)}, which is at equal score over training"),
     ]
 )  # fmt: skip
 _FIDELITY_DEFS = [

@@ -4,11 +4,13 @@ re-measured here.
 
 - variance-compare: first the recommendation of prompts and responses per step (the knee of the
   gradient noise scale, `maths/noise/knee.py:recommend`, in summary.json's `noise_scale`),
-  then OTB's mean-equivalent group size N′ and token saving `1 − N/N′` per mode,
-  with the intervals `otb-diag regress` uses (`regress/run_metrics.variance_metrics`: the bootstrap
-  interval of the variance widened for the seeded projection, propagated through the
-  mean-baseline curve), and the paper-claim verdict of summary.json (its two readings: the
-  saving at equal gradient variance, and the paper's at equal score over training);
+  then whether the rewards carry a signal (when not every group's does), OTB's
+  mean-equivalent group size N′ and token saving `1 − N/N′` per mode, with the intervals
+  summary.json holds (the ones `otb-diag regress` uses, `pipelines/variance/evidence.py`: the
+  bootstrap interval of the variance widened for the seeded projection, propagated through the
+  mean-baseline curve) and the verdicts read off them, and the paper-claim verdicts of
+  summary.json (its two readings: the saving at equal gradient variance, and the paper's at
+  equal score over training; "no signal" where the rewards carried none);
 - proxy fidelity (fidelity.csv, per block when it has a `block` column);
 - a training log's split pooled over its steps: the knee at its last split step, or the honest
   bound (collapse.json's `budget`, `pipelines/pooled_budget.py`); these lead the report;
@@ -18,17 +20,19 @@ re-measured here.
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pandas as pd
 
-from otb_diag.pipelines.regress.run_metrics import Metric, variance_metrics
 from otb_diag.pipelines.results.dynamics import DynamicsResult
 from otb_diag.pipelines.results.energy import EnergyResult, zero_tail_note
 from otb_diag.pipelines.results.report import Verdict
 from otb_diag.pipelines.results.train import TrainResult
-from otb_diag.pipelines.results.variance import CLAIM_N, VarianceResult, percent
+from otb_diag.pipelines.results.variance import (
+    CLAIM_N,
+    VarianceResult,
+    equivalent_interval,
+    saving_interval,
+    saving_words,
+)
 
 MODES = ("proxy", "head", "full")
 MODE_NAMES = {
@@ -40,11 +44,6 @@ MODE_NAMES = {
 
 def _interval(low: float, high: float, fmt: str) -> str:
     return f"95 % interval {fmt.format(low)}–{fmt.format(high)}"
-
-
-def _equivalent(value: float, max_n: int) -> str:
-    """An N′ bound as a reader needs it: a number, or `> max N` beyond the measured range."""
-    return f"{value:.1f}" if math.isfinite(value) else f"> {max_n}"
 
 
 def budget_verdict(result: VarianceResult, label: str) -> list[Verdict]:
@@ -64,59 +63,40 @@ def pooled_budget_verdicts(result: DynamicsResult, label: str) -> list[Verdict]:
     ]  # fmt: skip
 
 
-def variance_verdicts(run_dir: Path, result: VarianceResult, label: str) -> list[Verdict]:
-    """Per mode, OTB at N = 4 (else the smallest N) against the `mean` baseline, then the
-    paper-claim verdicts."""
-    metrics = variance_metrics(run_dir, result)
-    sizes = result.group_sizes
-    rows = result.headline
-    step_prefix = _step_prefix(run_dir)
+def variance_verdicts(result: VarianceResult, label: str) -> list[Verdict]:
+    """Whether the rewards carry a signal (when not every group's does); per mode, OTB at N = 4
+    (else the smallest N) against the `mean` baseline, each number with the 95 % interval
+    summary.json holds beside it (`pipelines/variance/evidence.py`) and the verdict on OTB's
+    variance below mean's; then the paper-claim verdicts."""
     verdicts = []
+    signal = result.signal.sentence()
+    if signal:
+        verdicts.append(Verdict(f"reward signal ({label})", signal[0].upper() + signal[1:] + "."))
+    rows = result.headline
+    max_n = max((r.group_size for r in rows), default=0)  # measured: requested N ≤ M/2
     for mode in dict.fromkeys(r.mode for r in rows):
         mine = {r.group_size: r for r in rows if r.mode == mode}
-        if not mine:
-            continue
         row = mine.get(CLAIM_N) or mine[min(mine)]
         n, agg = row.group_size, row.aggregation
-        measured = [s for s in sizes if s in mine] or list(mine)
-        max_n = max(measured)
-        key = f"{step_prefix}{mode}/{agg}/otb/N{n}/"
-        ratio = metrics[key + "ratio_to_mean"]
-        equiv = metrics[key + "equivalent_mean_group_size"]
-        saving = metrics[key + "token_savings"]
-        bound = "at least " if row.equivalent_range == "beyond" else ""
         sentence = (
             f"With {MODE_NAMES.get(mode, mode)} ({mode} mode, {agg}), OTB at N = {n} has "
-            f"{ratio.value:.3f}× the gradient variance of the mean baseline "
-            f"({_interval(*ratio.interval(), '{:.3f}')}): the mean baseline needs "
+            f"{row.otb_ratio_to_mean:.3f}× the gradient variance of the mean baseline "
+            f"({_interval(row.otb_ratio_to_mean_low, row.otb_ratio_to_mean_high, '{:.3f}')}; "
+            f"OTB below mean: {row.otb_below_mean}): the mean baseline needs "
             + (
-                f"N′ ≈ {equiv.value:.1f} responses per prompt to match it"
-                if math.isfinite(equiv.value)
+                f"N′ ≈ {row.equivalent_mean_group_size:.1f} responses per prompt to match it"
+                if row.equivalent_range != "beyond"
                 else f"more than the {max_n} responses per prompt measured to match it"
             )
-            + f" ({_equivalent_interval(equiv, max_n)}), {bound}{percent(saving.value)} fewer "
-            f"sampled tokens at equal variance (95 % interval {percent(saving.interval()[0])} "
-            f"to {percent(saving.interval()[1])})."
+            + f" ({equivalent_interval(row, max_n)}), "
+            f"{saving_words(row.token_savings, row.equivalent_range)} at equal variance "
+            f"({saving_interval(row)})."
         )
         verdicts.append(Verdict(f"OTB vs mean, {mode} ({label})", sentence))
     for claim in result.paper_claim:
         sentence = f"In {claim.mode} mode, {claim.text}."  # both readings, each named
         verdicts.append(Verdict(f"paper's claim, {claim.mode} ({label})", sentence))
     return verdicts
-
-
-def _equivalent_interval(metric: Metric, max_n: int) -> str:
-    low, high = metric.interval()
-    return f"95 % interval {_equivalent(low, max_n)} to {_equivalent(high, max_n)}"
-
-
-def _step_prefix(run_dir: Path) -> str:
-    """`<step>/` when variance.csv holds several checkpoints (the headline is the last one),
-    as `run_metrics` names them."""
-    table = pd.read_csv(run_dir / "variance.csv")
-    if "step" in table and table["step"].nunique() > 1:
-        return f"{table['step'].max()}/"
-    return ""
 
 
 def absent_modes(result: VarianceResult, label: str) -> list[str]:

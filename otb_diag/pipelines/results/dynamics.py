@@ -11,10 +11,10 @@ from otb_diag.pipelines.results import schema
 from otb_diag.pipelines.results.schema import absent
 from otb_diag.plots.registry import figures_of
 
-# Said of a run whose log holds no `otb/` key (docs/live.md).
+# Said once of the runs whose logs hold no `otb/` key (docs/live.md).
 NO_LIVE_KEYS = (
-    "this log holds no otb/ keys: the otb-diag live diagnostics were not attached or were "
-    "switched off, so there is no noise split to pool"
+    "no otb/ keys: the otb-diag live diagnostics were not attached or were switched off, so "
+    "there is no noise split to pool"
 )
 
 
@@ -113,23 +113,27 @@ class DynamicsResult(schema.Versioned):
         return {**super().to_json(), "rule": self.rule_json()}  # the key keeps its place
 
     def format(self) -> str:
-        """One line per run, then the rule and where the outputs are."""
+        """One line per run (tokens to the target only with a --target), then the rule and
+        where the outputs are; the runs whose logs hold no live diagnostics are named once."""
         target = self.target
-        tokens_head = f"tokens to {target:g}" if target is not None else "tokens to target"
+        tokens_head = f" {f'tokens to {target:g}':>15}" if target is not None else ""
         head = (
             f"{'run':<20} {'baseline':<8} {'N':>4} {'steps':>11} {'collapse':>9} {'warning':>8} "
-            f"{'lead':>5} {tokens_head:>15}  variance proxy"
+            f"{'lead':>5}{tokens_head}  variance proxy"
         )
         lines = [head]
         for r in self.runs:
+            tokens = f" {_cell(r.tokens_to_target, '{:.3g}'):>15}" if target is not None else ""
             lines.append(
                 f"{r.run[:20]:<20} {_cell(r.baseline):<8} {_cell(r.group_size):>4} "
                 f"{r.first_step:>5}-{r.last_step:<5} {_cell(r.collapse_step):>9} "
-                f"{_cell(r.warning_step):>8} {_cell(r.lead_steps):>5} "
-                f"{_cell(r.tokens_to_target, '{:.3g}'):>15}  {r.variance_proxy_kind}"
+                f"{_cell(r.warning_step):>8} {_cell(r.lead_steps):>5}{tokens}  "
+                f"{r.variance_proxy_kind}"
             )
         lines += [f"{r.run}: {b.sentence}." for r in self.runs for b in r.budget or []]
-        lines += [f"{r.run}: {NO_LIVE_KEYS}." for r in self.runs if r.otb is None]
+        without = [r.run for r in self.runs if r.otb is None]
+        if without:
+            lines.append(f"{_named(without)}: {NO_LIVE_KEYS}.")
         mixed = [r.run for r in self.runs if r.proxy3_mixes_units]
         if mixed:
             lines.append(f"note ({', '.join(mixed)}): {MIXED_UNITS}.")
@@ -161,22 +165,27 @@ class DynamicsResult(schema.Versioned):
         """The comparison at equal tokens, one line per arm (none without arms)."""
         if not self.arms:
             return []
-        target = "target" if self.target is None else f"{self.target:g}"
+        target = self.target
         lines = [
-            f"comparison at equal tokens (tokens to {target}: mean over the runs that reached "
-            "it, 95 % t interval over them):",
-            f"  {'arm':<20} {'runs':>4} {'reached':>7} {'tokens to target':>28} "
-            f"{'final score':>22}  collapses",
+            "comparison at equal tokens ("
+            + (
+                f"tokens to {target:g}: mean over the runs that reached it, 95 % t interval over "
+                "them):"
+                if target is not None
+                else "no --target, so no tokens to a target; the final score's 95 % t interval "
+                "over the runs):"
+            ),
+            f"  {'arm':<20} {'runs':>4}"
+            + (f" {'reached':>7} {'tokens to target':>28}" if target is not None else "")
+            + f" {'final score':>22}  collapses",
         ]
         for a in self.arms:
             tokens = _interval(a.tokens_to_target_mean, a.tokens_to_target_low,
                                a.tokens_to_target_high, "{:.3g}")  # fmt: skip
             score = _interval(a.final_score_mean, a.final_score_low, a.final_score_high, "{:.3f}")
             collapses = ", ".join(_cell(s) for s in a.collapse_steps)
-            lines.append(
-                f"  {a.arm[:20]:<20} {len(a.runs):>4} {a.reached:>4}/{len(a.runs):<2} "
-                f"{tokens:>28} {score:>22}  {collapses}"
-            )
+            reached = f" {a.reached:>4}/{len(a.runs):<2} {tokens:>28}" if target is not None else ""
+            lines.append(f"  {a.arm[:20]:<20} {len(a.runs):>4}{reached} {score:>22}  {collapses}")
         return lines
 
 
@@ -187,6 +196,15 @@ def _interval(mean: float | None, low: float | None, high: float | None, fmt: st
     if low is None or high is None:
         return fmt.format(mean)
     return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def _named(runs: list[str], shown: int = 4) -> str:
+    """`run a`, `runs a, b and c`, or the first `shown` and how many more."""
+    if len(runs) == 1:
+        return f"run {runs[0]}"
+    if len(runs) <= shown:
+        return f"runs {', '.join(runs[:-1])} and {runs[-1]}"
+    return f"runs {', '.join(runs[:shown])} and {len(runs) - shown} more"
 
 
 def _cell(value: Any, fmt: str = "{}") -> str:

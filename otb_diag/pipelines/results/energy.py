@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import Distributed, RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RewardSignal, RunInputs
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,20 @@ class EnergyResult(schema.Versioned):
         return self.mode == "model-free"
 
     def format(self) -> str:
-        """The short human summary `otb-diag energy` prints."""
+        """The short human summary `otb-diag energy` prints, first whether the rewards carry a
+        signal when not every group's does (the energies need none; the baselines' proxies
+        compare nothing without one)."""
         e, t = self.energy, self.totals
         ckpts = self.inputs.checkpoint_paths
-        lines = [
+        signal = RewardSignal(t.groups, e.groups_with_mixed_rewards)
+        lead = signal.sentence()
+        lines = [] if lead is None else [f"{lead}."]
+        if not signal.carries_any:
+            lines[0] = lines[0][:-1] + (
+                ": the group baselines' proxies below are all 0 and compare nothing (the "
+                "energies need no reward and are measured)."
+            )
+        lines += [
             f"rollouts     {self.inputs.rollouts_path}",
             "checkpoint   "
             + (ckpts[-1] if ckpts else "none (model-free)")
@@ -126,7 +136,8 @@ class EnergyResult(schema.Versioned):
                 f"{name:<10} {p['proxy2_total_power']:>19.4g} {p['token_total_power']:>18.4g} "
                 f"{p['expected_a_squared']:>19.4g}"
             )
-        lines += _format_zero_tail(self.proxies, e, t.groups)
+        if signal.carries_any:  # else every part is 0
+            lines += _format_zero_tail(self.proxies, e, t.groups)
         if t.empty_responses:
             shown = ", ".join(t.groups_with_empty_responses[:5])
             more = len(t.groups_with_empty_responses) - 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -22,8 +23,13 @@ from otb_diag.errors import InputError
 # step, the last that logged the family, and `otb_steps` which step (issue 40). 4: the
 # recommendation's `reference` holds the numbers its sentence reads (its knee in prompts and the
 # tokens' interval), so the sentence can be rewritten from the record alone
-# (`maths/noise/knee.py:recommendation_text`; issue 42).
-SCHEMA_VERSION = 4
+# (`maths/noise/knee.py:recommendation_text`; issue 42). 5: variance-compare's verdicts are read
+# off intervals, in three words ("holds", "does not hold", "not resolved") or "no signal": the
+# headline rows carry the intervals of OTB/mean, N′ and the saving and `otb_below_mean`,
+# `paper_claim` both readings' verdicts (`saving_verdict`, `verdict`) with N′'s interval, the
+# recommendation its knee's `verdict`; `signal` counts the groups whose rewards carry one, and a
+# run with none writes no table (`knee` null; issue 46).
+SCHEMA_VERSION = 5
 
 T = TypeVar("T")
 
@@ -94,6 +100,50 @@ class RunInputs:
     @property
     def checkpoint_paths(self) -> list[str]:
         return [c.path for c in self.checkpoints]
+
+
+@dataclass(frozen=True)
+class RewardSignal:
+    """How many groups' rewards carry a signal a baseline can act on
+    (`otb_diag/io/loading.py:RolloutSet.groups_with_signal`): in a group whose members' returns
+    are all one value, every group baseline (mean, RLOO, OTB, ...) gives zero advantages, so
+    the group tells no baseline from another."""
+
+    groups: int
+    groups_with_signal: int
+
+    @classmethod
+    def of(cls, flags: Sequence[bool]) -> RewardSignal:
+        """From each group's flag (`RolloutSet.groups_with_signal`)."""
+        return cls(len(flags), sum(map(bool, flags)))
+
+    @property
+    def carries_any(self) -> bool:
+        return self.groups_with_signal > 0
+
+    @property
+    def share(self) -> float:
+        """The share of the groups that carry a signal."""
+        return self.groups_with_signal / self.groups if self.groups else 0.0
+
+    def sentence(self) -> str | None:
+        """Why nothing can be compared, or the share of the groups that carry a signal; None
+        when every group does."""
+        if not self.carries_any:
+            return (
+                f"no signal: each of the {self.groups:,} groups has equal rewards within it, so "
+                "every group baseline gives zero advantages and no baseline can be told from "
+                "another"
+            )
+        if self.groups_with_signal == self.groups:
+            return None
+        equal = self.groups - self.groups_with_signal
+        share = f"{self.share:.0%}".replace("%", " %")
+        return (
+            f"partial signal: {self.groups_with_signal:,} of {self.groups:,} groups ({share}) "
+            f"carry a reward signal; the rest ({equal:,}) have equal rewards within their group "
+            "(zero advantages under every group baseline)"
+        )
 
 
 @dataclass(frozen=True)

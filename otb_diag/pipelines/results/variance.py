@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
+from otb_diag.maths.interval_verdict import NO_SIGNAL
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import Distributed, RunInputs, absent
+from otb_diag.pipelines.results.schema import Distributed, RewardSignal, RunInputs, absent
 from otb_diag.pipelines.variance.settings import VarianceSettings
 
 # The paper's claim, declared here once (its abstract; the authors' post for the two settings):
@@ -31,32 +32,98 @@ def plus_minus(relative: float) -> str:
 
 @dataclass(frozen=True)
 class HeadlineRow:
-    """OTB against the mean baseline at one mode and N (the first aggregation, last checkpoint)."""
+    """OTB against the mean baseline at one mode and N (the first aggregation, last checkpoint),
+    each number with its 95 % interval (`pipelines/variance/evidence.py`), and whether OTB's
+    variance is below the mean baseline's: `otb_below_mean`, read off the ratio's interval
+    (`maths/interval_verdict.py`: holds, does not hold or not resolved)."""
 
     mode: str
     aggregation: str
     group_size: int
     otb_ratio_to_mean: float
-    otb_ratio_to_rloo: float | None  # None: no rloo at this N
+    otb_ratio_to_mean_low: float
+    otb_ratio_to_mean_high: float
+    otb_ratio_to_rloo: float | None  # None: no rloo at this N, or its variance is 0
     equivalent_mean_group_size: float  # N′; inf beyond the measured N
-    equivalent_range: str | None  # "beyond" / "below" the measured N, None inside
-    token_savings: float  # 1 − N/N′
+    equivalent_range: str | None  # "beyond" / "below" the measured N, "within" inside
+    # N′'s interval, each end a value and where it lies (as `equivalent_range`: an end
+    # "beyond" is inf, above the largest N measured; one "below" is at most the smallest N)
+    equivalent_low: float
+    equivalent_low_range: str
+    equivalent_high: float
+    equivalent_high_range: str
+    token_savings: float  # 1 − N/N′ (a bound where N′ is)
+    token_savings_low: float
+    token_savings_high: float
+    otb_below_mean: str
 
 
-@dataclass(frozen=True)
+class ClaimEvidence(Protocol):
+    """What a paper-claim verdict reads: N′ at N = CLAIM_N with its interval, and the saving
+    (a `HeadlineRow`, or a `ClaimVerdict` read back from its file)."""
+
+    @property
+    def equivalent_mean_group_size(self) -> float | None: ...
+    @property
+    def equivalent_range(self) -> str | None: ...
+    @property
+    def equivalent_low(self) -> float | None: ...
+    @property
+    def equivalent_low_range(self) -> str | None: ...
+    @property
+    def equivalent_high(self) -> float | None: ...
+    @property
+    def equivalent_high_range(self) -> str | None: ...
+    @property
+    def token_savings(self) -> float | None: ...
+    @property
+    def token_savings_low(self) -> float | None: ...
+    @property
+    def token_savings_high(self) -> float | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClaimVerdict:
     """The paper's headline read in one mode, at equal gradient variance: OTB at N = CLAIM_N
-    matches the mean baseline at N′ (`token_savings` = 1 − N/N′ fewer sampled tokens), and
-    `verdict` on "N = 4 ≈ N = 32 at equal variance". `text` gives both readings, each naming
-    its quantity (ours at equal variance, the paper's > 65 % at equal score over training).
-    Self-contained (figures.json carries it without the headline)."""
+    matches the mean baseline at N′ (`token_savings` = 1 − N/N′ fewer sampled tokens), each with
+    its 95 % interval, and two verdicts read off N′'s interval (`maths/interval_verdict.py`):
+    `saving_verdict` on "> 65 % fewer tokens" read at equal variance, `verdict` on
+    "N = 4 ≈ N = 32 at equal variance" (N′ ≥ 32), each "holds", "does not hold", "not resolved"
+    or "no signal" (then no number: null). `text` gives both, each naming its quantity (ours at
+    equal variance, the paper's > 65 % at equal score over training). Self-contained
+    (figures.json carries it without the headline)."""
 
     mode: str
-    equivalent_mean_group_size: float  # N′ of OTB at N = CLAIM_N; inf (JSON null) beyond
-    equivalent_range: str | None  # "within", or "beyond" / "below" the measured N (N′ a bound)
-    token_savings: float  # 1 − CLAIM_N/N′ at equal variance (a bound outside the measured N)
-    verdict: str  # "reproduced" (N′ ≥ 32), "not reproduced" (N′ < 32) or "undecided"
+    # None (JSON null) where there is no number: "no signal"; an infinite N′ is null too
+    equivalent_mean_group_size: float | None = None  # N′ at N = CLAIM_N; inf beyond
+    equivalent_range: str | None = None  # "within", or "beyond" / "below" (N′ a bound)
+    equivalent_low: float | None = None  # N′'s interval, its ends' ranges beside
+    equivalent_low_range: str | None = None
+    equivalent_high: float | None = None
+    equivalent_high_range: str | None = None
+    token_savings: float | None = None  # 1 − CLAIM_N/N′ at equal variance
+    token_savings_low: float | None = None
+    token_savings_high: float | None = None
+    saving_verdict: str
+    verdict: str
     text: str
+
+    @classmethod
+    def no_signal(cls, mode: str) -> ClaimVerdict:
+        """The verdict of a mode where the rewards gave nothing to compare: every group's
+        rewards equal (nothing measured), or no drawn group's (the mean baseline's variance
+        0)."""
+        return cls(
+            mode=mode,
+            saving_verdict=NO_SIGNAL,
+            verdict=NO_SIGNAL,
+            text=(
+                "no signal: no group's rewards differ (the mean baseline's gradient variance "
+                "is 0), so OTB has no N′ and no saving; "
+                f"> {percent(PAPER_TOKEN_SAVING)} fewer tokens at equal variance: no signal; "
+                f"N = {CLAIM_N} ≈ N = {CLAIM_EQUIVALENT_N} at equal variance: no signal"
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -185,8 +252,10 @@ class KneeReference:
 @dataclass(frozen=True, kw_only=True)
 class Recommendation:
     """`maths/noise/knee.py:recommend`: the mode and aggregation it read (None: no mode with
-    a signal, and then only `claim` and `text`), the knee claimed (None: none resolved), the
-    mean baseline beside it (absent when not measured) and the sentence."""
+    a signal, and then only `claim`, `verdict` where the rewards carried none, and `text`), the
+    knee claimed (None: none resolved), the mean baseline beside it (absent when not measured),
+    the verdict on "the knee claimed costs fewer tokens a step than mean's" read off both
+    intervals (absent where no such comparison is stated) and the sentence."""
 
     mode: str | None
     aggregation: str | None = absent()
@@ -196,6 +265,7 @@ class Recommendation:
     few_prompts: bool | None = absent()
     claim: KneeClaim | None
     reference: KneeReference | None = absent()
+    verdict: str | None = absent()
     text: str
 
 
@@ -247,11 +317,12 @@ class VarianceResult(schema.Versioned):
 
     inputs: RunInputs
     settings: VarianceSettings  # auto sizes as the run resolved them
+    signal: RewardSignal  # the groups whose rewards carry a signal (none: nothing measured)
     draws: dict[str, Draws]  # "<mode>@<step>" -> the paired draws
     headline: list[HeadlineRow]
     paper_claim: list[ClaimVerdict]
     noise_scale: Recommendation
-    knee: Knee
+    knee: Knee | None  # None: no signal, nothing measured
     fidelity: list[FidelityRow]  # the rows of fidelity.csv
     distributed: Distributed
     full: dict[str, FullMode]  # step -> how full mode measured it
@@ -293,28 +364,45 @@ class VarianceResult(schema.Versioned):
         return f"{mode} mode, {self.noise_scale.aggregation}" if mode else "no signal"
 
     def format(self) -> str:
-        """The short human summary `otb-diag variance-compare` prints: the headline, plainly."""
-        lines = [
-            f"{'mode':<6} {'N':>3} {'OTB/mean':>9} {'OTB/RLOO':>9} {'mean-equivalent N':>18}"
-            f" {'token saving':>13}"
-        ]
+        """The short human summary `otb-diag variance-compare` prints: whether the rewards carry
+        a signal (when not all do), then the headline, plainly, each verdict with its
+        interval."""
+        signal = self.signal.sentence()
+        lines = [f"{signal}."] if signal else []
+        if not self.signal.carries_any:
+            lines.append(
+                "nothing compared: no checkpoint was loaded and no table or figure written; "
+                "every verdict (the paper's claim in both readings, OTB against mean, the knee) "
+                "is: no signal."
+            )
+            lines.append(f"wrote {', '.join(self.outputs)} to {self.out}")
+            return "\n".join(lines)
+        lines.append(
+            f"{'mode':<6} {'N':>3} {'OTB/mean [95 %]':>22} {'OTB/RLOO':>9} "
+            f"{'mean-equivalent N':>18} {'token saving':>13}  OTB < mean"
+        )
         bound = {"beyond": "≥", "below": "≤"}  # savings are bounds outside the measured N
-        max_n = max(h.group_size for h in self.headline)  # requested N are capped at M/2
+        max_n = max((h.group_size for h in self.headline), default=0)  # requested N ≤ M/2
         for h in self.headline:
             equiv, where = h.equivalent_mean_group_size, h.equivalent_range
             shown = f"> {max_n}" if where == "beyond" else (f"{equiv:.1f}")
+            ratio = f"{h.otb_ratio_to_mean:.3f} " + _interval(
+                h.otb_ratio_to_mean_low, h.otb_ratio_to_mean_high
+            )
             ratio_rloo = h.otb_ratio_to_rloo
             saving = f"{bound.get(where or '', '')}{h.token_savings:.0%}"
             lines.append(
-                f"{h.mode:<6} {h.group_size:>3} {h.otb_ratio_to_mean:>9.3f} "
+                f"{h.mode:<6} {h.group_size:>3} {ratio:>22} "
                 f"{(f'{ratio_rloo:.3f}' if ratio_rloo is not None else '-'):>9} {shown:>18} "
-                f"{saving:>13}"
+                f"{saving:>13}  {h.otb_below_mean}"
             )
         lines.append("")
         lines.append(
             "OTB/mean < 1 means OTB has lower variance than the group mean at the same N; "
             "the mean-equivalent N is the group size at which the mean baseline would "
-            "reach OTB's variance (log-log interpolation over the measured N)."
+            "reach OTB's variance (log-log interpolation over the measured N). A verdict holds "
+            "or does not hold only where the 95 % interval lies wholly on one side; where it "
+            "reaches the line (OTB/mean = 1, N′ = 32), it is not resolved."
         )
         lines += [f"paper's claim, {c.mode} mode: {c.text}." for c in self.paper_claim]
         lines += self._knee_lines()
@@ -345,11 +433,15 @@ class VarianceResult(schema.Versioned):
     def _knee_lines(self) -> list[str]:
         """The split and the knee per baseline and N, then the recommendation."""
         knee = self.knee
+        if knee is None:
+            return [f"recommendation: {self.recommendation}"]
         lines = [
             "",
             f"noise of a step ({knee.mode} mode, {knee.aggregation}): the within-prompt share "
-            "and the knee (prompts, k tokens a step at the noise scale), with 95 % intervals",
-            f"{'baseline':<12} {'N':>3} {'within':>22} {'knee prompts':>24} {'knee k tokens':>26}",
+            "and the knee (in prompts, and in thousands of tokens a step, at the noise scale), "
+            "with 95 % intervals",
+            f"{'baseline':<12} {'N':>3} {'within':>22} {'knee prompts':>24} "
+            f"{'knee tokens (×1,000)':>26}",
         ]
         for r in knee.rows:
             share = f"{r.within_share:.0%} " + _interval(
@@ -381,12 +473,50 @@ class VarianceResult(schema.Versioned):
 
 
 def percent(x: float) -> str:
-    """A fraction as the sentences write it: 0.63 -> "63 %"."""
-    return f"{x:.0%}".replace("%", " %")
+    """A fraction as the sentences write it: 0.63 -> "63 %", -1 -> "−100 %"."""
+    return f"{x:.0%}".replace("%", " %").replace("-", "−")
+
+
+def n_bound(value: float | None, where: str | None, max_n: int) -> str:
+    """An N′ (or an end of its interval) in words: a number; beyond the measured N, `> max N`;
+    below them, `≤` the smallest N (None: an infinite N′ as JSON holds it)."""
+    number = "∞" if value is None or math.isinf(value) else f"{value:.1f}"
+    return {"beyond": f"> {max_n}", "below": f"≤ {number}"}.get(where or "", number)
+
+
+def saving_bound(value: float | None, where: str | None) -> str:
+    """An end of the saving's interval, `1 − N/N′` at that end of N′'s (`where`): at least
+    that beyond the measured N, at most that below them."""
+    shown = "?" if value is None else percent(value)
+    return {"beyond": f"≥ {shown}", "below": f"≤ {shown}"}.get(where or "", shown)
+
+
+def equivalent_interval(e: ClaimEvidence, max_n: int) -> str:
+    """N′'s 95 % interval in words: `95 % interval ≤ 2.0 to > 16`."""
+    low = n_bound(e.equivalent_low, e.equivalent_low_range, max_n)
+    high = n_bound(e.equivalent_high, e.equivalent_high_range, max_n)
+    return f"95 % interval {low} to {high}"
+
+
+def saving_interval(e: ClaimEvidence) -> str:
+    """The saving's 95 % interval in words: `95 % interval ≤ −100 % to ≥ 75 %`."""
+    low = saving_bound(e.token_savings_low, e.equivalent_low_range)
+    high = saving_bound(e.token_savings_high, e.equivalent_high_range)
+    return f"95 % interval {low} to {high}"
+
+
+def saving_words(saving: float, where: str | None) -> str:
+    """`1 − N/N′` in words: fewer (or more) sampled tokens, a bound outside the measured N
+    (at least beyond it, at most below it; a bound on more tokens turns the other way)."""
+    bound = {"beyond": "at least ", "below": "at most "}.get(where or "", "")
+    if saving >= 0:
+        return f"{bound}{percent(saving)} fewer sampled tokens"
+    flipped = {"at least ": "at most ", "at most ": "at least "}.get(bound, "")
+    return f"{flipped}{percent(-saving)} more sampled tokens"
 
 
 def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
-    def one(x: float) -> str:
-        return "∞" if x == float("inf") else format(x / scale, fmt)
+    def one(x: float | None) -> str:  # None: an infinite end, as JSON holds it (null)
+        return "∞" if x is None or x == math.inf else format(x / scale, fmt)
 
     return f"[{one(low)}, {one(high)}]"

@@ -117,6 +117,9 @@ def _analyse(
         log = read_training_log(path)
         frame = with_label(log.frame, label)
         found = analyse_run(frame, rule, target)
+        pooled, pools = pooled_over_steps(frame, OTB_PREFIX, path, stage.say)
+        budgets.append(budget_long(pooled, OTB_PREFIX, name))
+        runs.append(_row(name, path, log.source, frame, found, pools))
         tables.append(
             frame.assign(
                 run=name,
@@ -125,11 +128,9 @@ def _analyse(
                 score_smoothed=found.score_smoothed,
                 grad_norm_z=found.grad_norm_z,
                 variance_z=found.variance_z,
+                **_identity(frame, runs[-1]),
             )
         )
-        pooled, pools = pooled_over_steps(frame, OTB_PREFIX, path, stage.say)
-        budgets.append(budget_long(pooled, OTB_PREFIX, name))
-        runs.append(_row(name, path, log.source, frame, found, pools))
     table = pd.concat(tables, ignore_index=True)
     first = ["run", "source", "file", "step"]
     table = table[first + [c for c in table.columns if c not in first]]
@@ -201,6 +202,16 @@ def _row(
         otb_steps=otb_steps,
         budget=_budget(pools),
     )
+
+
+def _identity(frame: pd.DataFrame, row: DynamicsRun) -> dict[str, pd.Series]:
+    """The table's baseline and group size where the log and the label name neither, from the
+    run's row (its split's, `_row`), so that the table and the figures say what the row says
+    (a TRL log's score against tokens read "grpo, N=?" beside N = 4)."""
+    return {
+        column: frame[column].fillna(value) if value is not None else frame[column]
+        for column, value in (("baseline", row.baseline), ("group_size", row.group_size))
+    }
 
 
 def _budget(pools: BudgetPools) -> list[PooledBudget] | None:

@@ -5,6 +5,7 @@ fidelity rows and full-mode record of each checkpoint's measurements."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,17 +13,26 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from otb_diag.io.atomic import write_with
+from otb_diag.maths import interval_verdict
 from otb_diag.maths.variance.fidelity import fidelity
+from otb_diag.maths.variance.intervals import REFERENCE
 from otb_diag.pipelines.results.variance import (
     CLAIM_EQUIVALENT_N,
     CLAIM_N,
     PAPER_TOKEN_SAVING,
+    ClaimEvidence,
     ClaimVerdict,
     HeadlineRow,
     Knee,
     KneeRow,
+    equivalent_interval,
+    n_bound,
     percent,
+    saving_interval,
+    saving_words,
 )
+from otb_diag.pipelines.variance.evidence import mode_intervals
+from otb_diag.pipelines.variance.settings import VarianceSettings
 from otb_diag.plots.figure_data import VarianceFigures
 from otb_diag.plots.registry import save_figures
 
@@ -65,95 +75,153 @@ def write_noise(out: Path, noise: pd.DataFrame, last: pd.DataFrame) -> list[str]
     return files
 
 
-def headline(variance: pd.DataFrame) -> list[HeadlineRow]:
+def headline(variance: pd.DataFrame, sketch_dim: int) -> list[HeadlineRow]:
     """The paper's comparison, read off the table: OTB's equivalent mean-baseline group size per
-    mode and N (first aggregation), with the ratio to the mean baseline and to RLOO."""
+    mode and N (first aggregation, last checkpoint), with the ratio to the mean baseline and to
+    RLOO, each with the 95 % interval every reading of the table uses
+    (`pipelines/variance/evidence.py`; `sketch_dim`: the projections' k), and whether OTB's
+    variance is below mean's. A mode whose mean baseline has no positive variance at some N
+    (no group's rewards differ in its draws) has no row: nothing to compare there."""
     rows = []
-    for (mode, agg), frame in variance.groupby(["mode", "aggregation"], sort=False):
-        if agg != variance["aggregation"].iloc[0]:
-            continue
+    aggregation = variance["aggregation"].iloc[0]
+    for mode, frame in variance.groupby("mode", sort=False):
         if "step" in frame:
             frame = frame[frame["step"] == frame["step"].max()]
+        frame = frame[frame["aggregation"] == aggregation]
+        if not (frame.loc[frame["baseline"] == REFERENCE, "variance"] > 0).all():
+            continue
+        frame = mode_intervals(frame, str(mode), sketch_dim)
         otb = frame[frame["baseline"] == "otb"].set_index("group_size")
         rloo = frame[frame["baseline"] == "rloo"].set_index("group_size")["variance"]
         for n, row in otb.iterrows():
+            ratio_low = float(row["ratio_to_mean_low"])
+            ratio_high = float(row["ratio_to_mean_high"])
             rows.append(
                 HeadlineRow(
-                    mode=mode,
-                    aggregation=agg,
+                    mode=str(mode),
+                    aggregation=str(aggregation),
                     group_size=int(n),
                     otb_ratio_to_mean=float(row["ratio_to_mean"]),
-                    otb_ratio_to_rloo=float(row["variance"] / rloo[n]) if n in rloo else None,
+                    otb_ratio_to_mean_low=ratio_low,
+                    otb_ratio_to_mean_high=ratio_high,
+                    otb_ratio_to_rloo=float(row["variance"] / rloo[n])
+                    if n in rloo and rloo[n] > 0
+                    else None,
                     equivalent_mean_group_size=float(row["equivalent_mean_group_size"]),
-                    equivalent_range=row.get("equivalent_range"),
+                    equivalent_range=str(row["equivalent_range"]),
+                    equivalent_low=float(row["equivalent_mean_group_size_low"]),
+                    equivalent_low_range=str(row["equivalent_low_range"]),
+                    equivalent_high=float(row["equivalent_mean_group_size_high"]),
+                    equivalent_high_range=str(row["equivalent_high_range"]),
                     token_savings=float(row["token_savings"]),
+                    token_savings_low=float(row["token_savings_low"]),
+                    token_savings_high=float(row["token_savings_high"]),
+                    otb_below_mean=interval_verdict.below(ratio_low, ratio_high, 1.0),
                 )
             )
     return rows
 
 
-def paper_claim(rows: list[HeadlineRow], max_n: int) -> list[ClaimVerdict]:
-    """Per mode, the paper's headline read off the `headline` rows at N = 4 (`max_n`: the
-    largest N measured), by `claim_verdict`. No row at N = 4 (pools smaller than 8, or N = 4
-    not requested) gives no verdict."""
+def verdicts(
+    variance: pd.DataFrame, settings: VarianceSettings
+) -> tuple[list[HeadlineRow], list[ClaimVerdict]]:
+    """The headline rows (`headline`) and the paper-claim verdicts read off them
+    (`paper_claim`) of the table `variance`, measured with `settings`."""
+    rows = headline(variance, settings.sketch_dim)
+    return rows, paper_claim(rows, list(settings.modes), int(variance["group_size"].max()))
+
+
+def paper_claim(rows: list[HeadlineRow], modes: list[str], max_n: int) -> list[ClaimVerdict]:
+    """Per measured mode, the paper's headline read off its `headline` row at N = 4 (`max_n`:
+    the largest N measured), by `claim_verdict`; a mode without rows (no positive variance)
+    reads "no signal". No N = 4 measured (pools smaller than 8, or N = 4 not requested) gives
+    no verdict."""
+    if not any(h.group_size == CLAIM_N for h in rows) and rows:
+        return []
+    at_claim = {h.mode: h for h in rows if h.group_size == CLAIM_N}
+    measured = {h.mode for h in rows}
     return [
-        claim_verdict(
-            h.mode, h.equivalent_mean_group_size, h.equivalent_range, h.token_savings, max_n
-        )
-        for h in rows
-        if h.group_size == CLAIM_N
+        claim_verdict(mode, at_claim.get(mode), max_n)
+        for mode in modes
+        if mode in at_claim or mode not in measured
     ]
 
 
-def claim_verdict(
-    mode: str, equiv: float, where: str | None, token_savings: float, max_n: int
-) -> ClaimVerdict:
-    """The paper's headline in one mode at equal gradient variance, from OTB's N′ at N = 4
-    (`equiv`, inf beyond the measured N; `where`, its range) and `token_savings` = `1 − 4/N′`
-    (`max_n`: the largest N measured): OTB at N = 4 matches the mean baseline at N′, that many
-    fewer sampled tokens, and "N = 4 ≈ N = 32" is `reproduced` (N′ ≥ 32), `not reproduced`
-    (N′ < 32, measured) or `undecided` (N′ beyond `max_n` < 32). The text names the paper's own
+def claim_verdict(mode: str, evidence: ClaimEvidence | None, max_n: int) -> ClaimVerdict:
+    """The paper's headline in one mode at equal gradient variance, from OTB's N′ at N = 4 and
+    its 95 % interval (`evidence`: a headline row, or a verdict read back; None where the
+    rewards gave nothing to compare) and the saving `1 − 4/N′` (`max_n`: the largest N
+    measured). Two readings, each a verdict read off N′'s interval
+    (`maths/interval_verdict.py`): "> 65 % fewer tokens" at equal variance (N′ ≥ 4/0.35), and
+    "N = 4 ≈ N = 32" (N′ ≥ 32). An end of the interval beyond the measured N says only N′ >
+    `max_n`: such an interval cannot exclude N′ ≥ 32 when `max_n` < 32 (the pools cannot show
+    it), and an end below says only N′ ≤ the smallest N. The text names the paper's own
     number beside it, > 65 % fewer tokens at equal score over training: a different quantity,
     not measured here."""
-    why = ""
-    if where == "beyond" and max_n < CLAIM_EQUIVALENT_N:
-        verdict = "undecided"
-        why = (
-            f" (N′ = {CLAIM_EQUIVALENT_N} needs N = {CLAIM_EQUIVALENT_N} measured, pools of "
-            f"M ≥ {2 * CLAIM_EQUIVALENT_N})"
+    if evidence is None:
+        return ClaimVerdict.no_signal(mode)
+    e = evidence
+    low = _end(e.equivalent_low, e.equivalent_low_range, max_n, low=True)
+    high = _end(e.equivalent_high, e.equivalent_high_range, max_n, low=False)
+    saving_at = CLAIM_N / (1 - PAPER_TOKEN_SAVING)  # N′ of a saving of 65 %
+    saving_verdict = interval_verdict.at_least(low, high, saving_at)
+    verdict = interval_verdict.at_least(low, high, CLAIM_EQUIVALENT_N)
+    if verdict == interval_verdict.NOT_RESOLVED and max_n < CLAIM_EQUIVALENT_N:
+        why = (  # the interval reaches past the largest N the pools show
+            f"N′ up to {max_n} can be measured here; N′ ≥ {CLAIM_EQUIVALENT_N} needs "
+            f"N = {CLAIM_EQUIVALENT_N} measured, pools of M ≥ {2 * CLAIM_EQUIVALENT_N}"
         )
-    elif where == "beyond" or equiv >= CLAIM_EQUIVALENT_N:  # N′ inf (JSON null) beyond
-        verdict = "reproduced"
     else:
-        verdict = "not reproduced"
-    matched = {"beyond": f"N′ > {max_n}", "below": f"N′ ≤ {equiv:.1f}"}.get(
-        where or "", f"N′ = {equiv:.1f}"
+        why = _why(verdict, f"N′ = {CLAIM_EQUIVALENT_N}")
+    equiv, where = e.equivalent_mean_group_size, e.equivalent_range
+    matched = {"beyond": f"N′ > {max_n}", "below": f"N′ ≤ {n_bound(equiv, None, max_n)}"}.get(
+        where or "", f"N′ = {n_bound(equiv, None, max_n)}"
     )
+    saving = e.token_savings if e.token_savings is not None else math.nan
     text = (
         f"at equal gradient variance, OTB at N = {CLAIM_N} matches mean at {matched} "
-        f"({_saving(token_savings, where)}; the paper reports > "
-        f"{percent(PAPER_TOKEN_SAVING)} fewer tokens at equal score over training, a "
-        f"different quantity); N = {CLAIM_N} ≈ N = {CLAIM_EQUIVALENT_N} at equal variance: "
-        f"{verdict}{why}"
+        f"({equivalent_interval(e, max_n)}), {saving_words(saving, where)} "
+        f"({saving_interval(e)}); "
+        f"> {percent(PAPER_TOKEN_SAVING)} fewer tokens at equal variance: {saving_verdict} "
+        f"({_why(saving_verdict, percent(PAPER_TOKEN_SAVING))}; the paper's > "
+        f"{percent(PAPER_TOKEN_SAVING)} is at equal score over training, a different "
+        f"quantity); N = {CLAIM_N} ≈ N = {CLAIM_EQUIVALENT_N} at equal variance: {verdict} "
+        f"({why})"
     )
     return ClaimVerdict(
         mode=mode,
         equivalent_mean_group_size=equiv,
         equivalent_range=where,
-        token_savings=token_savings,
+        equivalent_low=e.equivalent_low,
+        equivalent_low_range=e.equivalent_low_range,
+        equivalent_high=e.equivalent_high,
+        equivalent_high_range=e.equivalent_high_range,
+        token_savings=e.token_savings,
+        token_savings_low=e.token_savings_low,
+        token_savings_high=e.token_savings_high,
+        saving_verdict=saving_verdict,
         verdict=verdict,
         text=text,
     )
 
 
-def _saving(saving: float, where: str | None) -> str:
-    """`1 − N/N′` in words: fewer (or more) sampled tokens, a bound outside the measured N
-    (at least beyond it, at most below it; a bound on more tokens turns the other way)."""
-    bound = {"beyond": "at least ", "below": "at most "}.get(where or "", "")
-    if saving >= 0:
-        return f"{bound}{percent(saving)} fewer sampled tokens"
-    flipped = {"at least ": "at most ", "at most ": "at least "}.get(bound, "")
-    return f"{flipped}{percent(-saving)} more sampled tokens"
+def _end(value: float | None, where: str | None, max_n: int, *, low: bool) -> float:
+    """What an end of N′'s interval proves: beyond the measured N, only N′ > `max_n` (a low
+    end; a high end is unbounded); below it, only N′ ≤ the smallest N (a low end could be any
+    smaller N′). None is how a JSON file holds an infinite end."""
+    if where == "beyond":
+        return float(max_n) if low else math.inf
+    if where == "below" and low:
+        return 0.0
+    return math.inf if value is None else float(value)
+
+
+def _why(verdict: str, line: str) -> str:
+    """Where the interval lies against the claim's `line`."""
+    return {
+        interval_verdict.HOLDS: f"the interval lies at or above {line}",
+        interval_verdict.FAILS: f"the interval lies below {line}",
+    }.get(verdict, f"the interval reaches {line}")
 
 
 def fidelity_rows(

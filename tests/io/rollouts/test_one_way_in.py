@@ -39,7 +39,8 @@ def module_entries(call: Callable[[], Any], on_path: Callable[[str], bool]) -> l
     caller is the nearest enclosing frame on the path (what lies between, a runtime decorator, a
     service such as io/atomic.py, code Python generates like a dataclass's `__init__`, is seen
     through); consecutive entries into one module are one stay. Pulling the next item from an
-    iterator a module handed over is not a call (generator bodies are not counted)."""
+    iterator a module handed over is not a call (generator bodies are not counted), nor is
+    importing a module (variance-compare imports its measuring modules once it has a signal)."""
     entries: list[str] = []
     decided: set[Any] = set()  # code objects already entered, or off the path
 
@@ -54,7 +55,7 @@ def module_entries(call: Callable[[], Any], on_path: Callable[[str], bool]) -> l
         if code in decided:
             return
         decided.add(code)
-        if code.co_flags & _LAZY:
+        if code.co_flags & _LAZY or code.co_name == "<module>":  # an import holds no rollouts
             return
         if not code.co_filename.endswith(".py") or not on_path(module(frame)):
             return
@@ -125,18 +126,21 @@ def test_the_load_path_enters_each_module_once(tmp_path: Path) -> None:
 
 
 # Following `rollouts_path` from variance-compare's entry point: the settings checked, down
-# through io/ once (the load hands the recipe one `RolloutSet`), then the checkpoint side
-# (tokenize, check, batch) once, and the tables read off the measurements. ARCHITECTURE.md
-# writes it down.
+# through io/ once (the load hands the recipe one `RolloutSet`, whose groups' signal it checks),
+# then the measurement (rollouts with a signal), the checkpoint side (tokenize, check, batch)
+# once, and the tables read off the measurements with their intervals. ARCHITECTURE.md writes
+# it down.
 VARIANCE_PATH = [
     "otb_diag.pipelines.variance.recipe",
     "otb_diag.pipelines.variance.settings",
     *LOAD_PATH,
+    "otb_diag.pipelines.variance.compare",
     "otb_diag.pipelines.variance.measure",
     "otb_diag.io.batches",
     "otb_diag.io.rollouts.tokenize",
     "otb_diag.io.rollouts.to_batch",
     "otb_diag.pipelines.variance.conclusions",
+    "otb_diag.pipelines.variance.evidence",
 ]
 
 

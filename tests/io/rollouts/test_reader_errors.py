@@ -99,6 +99,16 @@ def test_unreadable_json_line(tmp_path: Path, line: str, words: str) -> None:
     assert words in message
 
 
+def test_a_cut_line_names_its_column_once(tmp_path: Path) -> None:
+    """A line cut inside a string: the parser's "Unterminated string starting at" and the
+    column in one phrase ("at at column" before)."""
+    path = write_jsonl(tmp_path / "r.jsonl", [good_row(), '{"group": "g", "response": "ab'])
+    path.write_text(path.read_text().rstrip("\n"))  # the file ends where it was cut
+    message = read_error(path)
+    assert "malformed JSON: Unterminated string starting at column 28." in message  # "ab
+    assert "at at" not in message
+
+
 def test_errors_come_in_file_order(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [good_row(), good_row(reward="x"), "{bad"])
     assert read_error(path).startswith(f"{path}, line 2, field 'reward'")

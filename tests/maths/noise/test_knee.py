@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 
 from otb_diag.io.atomic import json_text
-from otb_diag.maths.noise.knee import noise_table, recommend, recommendation_text
+from otb_diag.maths.noise.knee import (
+    cheaper_verdict,
+    no_signal,
+    noise_table,
+    recommend,
+    recommendation_text,
+)
 from otb_diag.maths.variance.paired_draws import BaselineSpec, DrawSet, PairedDraws
 
 SIZES = (2, 4, 8, 16)
@@ -101,6 +107,38 @@ def test_unresolved_rows_and_true_energies_are_never_recommended() -> None:
     assert "no baseline can cut its knee by more than 75%" in advice["text"]
 
 
+def test_the_knee_claimed_is_cheaper_than_means_by_the_intervals() -> None:
+    """The claim's tokens interval wholly below mean's at the reference N: holds; overlapping:
+    not resolved (a point estimate half mean's is not enough); wholly above: does not hold; no
+    comparison where the claim is mean's own knee or none is claimed."""
+    table = pd.DataFrame([knee_row("otb", 4, 50.0, True), knee_row("mean", 8, 300.0, True)])
+    advice = recommend(table, current_n=8)
+    assert advice["verdict"] == "holds"  # otb [25, 100] against mean [150, 600]
+    assert "the knee claimed costs fewer tokens a step than mean's at N = 8: holds (its " \
+        "tokens' interval lies below mean's)" in advice["text"]  # fmt: skip
+    table = pd.DataFrame([knee_row("otb", 4, 150.0, True), knee_row("mean", 8, 300.0, True)])
+    advice = recommend(table, current_n=8)
+    assert advice["verdict"] == "not resolved" and "the two tokens' intervals overlap" in \
+        advice["text"]  # fmt: skip
+    ref = {**knee_row("mean", 8, 300.0, True), "resolved": True}
+    assert cheaper_verdict(knee_row("otb", 4, 2000.0, True), ref) == "does not hold"
+    # mean's knee unresolved: its interval open above, so only an overlap or a win
+    open_ref = {**ref, "resolved": False, "noise_scale_tokens_high": None}
+    assert cheaper_verdict(knee_row("otb", 4, 1000.0, True), open_ref) == "not resolved"
+    assert cheaper_verdict(knee_row("mean", 8, 300.0, True), ref) is None  # the claim is mean's
+    assert cheaper_verdict(None, ref) is None
+    alone = recommend(pd.DataFrame([knee_row("mean", 8, 300.0, True)]), current_n=8)
+    assert "verdict" not in alone or alone["verdict"] is None
+
+
+def test_rewards_without_signal_have_no_knee() -> None:
+    advice = no_signal()
+    assert (advice["mode"], advice["claim"], advice["verdict"]) == (None, None, "no signal")
+    assert advice["text"].startswith("no knee: the rewards carry no signal")
+    record = {k: v for k, v in advice.items() if k != "text"}
+    assert recommendation_text(json.loads(json_text(record))) == advice["text"]
+
+
 def test_a_negative_between_estimate_is_not_printed_as_a_share() -> None:
     row = knee_row("mean", 8, 300.0, True)
     row["within_share"] = 1.02  # between came out below 0
@@ -136,6 +174,7 @@ def test_few_prompts_are_flagged() -> None:
     ("rows", "current_n"),
     [
         ([knee_row("otb", 4, 150.0, True), knee_row("mean", 8, 300.0, True)], 8),  # both knees
+        ([knee_row("otb", 4, 50.0, True), knee_row("mean", 8, 300.0, False)], 8),  # cheaper
         ([knee_row("otb", 4, 150.0, False), knee_row("mean", 8, 300.0, False)], 6),  # none
         ([{**knee_row("mean", 8, 300.0, False), "noise_scale_low": math.inf}], 8),  # no signal
         ([{**knee_row("mean", 8, 300.0, True), "within_share": 1.02}], 8),  # between below 0
