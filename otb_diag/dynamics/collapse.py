@@ -40,6 +40,14 @@ points of a flat log in 15-40 % of simulated runs (5-20 point windows).
 `tokens_sampled` at the first point where the smoothed score reaches the target and a token
 count is logged (None if never, or if the log has no token counts). Rows without a score are
 left out of the smoothing.
+
+**Updates to target.** At that same row, the optimizer updates the policy had taken when it
+generated the row's batch: the knee controller's count where the run logged one
+(`otb/controller/updates`, docs/noise-scale.md; several generation batches make one update
+there), else step − 1 (one update a step; TRL and verl count steps from 1, the first batch
+sampled before any update). Steps against
+tokens is the trade-off a batch size sets (McCandlish et al. 2018): a larger batch takes fewer
+sequential updates and more tokens to the same score.
 """
 
 from __future__ import annotations
@@ -52,6 +60,9 @@ import pandas as pd
 from otb_diag.dynamics.detection_rule import DetectionRule as DetectionRule  # re-exported
 
 MAD_TO_SD = 1.4826  # MAD of a normal sample times this estimates its standard deviation
+# The knee controller's running count of optimizer updates (`integrations/core/controller.py`),
+# as the training log's table names it.
+UPDATES_COLUMN = "otb/controller/updates"
 
 
 def robust_z(x: np.ndarray, window: int, min_points: int, min_scale: float) -> np.ndarray:
@@ -90,11 +101,21 @@ def smoothed_score(score: np.ndarray, smooth: int) -> np.ndarray:
     return _per_row(len(score), rows, mean)
 
 
-def tokens_to_target(tokens: np.ndarray, smoothed: np.ndarray, target: float) -> float | None:
-    """`tokens` at the first row whose smoothed score reaches `target` and that has a token
+def target_row(tokens: np.ndarray, smoothed: np.ndarray, target: float) -> int | None:
+    """[rows] -> the first row whose smoothed score reaches `target` and that has a token
     count, or None."""
     hits = np.flatnonzero((smoothed >= target) & np.isfinite(tokens))
-    return float(tokens[hits[0]]) if len(hits) else None
+    return int(hits[0]) if len(hits) else None
+
+
+def updates_before(frame: pd.DataFrame) -> np.ndarray:
+    """[rows] optimizer updates taken before each row's batch was generated: the controller's
+    logged count carried forward over the rows that lack it (0 before its first), else
+    step − 1 (not below 0)."""
+    steps = frame["step"].to_numpy(dtype=float)
+    if UPDATES_COLUMN not in frame or not frame[UPDATES_COLUMN].notna().any():
+        return np.maximum(steps - 1, 0.0)
+    return frame[UPDATES_COLUMN].ffill().fillna(0.0).to_numpy(dtype=float)
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,7 @@ class RunDynamics:
     lead_steps: int | None
     variance_proxy_kind: str
     tokens_to_target: float | None
+    updates_to_target: int | None  # at the row of `tokens_to_target`
     grad_norm_z: np.ndarray
     variance_z: np.ndarray
     score_smoothed: np.ndarray
@@ -123,7 +145,8 @@ class RunDynamics:
 def analyse_run(
     frame: pd.DataFrame, rule: DetectionRule, target: float | None = None
 ) -> RunDynamics:
-    """Collapse step, warning step and lead, and tokens to `target` for one run's table."""
+    """Collapse step, warning step and lead, and tokens and updates to `target` for one run's
+    table."""
     steps = frame["step"].to_numpy()
     grad_rows, grad_steps, grad_x = _log_points(steps, frame["grad_norm"].to_numpy(dtype=float))
     grad_z = robust_z(grad_x, rule.window, rule.min_points, rule.min_scale)
@@ -144,16 +167,16 @@ def analyse_run(
             warning_step = int(var_steps[warning])
 
     smoothed = smoothed_score(frame["score"].to_numpy(dtype=float), rule.smooth)
-    tokens = None
-    if target is not None:
-        tokens = tokens_to_target(frame["tokens_sampled"].to_numpy(dtype=float), smoothed, target)
+    tokens_sampled = frame["tokens_sampled"].to_numpy(dtype=float)
+    row = target_row(tokens_sampled, smoothed, target) if target is not None else None
     return RunDynamics(
         collapse_step=collapse_step,
         collapse_z=float(grad_z[alarm]) if alarm is not None else None,
         warning_step=warning_step,
         lead_steps=collapse_step - warning_step if warning_step is not None else None,
         variance_proxy_kind=str(frame["variance_proxy_kind"].iloc[0]) if len(frame) else "none",
-        tokens_to_target=tokens,
+        tokens_to_target=float(tokens_sampled[row]) if row is not None else None,
+        updates_to_target=int(updates_before(frame)[row]) if row is not None else None,
         grad_norm_z=_per_row(len(frame), grad_rows, grad_z),
         variance_z=_per_row(len(frame), var_rows, var_z),
         score_smoothed=smoothed,

@@ -12,7 +12,9 @@ Student's t interval of the mean over seeds (the seeds are independent draws of 
 run that never reached the target is counted (`reached` k of n), not averaged in: the mean is
 then that of the runs that reached it, which flatters a slow arm, so the table says k of n. The
 final smoothed score is summarised the same way over all n runs, and the collapse detector's
-verdict is given per run.
+verdict is given per run. The optimizer updates to the target (`collapse.py:updates_before`, at
+the same row as the tokens) are summarised as the tokens are: an arm's point on the
+steps-against-tokens curve, with an interval on each axis.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class RunOutcome(Protocol):
     @property
     def tokens_to_target(self) -> float | None: ...
     @property
+    def updates_to_target(self) -> int | None: ...
+    @property
     def final_score_smoothed(self) -> float | None: ...
 
 
@@ -66,13 +70,17 @@ def compare_arms(runs: Sequence[RunOutcome], arms: Sequence[str]) -> list[dict[s
     """One row per arm (`arms[i]` is the arm of `runs[i]`; arms in order of first appearance):
     its baseline and group size, its runs, the collapse verdict of each (`collapse_steps`, None
     for a run without one), tokens to the target (each run's, and mean and interval over those
-    that reached it) and the final smoothed score (mean and interval over all runs)."""
+    that reached it), the updates to it (the same) and the final smoothed score (mean and
+    interval over all runs)."""
     rows = []
     for arm in dict.fromkeys(arms):
         members = [r for r, a in zip(runs, arms, strict=True) if a == arm]
         reached = [r.tokens_to_target for r in members if r.tokens_to_target is not None]
         finals = [r.final_score_smoothed for r in members if r.final_score_smoothed is not None]
         tokens = mean_interval(reached, floor=0.0)
+        updates = mean_interval(
+            [r.updates_to_target for r in members if r.updates_to_target is not None], floor=0.0
+        )
         score = mean_interval(finals)
         rows.append(
             {
@@ -87,6 +95,10 @@ def compare_arms(runs: Sequence[RunOutcome], arms: Sequence[str]) -> list[dict[s
                 "tokens_to_target_mean": tokens[0],
                 "tokens_to_target_low": tokens[1],
                 "tokens_to_target_high": tokens[2],
+                "updates_to_target": [r.updates_to_target for r in members],
+                "updates_to_target_mean": updates[0],
+                "updates_to_target_low": updates[1],
+                "updates_to_target_high": updates[2],
                 "final_score_mean": score[0],
                 "final_score_low": score[1],
                 "final_score_high": score[2],

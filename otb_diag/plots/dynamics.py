@@ -455,6 +455,14 @@ class ArmMarks(Protocol):
     def tokens_to_target_low(self) -> float | None: ...
     @property
     def tokens_to_target_high(self) -> float | None: ...
+    @property
+    def updates_to_target(self) -> list[int | None]: ...
+    @property
+    def updates_to_target_mean(self) -> float | None: ...
+    @property
+    def updates_to_target_low(self) -> float | None: ...
+    @property
+    def updates_to_target_high(self) -> float | None: ...
 
 
 def _arm_styles(arms: Sequence[ArmMarks]) -> dict[str, dict[str, str]]:
@@ -545,8 +553,58 @@ def _target_panel(
         mean, low, high = a.tokens_to_target_mean, a.tokens_to_target_low, a.tokens_to_target_high
         if mean is None:
             continue
-        xerr = None if low is None or high is None else [[mean - low], [high - mean]]
-        ax.errorbar([mean], [i], xerr=xerr, marker="o", markersize=3, capsize=2, linewidth=1.0,
-                    color=color)  # fmt: skip
+        ax.errorbar([mean], [i], xerr=_bar(mean, low, high), marker="o", markersize=3,
+                    capsize=2, linewidth=1.0, color=color)  # fmt: skip
         ax.annotate(f"{a.reached}/{len(a.runs)}", (mean, i), textcoords="offset points",
                     xytext=(0, 4), fontsize=5, color=color, ha="center")  # fmt: skip
+
+
+def fig_steps_vs_tokens(arms: Sequence[ArmMarks], target: float | None) -> Figure:
+    """Optimizer updates against tokens sampled to reach `target`, every arm on one plot: each
+    run that reached it (open dot), the arm's mean over those runs (filled) with its 95 % t
+    interval on both axes, k/n in the legend; log axes. A larger batch moves an arm down (fewer
+    sequential updates) and right (more tokens): the curve (S/S_min − 1)(E/E_min − 1) = 1 of
+    McCandlish et al. (2018), whose knee a batch at the noise scale sits at."""
+    styles = _arm_styles(arms)
+    fig, ax = new_figure(height_in=2.6)
+    with mpl.rc_context(STYLE):
+        if target is None:
+            ax.text(0.5, 0.5, "no --target: no updates or tokens to a target",
+                    transform=ax.transAxes, ha="center")  # fmt: skip
+            return fig
+        shown: list[float] = []
+        for a in arms:
+            color = styles[a.arm]["color"]
+            runs = [
+                (t, u)
+                for t, u in zip(a.tokens_to_target, a.updates_to_target, strict=False)
+                if t is not None and u is not None
+            ]
+            ax.plot([t for t, _ in runs], [u for _, u in runs], linestyle="none", marker="o",
+                    markersize=3, markerfacecolor="none", color=color, alpha=0.7)  # fmt: skip
+            x, y = a.tokens_to_target_mean, a.updates_to_target_mean
+            if x is None or y is None:
+                continue
+            ax.errorbar([x], [y], xerr=_bar(x, a.tokens_to_target_low, a.tokens_to_target_high),
+                        yerr=_bar(y, a.updates_to_target_low, a.updates_to_target_high),
+                        marker="o", markersize=4, capsize=2, linewidth=1.0, color=color,
+                        label=f"{a.arm} ({a.reached}/{len(a.runs)} reached)")  # fmt: skip
+            shown += [x, y, *[v for run in runs for v in run]]
+        if not shown:
+            ax.text(0.5, 0.5, f"no arm reached the score {target:g}", transform=ax.transAxes,
+                    ha="center")  # fmt: skip
+            return fig
+        if min(shown) > 0:  # a log axis: interval ends cut at 0 are clipped to its floor
+            ax.set_xscale("log", nonpositive="clip")
+            ax.set_yscale("log", nonpositive="clip")
+        ax.set_xlabel(f"tokens sampled to score {target:g}")
+        ax.set_ylabel(f"optimizer updates to score {target:g}")
+        ax.set_title("Updates against tokens to the target (bars: 95 % t intervals over seeds)",
+                     fontsize=6)  # fmt: skip
+        ax.legend(**LEGEND_BESIDE)
+    return fig
+
+
+def _bar(mean: float, low: float | None, high: float | None) -> list[list[float]] | None:
+    """An error bar's [[below], [above]] from an interval, None without one."""
+    return None if low is None or high is None else [[mean - low], [high - mean]]

@@ -258,6 +258,19 @@ FIGURES = (
         in_set=False,
         drawn_when="arms",
     ),
+    FigureEntry(
+        "steps_vs_tokens",
+        "dynamics",
+        "dynamics.fig_steps_vs_tokens",
+        {"arms": "arms", "target": "target"},
+        "Optimizer updates against tokens sampled to reach the --target score, every arm on "
+        "one plot (log axes): open dots the runs that reached it, the filled dot the arm's mean "
+        "over them with 95 % t intervals on both axes. A larger batch moves an arm down (fewer "
+        "sequential updates) and right (more tokens); with the knee controller several "
+        "generation batches make one update.",
+        in_set=False,
+        drawn_when="arms",
+    ),
 )
 
 

@@ -38,11 +38,13 @@ def test_one_value_has_no_interval_and_none_has_no_mean() -> None:
 
 
 def run(name: str, tokens: float | None, collapse: int | None, final: float | None):
-    """A run's outcome; its baseline and group size are those its name says."""
+    """A run's outcome; its baseline and group size are those its name says, its updates to
+    the target a hundredth of its tokens."""
     baseline, size = {"otb": ("otb", 4), "grpo": ("grpo", 16)}[name.split()[0]]
     return SimpleNamespace(
         run=name, baseline=baseline, group_size=size, collapse_step=collapse,
         tokens_to_target=tokens, final_score_smoothed=final,
+        updates_to_target=None if tokens is None else int(tokens // 100),
     )  # fmt: skip
 
 
@@ -66,6 +68,11 @@ def test_arms_gather_their_seeds_in_order_of_appearance() -> None:
     half = T_975[1] * (200.0 / math.sqrt(2)) / math.sqrt(2)
     assert otb["tokens_to_target_mean"] == 200.0
     assert otb["tokens_to_target_low"] == max(200.0 - half, 0.0) == 0.0  # tokens are ≥ 0
+    # The updates to the target: the same runs, the same interval, on their own scale.
+    assert otb["updates_to_target"] == [1, 3, None]
+    assert otb["updates_to_target_mean"] == 2.0
+    assert otb["updates_to_target_high"] == pytest.approx(2.0 + half / 100)
+    assert otb["updates_to_target_low"] == 0.0  # updates are ≥ 0
     assert otb["final_score_mean"] == pytest.approx(0.7)
     half = T_975[2] * 0.2 / math.sqrt(3)  # finals 0.9, 0.7, 0.5: sd 0.2
     assert otb["final_score_high"] == pytest.approx(0.7 + half)

@@ -13,7 +13,14 @@ from otb_diag.cli.main import app
 from small_runs import dynamics
 from typer.testing import CliRunner
 
-from otb_diag.dynamics.collapse import DetectionRule, analyse_run, smoothed_score, tokens_to_target
+from otb_diag.dynamics.collapse import (
+    UPDATES_COLUMN,
+    DetectionRule,
+    analyse_run,
+    smoothed_score,
+    target_row,
+    updates_before,
+)
 from otb_diag.errors import InputError
 from otb_diag.io.training_logs import COLUMNS, parse_label, read_training_log
 
@@ -103,23 +110,40 @@ def test_no_collapse_in_a_flat_noisy_log(seed: int, sigma: float, level: float) 
     assert result.lead_steps is None
 
 
-def test_tokens_to_target_hand_case() -> None:
+def test_the_target_row_hand_case() -> None:
     score = np.array([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     tokens = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
     smoothed = smoothed_score(score, 2)  # nan, .1, .3, .5, .7, .9
     assert np.isnan(smoothed[0])
-    assert tokens_to_target(tokens, smoothed, 0.5) == 40.0
-    assert tokens_to_target(tokens, smoothed, 0.95) is None
-    assert tokens_to_target(tokens, smoothed_score(score, 1), 0.6) == 40.0
+    assert target_row(tokens, smoothed, 0.5) == 3
+    assert target_row(tokens, smoothed, 0.95) is None
+    assert target_row(tokens, smoothed_score(score, 1), 0.6) == 3
     # A row without a score is skipped by the smoothing, not averaged as zero.
     gap = smoothed_score(np.array([0.4, np.nan, 0.6, 0.6]), 2)
     assert np.isnan(gap[1]) and gap[2] == pytest.approx(0.5)
-    assert tokens_to_target(tokens[:4], gap, 0.55) == 40.0
+    assert target_row(tokens[:4], gap, 0.55) == 3
+    # A row without a token count is passed over: tokens and updates are of one row.
+    assert target_row(np.array([10.0, 20.0, np.nan, 40.0, 50.0, 60.0]), smoothed, 0.5) == 3
+    assert target_row(np.array([10.0, 20.0, 30.0, np.nan, 50.0, 60.0]), smoothed, 0.5) == 4
 
 
-def test_tokens_to_target_in_analyse_run() -> None:
+def test_tokens_and_updates_to_target_in_analyse_run() -> None:
     result = analyse_run(synthetic_run(collapse_at=None), DetectionRule(smooth=1), target=0.5)
     assert result.tokens_to_target == 51_000.0  # score 0.01 * point reaches 0.5 at point 50
+    assert result.updates_to_target == 2 * 50 - 1  # its step less one: steps count from 1
+
+
+def test_updates_are_the_controllers_count_where_it_logged_one() -> None:
+    """Step − 1 for a run updating every step; the knee controller's count, carried forward
+    over rows that lack it (a log written every other step), where it ran."""
+    plain = pd.DataFrame({"step": [1, 2, 3, 4]})
+    assert updates_before(plain).tolist() == [0, 1, 2, 3]
+    gated = plain.assign(**{UPDATES_COLUMN: [np.nan, 1.0, np.nan, 1.0]})
+    assert updates_before(gated).tolist() == [0, 1, 1, 1]
+    run = synthetic_run(collapse_at=None)  # steps 1, 3, 5, …: the score reaches 0.5 at row 50
+    run[UPDATES_COLUMN] = np.arange(len(run)) // 4  # four generation batches an update
+    result = analyse_run(run, DetectionRule(smooth=1), target=0.5)
+    assert (result.tokens_to_target, result.updates_to_target) == (51_000.0, 50 // 4)
 
 
 # ---------------------------------------------------------------- log readers

@@ -265,7 +265,7 @@ def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     assert dom.returncode == 0, dom.stderr[-2000:]
     text = Page(dom.stdout).text
     assert "collapse at step 300" in text and "PASS: every metric agrees" in text
-    assert "the paper reports > 65 % fewer tokens at equal score over training" in text
+    assert "the paper's > 65 % is at equal score over training, a different quantity" in text
 
     shot = tmp_path / "shot.png"
     result = chromium(f"--screenshot={shot}", "--window-size=1200,1600")

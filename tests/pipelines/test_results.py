@@ -188,7 +188,7 @@ def test_dynamics_says_each_file_it_wrote_and_a_log_without_live_keys() -> None:
     live = replace(_run("live", {"otb/x": 1.0}), budget=[budget])
     both = DynamicsResult(DetectionRule(), None, [live, _run("plain", None)], "/o", [arm])
     text = both.format()
-    assert "wrote dynamics.csv, budget.csv, comparison.csv, collapse.json and 6 figures" in text
+    assert "wrote dynamics.csv, budget.csv, comparison.csv, collapse.json and 7 figures" in text
     assert (
         "run plain: no otb/ keys: the otb-diag live diagnostics were not attached or were "
         "switched off, so there is no noise split to pool." in text
@@ -364,7 +364,7 @@ def test_the_other_results_round_trip(tmp_path: Path) -> None:
     written = dynamics.to_json()
     assert written["rule"] == {**dataclasses.asdict(DetectionRule(window=20)),
                                "description": DetectionRule(window=20).describe()}  # fmt: skip
-    assert "6 figures" in dynamics.format()  # every dynamics figure: live, budget and arms
+    assert "7 figures" in dynamics.format()  # every dynamics figure: live, budget and arms (2)
     train = TrainResult(
         checkpoint="/c",
         settings=TrainSettings(lr=3e-4),

@@ -527,3 +527,46 @@ def test_arms_sharing_a_baseline_get_a_colour_each() -> None:
     shared = colours(["grpo N=4", "otb N=4", "grpo N=16"])
     assert len(set(shared)) == 3
     assert colours(["grpo N=4", "otb N=4"]) == [to_hex(baseline_color(b)) for b in ("grpo", "otb")]
+
+
+def test_steps_vs_tokens_draws_each_arms_mean_runs_and_intervals() -> None:
+    """Every arm at (its mean tokens, its mean updates) to the target, its bars the two
+    intervals, its runs as open dots, k/n in its label; an arm no run of which reached the
+    target draws no mean; without --target the figure says so."""
+
+    def arm(name: str, tokens: list, updates: list, interval: bool) -> SimpleNamespace:
+        reached = [t for t in tokens if t is not None]
+        spread = (0.5, 1.5) if interval else (None, None)
+        mean_t = float(np.mean(reached)) if reached else None
+        mean_u = float(np.mean([u for u in updates if u is not None])) if reached else None
+        return SimpleNamespace(
+            arm=name, baseline=name.split()[0], group_size=4, runs=[f"{name}#{i}" for i in
+            range(len(tokens))], reached=len(reached), tokens_to_target=tokens,
+            updates_to_target=updates, tokens_to_target_mean=mean_t,
+            updates_to_target_mean=mean_u,
+            tokens_to_target_low=mean_t * spread[0] if interval and mean_t else None,
+            tokens_to_target_high=mean_t * spread[1] if interval and mean_t else None,
+            updates_to_target_low=mean_u * spread[0] if interval and mean_u else None,
+            updates_to_target_high=mean_u * spread[1] if interval and mean_u else None,
+        )  # fmt: skip
+
+    arms = [
+        arm("grpo P=4", [1000.0, 3000.0], [40, 80], True),
+        arm("grpo P=16", [8000.0, None], [20, None], False),
+        arm("otb P=4", [None, None], [None, None], False),
+    ]
+    fig = plots_dynamics.fig_steps_vs_tokens(arms, 0.5)
+    ax = fig.axes[0]
+    means = [c.lines[0].get_xydata()[0].tolist() for c in ax.containers]
+    assert means == [[2000.0, 60.0], [8000.0, 20.0]]
+    bars = ax.containers[0].lines[2]  # the x bar, then the y bar
+    assert [seg.tolist() for seg in bars[0].get_segments()] == [[[1000.0, 60.0], [3000.0, 60.0]]]
+    assert [seg.tolist() for seg in bars[1].get_segments()] == [[[2000.0, 30.0], [2000.0, 90.0]]]
+    dots = [line.get_xydata().tolist() for line in ax.lines if line.get_markerfacecolor() == "none"]
+    assert [[1000.0, 40.0], [3000.0, 80.0]] in dots and [[8000.0, 20.0]] in dots
+    assert legend_labels(ax) == ["grpo P=4 (2/2 reached)", "grpo P=16 (1/2 reached)"]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    untold = plots_dynamics.fig_steps_vs_tokens(arms, None).axes[0]
+    assert "no --target" in untold.texts[0].get_text()
+    nobody = plots_dynamics.fig_steps_vs_tokens(arms[2:], 0.5).axes[0]
+    assert "no arm reached the score 0.5" in nobody.texts[0].get_text()

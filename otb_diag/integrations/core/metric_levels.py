@@ -42,6 +42,7 @@ HEADLINE = (
     "groups/empty_responses",
     "energy/sequence_mean",  # the realized energy W(τ) of a response, mean
     "controller/prompts_per_update",  # the knee controller's batch, where it runs
+    "controller/updates",  # its optimizer updates so far (TRL's step counts generation batches)
 )
 
 

@@ -234,12 +234,14 @@ def _comparison_table(run: Run) -> str:
     if not arms:
         return ""
     target = "target" if run.result.target is None else f"{run.result.target:g}"
-    header = ["arm", "runs", "reached", f"tokens to {target}", "95 % interval", "final score"]
-    header += ["collapses"]
+    header = ["arm", "runs", "reached", f"tokens to {target}", "95 % interval"]
+    header += [f"updates to {target}", "95 % interval", "final score", "collapses"]
     g3 = "{:.3g}"
     rows = [
         [a.arm, len(a.runs), f"{a.reached}/{len(a.runs)}", _number(a.tokens_to_target_mean, g3)]
         + [f"{_number(a.tokens_to_target_low, g3)} – {_number(a.tokens_to_target_high, g3)}"]
+        + [_number(a.updates_to_target_mean, g3)]
+        + [f"{_number(a.updates_to_target_low, g3)} – {_number(a.updates_to_target_high, g3)}"]
         + [_number(a.final_score_mean, "{:.3f}"), ", ".join(_number(c) for c in a.collapse_steps)]
         for a in arms
     ]
@@ -248,7 +250,9 @@ def _comparison_table(run: Run) -> str:
         [
             (f"tokens to {target}", "mean over the arm's runs that reached the target of the "
              "tokens each sampled until its trailing-mean score first reached it"),
-            ("95 % interval", "Student's t interval of that mean over those runs (≥ 2)"),
+            (f"updates to {target}", "the same for the optimizer updates taken before the "
+             "batch that reached it (step − 1, or the knee controller's count)"),
+            ("95 % interval", "Student's t interval of each mean over those runs (≥ 2)"),
             ("collapses", "the collapse detector's step per run (— none)"),
         ]
     )  # fmt: skip

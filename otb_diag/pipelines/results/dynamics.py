@@ -62,6 +62,9 @@ class DynamicsRun:
     otb_steps: dict[str, int] | None = absent()
     # The logged split pooled over the run, one per estimator; None where the log has no split.
     budget: list[PooledBudget] | None = None
+    # Optimizer updates taken before the batch that reached the target (`tokens_to_target`'s
+    # row; `dynamics/collapse.py:updates_before`); None as it is, or in a file written before.
+    updates_to_target: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,11 @@ class DynamicsArm:
     final_score_mean: float | None  # the last trailing-mean score, over the runs
     final_score_low: float | None
     final_score_high: float | None
+    # The optimizer updates to the target, as the tokens (None in a file written before them).
+    updates_to_target: list[int | None] = field(default_factory=list)
+    updates_to_target_mean: float | None = None
+    updates_to_target_low: float | None = None
+    updates_to_target_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,17 +121,26 @@ class DynamicsResult(schema.Versioned):
         return {**super().to_json(), "rule": self.rule_json()}  # the key keeps its place
 
     def format(self) -> str:
-        """One line per run (tokens to the target only with a --target), then the rule and
-        where the outputs are; the runs whose logs hold no live diagnostics are named once."""
+        """One line per run (tokens and updates to the target only with a --target), then the
+        rule and where the outputs are; the runs whose logs hold no live diagnostics are named
+        once."""
         target = self.target
-        tokens_head = f" {f'tokens to {target:g}':>15}" if target is not None else ""
+        tokens_head = (
+            f" {f'tokens to {target:g}':>15} {f'updates to {target:g}':>15}"
+            if target is not None
+            else ""
+        )
         head = (
             f"{'run':<20} {'baseline':<8} {'N':>4} {'steps':>11} {'collapse':>9} {'warning':>8} "
             f"{'lead':>5}{tokens_head}  variance proxy"
         )
         lines = [head]
         for r in self.runs:
-            tokens = f" {_cell(r.tokens_to_target, '{:.3g}'):>15}" if target is not None else ""
+            tokens = (
+                f" {_cell(r.tokens_to_target, '{:.3g}'):>15} {_cell(r.updates_to_target):>15}"
+                if target is not None
+                else ""
+            )
             lines.append(
                 f"{r.run[:20]:<20} {_cell(r.baseline):<8} {_cell(r.group_size):>4} "
                 f"{r.first_step:>5}-{r.last_step:<5} {_cell(r.collapse_step):>9} "
@@ -169,22 +186,32 @@ class DynamicsResult(schema.Versioned):
         lines = [
             "comparison at equal tokens ("
             + (
-                f"tokens to {target:g}: mean over the runs that reached it, 95 % t interval over "
-                "them):"
+                f"tokens and optimizer updates to {target:g}: mean over the runs that reached it, "
+                "95 % t interval over them):"
                 if target is not None
                 else "no --target, so no tokens to a target; the final score's 95 % t interval "
                 "over the runs):"
             ),
             f"  {'arm':<20} {'runs':>4}"
-            + (f" {'reached':>7} {'tokens to target':>28}" if target is not None else "")
+            + (
+                f" {'reached':>7} {'tokens to target':>28} {'updates to target':>22}"
+                if target is not None
+                else ""
+            )
             + f" {'final score':>22}  collapses",
         ]
         for a in self.arms:
             tokens = _interval(a.tokens_to_target_mean, a.tokens_to_target_low,
                                a.tokens_to_target_high, "{:.3g}")  # fmt: skip
+            updates = _interval(a.updates_to_target_mean, a.updates_to_target_low,
+                                a.updates_to_target_high, "{:.3g}")  # fmt: skip
             score = _interval(a.final_score_mean, a.final_score_low, a.final_score_high, "{:.3f}")
             collapses = ", ".join(_cell(s) for s in a.collapse_steps)
-            reached = f" {a.reached:>4}/{len(a.runs):<2} {tokens:>28}" if target is not None else ""
+            reached = (
+                f" {a.reached:>4}/{len(a.runs):<2} {tokens:>28} {updates:>22}"
+                if target is not None
+                else ""
+            )
             lines.append(f"  {a.arm[:20]:<20} {len(a.runs):>4}{reached} {score:>22}  {collapses}")
         return lines
 

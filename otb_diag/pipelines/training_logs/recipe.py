@@ -15,7 +15,7 @@ from typing import cast
 
 import pandas as pd
 
-from otb_diag.dynamics.collapse import RunDynamics, analyse_run
+from otb_diag.dynamics.collapse import RunDynamics, analyse_run, updates_before
 from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
@@ -126,6 +126,7 @@ def _analyse(
                 source=log.source,
                 file=str(path),
                 score_smoothed=found.score_smoothed,
+                updates=updates_before(frame),
                 grad_norm_z=found.grad_norm_z,
                 variance_z=found.variance_z,
                 **_identity(frame, runs[-1]),
@@ -168,7 +169,7 @@ def _comparison_table(arms: list[DynamicsArm]) -> pd.DataFrame:
     rows = []
     for arm in arms:
         row = dataclasses.asdict(arm)
-        for column in ("runs", "collapse_steps", "tokens_to_target"):
+        for column in ("runs", "collapse_steps", "tokens_to_target", "updates_to_target"):
             row[column] = "; ".join("" if v is None else str(v) for v in row[column])
         rows.append(row)
     return pd.DataFrame(rows)
