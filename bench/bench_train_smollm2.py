@@ -96,6 +96,13 @@ CONTROLLED = (
     Arm("grpo N=4 + controller", None, 4, controller="knee"),
     Arm("otb N=4 + controller", "otb", 4, controller="knee"),
 )
+# The paired differences of the final score the comparison prints: (arm, the arm it is set
+# against), over the seeds both ran (their prompts are the same at a seed).
+PAIRS = (
+    ("otb N=4", "grpo N=4"),
+    ("grpo N=4 + controller", "grpo N=4"),
+    ("otb N=4 + controller", "otb N=4"),
+)
 THREADS = 2  # torch threads of every run (seed 0's three arms ran on 1, before this was set)
 INSTRUCTION = "Answer with the number only."
 LOW, HIGH = 10, 99  # the operands' range
@@ -229,28 +236,60 @@ def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> di
     return record
 
 
-def compare(arms: tuple[Arm, ...], args: argparse.Namespace) -> list[dict]:
-    """`otb-diag dynamics` over every finished run, an arm's seeds sharing its label; its
-    comparison's rows ([] until every arm has a finished run)."""
+def compare(arms: tuple[Arm, ...], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """`otb-diag dynamics` over every finished run, an arm's seeds sharing its label: its
+    comparison's rows and the paired differences of `PAIRS` (both [] until every arm has a
+    finished run)."""
     from otb_diag.pipelines.training_logs.recipe import run_dynamics
     from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 
-    logs, labels = [], []
+    logs, labels, seeds = [], [], []
     for arm in arms:
         for seed in range(args.seeds):
             state = args.out / "runs" / f"{arm.slug}-s{seed}" / "trainer_state.json"
             if state.is_file():
                 logs.append(state)
                 labels.append(arm.label)
+                seeds.append(seed)
     if set(labels) != {arm.label for arm in arms}:
         missing = sorted({arm.label for arm in arms} - set(labels))
         print(f"no comparison yet: no finished run of {', '.join(missing)}")
-        return []
+        return {"arms": [], "paired": []}
     result = run_dynamics(
         TrainingLogs(logs, labels), args.out / "dynamics", DynamicsSettings(target=args.target)
     )
     print(result.format())
-    return [vars(arm) for arm in result.arms]
+    finals = {
+        (label, seed): run.final_score_smoothed
+        for label, seed, run in zip(labels, seeds, result.runs, strict=True)
+    }
+    paired = [paired_difference(finals, a, b) for a, b in PAIRS]
+    paired = [row for row in paired if row["seeds"]]  # pairs with a seed both arms ran
+    for row in paired:
+        interval = (
+            f" [{row['low']:+.3f}, {row['high']:+.3f}] (95 % t)" if row["low"] is not None else ""
+        )
+        print(f"paired final score, {row['arm']} − {row['against']} over {row['seeds']} "
+              f"seed(s): {row['mean']:+.3f}{interval}; {row['arm_higher']} of {row['seeds']} "
+              "higher")  # fmt: skip
+    return {"arms": [vars(arm) for arm in result.arms], "paired": paired}
+
+
+def paired_difference(finals: dict[tuple[str, int], float | None], arm: str, against: str) -> dict:
+    """The final smoothed score of `arm` less that of `against`, seed by seed over the seeds
+    both finished (the same prompts at a seed), its mean with Student's t 95 % interval."""
+    from otb_diag.dynamics.comparison import mean_interval
+
+    both = sorted(
+        seed
+        for (label, seed), score in finals.items()
+        if label == arm and score is not None and finals.get((against, seed)) is not None
+    )
+    diffs = [finals[(arm, s)] - finals[(against, s)] for s in both]
+    mean, low, high = mean_interval(diffs)
+    return {"arm": arm, "against": against, "seeds": len(both), "differences": diffs,
+            "mean": mean, "low": low, "high": high,
+            "arm_higher": sum(d > 0 for d in diffs)}  # fmt: skip
 
 
 def main() -> None:
@@ -293,7 +332,8 @@ def main() -> None:
                 records.append({k: v for k, v in record.items() if k != "prompts"})
                 print(f"{arm.label} s{seed}: {record['wall_s']:.0f} s", flush=True)
     comparison = compare(arms, args)
-    print(json.dumps({"trained": records, "comparison": comparison}, default=str))
+    print(json.dumps({"trained": records, "comparison": comparison["arms"],
+                      "paired": comparison["paired"]}, default=str))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -42,10 +42,9 @@ count is logged (None if never, or if the log has no token counts). Rows without
 left out of the smoothing.
 
 **Updates to target.** At that same row, the optimizer updates the policy had taken when it
-generated the row's batch: the knee controller's count where the run logged one
-(`otb/controller/updates`, docs/noise-scale.md; several generation batches make one update
-there), else step − 1 (one update a step; TRL and verl count steps from 1, the first batch
-sampled before any update). Steps against
+generated the row's batch (the table's `updates`, `io/training_logs.py`: the knee controller's
+count where the run logged one, several generation batches making one update there, else
+step − 1). Steps against
 tokens is the trade-off a batch size sets (McCandlish et al. 2018): a larger batch takes fewer
 sequential updates and more tokens to the same score.
 """
@@ -60,9 +59,6 @@ import pandas as pd
 from otb_diag.dynamics.detection_rule import DetectionRule as DetectionRule  # re-exported
 
 MAD_TO_SD = 1.4826  # MAD of a normal sample times this estimates its standard deviation
-# The knee controller's running count of optimizer updates (`integrations/core/controller.py`),
-# as the training log's table names it.
-UPDATES_COLUMN = "otb/controller/updates"
 
 
 def robust_z(x: np.ndarray, window: int, min_points: int, min_scale: float) -> np.ndarray:
@@ -106,16 +102,6 @@ def target_row(tokens: np.ndarray, smoothed: np.ndarray, target: float) -> int |
     count, or None."""
     hits = np.flatnonzero((smoothed >= target) & np.isfinite(tokens))
     return int(hits[0]) if len(hits) else None
-
-
-def updates_before(frame: pd.DataFrame) -> np.ndarray:
-    """[rows] optimizer updates taken before each row's batch was generated: the controller's
-    logged count carried forward over the rows that lack it (0 before its first), else
-    step − 1 (not below 0)."""
-    steps = frame["step"].to_numpy(dtype=float)
-    if UPDATES_COLUMN not in frame or not frame[UPDATES_COLUMN].notna().any():
-        return np.maximum(steps - 1, 0.0)
-    return frame[UPDATES_COLUMN].ffill().fillna(0.0).to_numpy(dtype=float)
 
 
 @dataclass(frozen=True)
@@ -176,7 +162,7 @@ def analyse_run(
         lead_steps=collapse_step - warning_step if warning_step is not None else None,
         variance_proxy_kind=str(frame["variance_proxy_kind"].iloc[0]) if len(frame) else "none",
         tokens_to_target=float(tokens_sampled[row]) if row is not None else None,
-        updates_to_target=int(updates_before(frame)[row]) if row is not None else None,
+        updates_to_target=int(frame["updates"].iloc[row]) if row is not None else None,
         grad_norm_z=_per_row(len(frame), grad_rows, grad_z),
         variance_z=_per_row(len(frame), var_rows, var_z),
         score_smoothed=smoothed,

@@ -12,7 +12,7 @@ Student's t interval of the mean over seeds (the seeds are independent draws of 
 run that never reached the target is counted (`reached` k of n), not averaged in: the mean is
 then that of the runs that reached it, which flatters a slow arm, so the table says k of n. The
 final smoothed score is summarised the same way over all n runs, and the collapse detector's
-verdict is given per run. The optimizer updates to the target (`collapse.py:updates_before`, at
+verdict is given per run. The optimizer updates to the target (`io/training_logs.py:_updates`, at
 the same row as the tokens) are summarised as the tokens are: an arm's point on the
 steps-against-tokens curve, with an interval on each axis.
 """

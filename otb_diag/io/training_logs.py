@@ -26,6 +26,10 @@ otherwise; `variance_proxy_kind` says which. proxy2 comes first because it is fo
 proxy3 subtracts the squared gradient norm, so it moves with the very surge it should precede
 (and verl logs it as 0.0 when the norm is unavailable). `proxy3_pure_noise` is kept beside it
 whenever logged, so `dynamics` can say that it mixes units (`dynamics/units.py`).
+`updates` counts the optimizer updates taken before each row's batch was generated: the knee
+controller's logged `otb/controller/updates` carried forward over rows that lack it (0 before
+its first) where it ran (several generation batches make one update there), else step − 1, not
+below 0 (one update a step; TRL and verl count steps from 1).
 
 `step`, `grad_norm` and the score are required; a missing one, a malformed line or a value that
 is not a number is an `InputError` naming the file, the line or row, and the field, and
@@ -59,6 +63,7 @@ COLUMNS = (
     "variance_proxy_kind",
     "proxy3_pure_noise",
     "tokens_sampled",
+    "updates",
     "baseline",
     "group_size",
 )
@@ -66,6 +71,10 @@ REQUIRED = ("step", "grad_norm", "score")
 # The live diagnostics' metrics (`otb_diag/integrations/`, docs/live.md) are kept as logged, one
 # column each, after `COLUMNS`, whatever the source.
 OTB_PREFIX = "otb/"
+# The knee controller's metrics (`integrations/core/controller.py`, under `OTB_PREFIX`): the
+# prompts of the current optimizer update, and the updates taken before the step's batch.
+CONTROLLER_PROMPTS = "controller/prompts_per_update"
+CONTROLLER_UPDATES = "controller/updates"
 
 # Canonical field -> keys accepted for it, in order of preference, in our own log (a trainer's
 # are its `Trainer.log_keys`).
@@ -318,8 +327,17 @@ def _finish(path: Path, frame: pd.DataFrame, step_key: str | None, where: str) -
         raise InputError("row without a step", path=path, field=step_key, **location)
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     frame["step"] = frame["step"].astype(np.int64)
+    frame["updates"] = _updates(frame)
     live = sorted(c for c in frame.columns if str(c).startswith(OTB_PREFIX))
     return frame[[*COLUMNS, *live]].reset_index(drop=True)
+
+
+def _updates(frame: pd.DataFrame) -> np.ndarray:
+    """[rows, in step order] the optimizer updates before each row's batch (module docstring)."""
+    logged = OTB_PREFIX + CONTROLLER_UPDATES
+    if logged in frame and frame[logged].notna().any():
+        return frame[logged].ffill().fillna(0.0).to_numpy(dtype=float)
+    return np.maximum(frame["step"].to_numpy(dtype=float) - 1, 0.0)
 
 
 def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:

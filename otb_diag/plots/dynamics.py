@@ -27,7 +27,14 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from otb_diag.plots.style import COLUMN_WIDTH_IN, OKABE_ITO, STYLE, baseline_color, new_figure
+from otb_diag.plots.style import (
+    COLUMN_WIDTH_IN,
+    OKABE_ITO,
+    STYLE,
+    baseline_color,
+    new_figure,
+    plain_log_ticks,
+)
 
 
 class RunMarks(Protocol):
@@ -594,9 +601,12 @@ def fig_steps_vs_tokens(arms: Sequence[ArmMarks], target: float | None) -> Figur
             ax.text(0.5, 0.5, f"no arm reached the score {target:g}", transform=ax.transAxes,
                     ha="center")  # fmt: skip
             return fig
-        if min(shown) > 0:  # a log axis: interval ends cut at 0 are clipped to its floor
+        if min(shown) > 0:  # a log axis: interval ends cut at 0 run off its floor
             ax.set_xscale("log", nonpositive="clip")
             ax.set_yscale("log", nonpositive="clip")
+            ax.autoscale_view()
+            plain_log_ticks(ax.xaxis)
+            plain_log_ticks(ax.yaxis)
         ax.set_xlabel(f"tokens sampled to score {target:g}")
         ax.set_ylabel(f"optimizer updates to score {target:g}")
         ax.set_title("Updates against tokens to the target (bars: 95 % t intervals over seeds)",

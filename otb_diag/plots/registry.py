@@ -267,7 +267,7 @@ FIGURES = (
         "one plot (log axes): open dots the runs that reached it, the filled dot the arm's mean "
         "over them with 95 % t intervals on both axes. A larger batch moves an arm down (fewer "
         "sequential updates) and right (more tokens); with the knee controller several "
-        "generation batches make one update.",
+        "generation batches make one update. A bar that runs off an axis: its lower end is 0.",
         in_set=False,
         drawn_when="arms",
     ),

@@ -4,11 +4,13 @@ same colour for a baseline in every figure, labelled axes with units, sized for 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib as mpl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from otb_diag.io.atomic import write_with
 from otb_diag.maths.estimators.registry import families, family_of
@@ -81,3 +83,37 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
             write_with(path, lambda p, ext=ext: fig.savefig(p, format=ext))
             paths.append(path)
     return paths
+
+
+PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would thin to none)
+
+
+def plain_log_ticks(axis) -> None:
+    """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
+    than a decade still gets labels, the view widened to the ticks on either side of the data
+    (a lowest point of 593 under a first tick of 1,000 could not be read); over more than
+    `PLAIN_DECADES` decades, matplotlib's own."""
+    low, high = axis.get_view_interval()
+    if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
+        return
+    if low > 0:  # the limits set, not autoscaled again by what is drawn later
+        set_lim = axis.axes.set_ylim if axis is axis.axes.yaxis else axis.axes.set_xlim
+        set_lim(tick_at_or_below(low), tick_at_or_above(high))
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+_PLAIN_TICKS = (1.0, 2.0, 5.0, 10.0)
+
+
+def tick_at_or_below(x: float) -> float:
+    """The largest 1, 2, 5 × 10^n at or below `x > 0`."""
+    decade = 10.0 ** math.floor(math.log10(x))
+    return max(t * decade for t in _PLAIN_TICKS if t * decade <= x * (1 + 1e-12))
+
+
+def tick_at_or_above(x: float) -> float:
+    """The smallest 1, 2, 5 × 10^n at or above `x > 0`."""
+    decade = 10.0 ** math.floor(math.log10(x))
+    return min(t * decade for t in _PLAIN_TICKS if t * decade >= x * (1 - 1e-12))

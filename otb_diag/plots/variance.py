@@ -14,48 +14,13 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from otb_diag.maths.estimators.registry import variant_of
 from otb_diag.maths.variance.fidelity import correlations
-from otb_diag.plots.style import STYLE, baseline_color, new_figure
+from otb_diag.plots.style import STYLE, baseline_color, new_figure, plain_log_ticks
 
 LINESTYLES = {"loo": "--", "true": ":", "seqnorm-true": (0, (3, 1, 1, 1, 1, 1))}
 HATCHES = {"loo": "//", "true": "..", "seqnorm-true": "xx"}
-
-
-PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would thin to none)
-
-
-def _plain_log_ticks(axis) -> None:
-    """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
-    than a decade still gets labels, the view widened to the ticks on either side of the data
-    (a lowest point of 593 under a first tick of 1,000 could not be read); over more than
-    `PLAIN_DECADES` decades, matplotlib's own."""
-    low, high = axis.get_view_interval()
-    if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
-        return
-    if low > 0:  # the limits set, not autoscaled again by what is drawn later
-        set_lim = axis.axes.set_ylim if axis is axis.axes.yaxis else axis.axes.set_xlim
-        set_lim(_tick_at_or_below(low), _tick_at_or_above(high))
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FormatStrFormatter("%g"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-_PLAIN_TICKS = (1.0, 2.0, 5.0, 10.0)
-
-
-def _tick_at_or_below(x: float) -> float:
-    """The largest 1, 2, 5 × 10^n at or below `x > 0`."""
-    decade = 10.0 ** math.floor(math.log10(x))
-    return max(t * decade for t in _PLAIN_TICKS if t * decade <= x * (1 + 1e-12))
-
-
-def _tick_at_or_above(x: float) -> float:
-    """The smallest 1, 2, 5 × 10^n at or above `x > 0`."""
-    decade = 10.0 ** math.floor(math.log10(x))
-    return min(t * decade for t in _PLAIN_TICKS if t * decade >= x * (1 - 1e-12))
 
 
 def _log_y(ax, values: pd.Series) -> None:
@@ -66,7 +31,7 @@ def _log_y(ax, values: pd.Series) -> None:
     v = values.to_numpy(dtype=float)
     if (np.isfinite(v) & (v > 0)).any():
         ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+        plain_log_ticks(ax.yaxis)
         return
     ax.text(
         0.5, 0.5, "every value is 0, infinite or undefined:\ndo the pools' rewards differ?",

@@ -127,6 +127,7 @@ def test_smallest_path_runs_to_its_json_line(
     if script == "bench_train_smollm2.py":  # every arm trained, the comparison over all four
         assert [r["group_size"] for r in record["trained"]] == [4, 4, 4, 16]
         assert len(record["comparison"]) == 4
+        assert record["paired"] == []  # one step: no trailing mean of 5 scores to pair
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -162,3 +163,20 @@ def test_a_script_runs_at_its_documented_thread_count(monkeypatch: pytest.Monkey
         assert line.startswith(f"threads: 1 torch thread(s) on {os.cpu_count()} cores")
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_smollm2_pairs_are_seed_by_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paired difference of final scores: seed by seed over the seeds both arms finished
+    with a score, its mean with Student's t interval (t_{0.975, 2} = 4.303)."""
+    module = script_module("bench_train_smollm2.py", monkeypatch)
+    finals = {("otb", 0): 0.5, ("otb", 1): 0.7, ("otb", 2): 0.4, ("otb", 3): 0.9,
+              ("grpo", 0): 0.3, ("grpo", 1): 0.6, ("grpo", 2): 0.5, ("grpo", 3): None,
+              ("grpo", 4): 0.2}  # fmt: skip
+    row = module.paired_difference(finals, "otb", "grpo")
+    assert row["differences"] == pytest.approx([0.2, 0.1, -0.1])  # seeds 0–2 only
+    assert (row["seeds"], row["arm_higher"], row["mean"]) == (3, 2, pytest.approx(0.2 / 3))
+    half = 4.302652729911275 * 0.15275252316519466 / 3**0.5  # sd of (0.2, 0.1, −0.1)
+    assert (row["low"], row["high"]) == (
+        pytest.approx(0.2 / 3 - half),
+        pytest.approx(0.2 / 3 + half),
+    )

@@ -13,14 +13,7 @@ from otb_diag.cli.main import app
 from small_runs import dynamics
 from typer.testing import CliRunner
 
-from otb_diag.dynamics.collapse import (
-    UPDATES_COLUMN,
-    DetectionRule,
-    analyse_run,
-    smoothed_score,
-    target_row,
-    updates_before,
-)
+from otb_diag.dynamics.collapse import DetectionRule, analyse_run, smoothed_score, target_row
 from otb_diag.errors import InputError
 from otb_diag.io.training_logs import COLUMNS, parse_label, read_training_log
 
@@ -54,6 +47,7 @@ def synthetic_run(
             "variance_proxy": proxy,
             "variance_proxy_kind": "proxy2",
             "tokens_sampled": 1000.0 * (points + 1),
+            "updates": np.maximum(points * step_every - 1, 0),
             "baseline": "otb",
             "group_size": 4.0,
         }
@@ -133,17 +127,29 @@ def test_tokens_and_updates_to_target_in_analyse_run() -> None:
     assert result.updates_to_target == 2 * 50 - 1  # its step less one: steps count from 1
 
 
-def test_updates_are_the_controllers_count_where_it_logged_one() -> None:
-    """Step − 1 for a run updating every step; the knee controller's count, carried forward
-    over rows that lack it (a log written every other step), where it ran."""
-    plain = pd.DataFrame({"step": [1, 2, 3, 4]})
-    assert updates_before(plain).tolist() == [0, 1, 2, 3]
-    gated = plain.assign(**{UPDATES_COLUMN: [np.nan, 1.0, np.nan, 1.0]})
-    assert updates_before(gated).tolist() == [0, 1, 1, 1]
-    run = synthetic_run(collapse_at=None)  # steps 1, 3, 5, …: the score reaches 0.5 at row 50
-    run[UPDATES_COLUMN] = np.arange(len(run)) // 4  # four generation batches an update
+def test_updates_to_target_are_the_tables_at_the_targets_row() -> None:
+    run = synthetic_run(collapse_at=None)  # steps 0, 2, 4, …: the score reaches 0.5 at row 50
+    run["updates"] = np.arange(len(run)) // 4  # four generation batches an update
     result = analyse_run(run, DetectionRule(smooth=1), target=0.5)
     assert (result.tokens_to_target, result.updates_to_target) == (51_000.0, 50 // 4)
+
+
+def test_updates_are_the_controllers_count_where_it_logged_one(tmp_path: Path) -> None:
+    """Step − 1 for a run updating every step; the knee controller's count, carried forward
+    over rows that lack it (a log written every other step), where it ran."""
+    rows = [{"step": s, "grad_norm": 1.0, "mean_reward": 0.5} for s in (1, 2, 3, 4)]
+    plain = tmp_path / "plain" / "metrics.jsonl"
+    plain.parent.mkdir()
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_training_log(plain).frame["updates"].tolist() == [0, 1, 2, 3]
+    counts = {2: 1.0, 4: 1.0}  # the controller logs before the step's update
+    gated = tmp_path / "gated" / "metrics.jsonl"
+    gated.parent.mkdir()
+    gated.write_text("".join(
+        json.dumps({**r, **({"otb/controller/updates": counts[r["step"]]} if r["step"] in counts
+                            else {})}) + "\n" for r in rows[::-1]
+    ))  # fmt: skip
+    assert read_training_log(gated).frame["updates"].tolist() == [0, 1, 1, 1]
 
 
 # ---------------------------------------------------------------- log readers

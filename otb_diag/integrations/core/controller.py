@@ -39,13 +39,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from otb_diag.errors import InputError
-from otb_diag.integrations.core.step_metrics import PREFIX
+from otb_diag.io.training_logs import CONTROLLER_PROMPTS as PROMPTS
+from otb_diag.io.training_logs import CONTROLLER_UPDATES as UPDATES
+from otb_diag.io.training_logs import OTB_PREFIX as PREFIX
 from otb_diag.maths.noise.budget_stream import BUDGET
 
 CONTROLLERS = ("knee",)  # what `attach(controller=...)` and the plain loop take
 POOL = "ema"  # the pool the rule reads: the more recent answer (the window is the more certain)
-PROMPTS = "controller/prompts_per_update"  # the metric each step logs (under `otb/`)
-UPDATES = "controller/updates"  # optimizer updates so far, the steps of the steps-tokens curve
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from otb_diag.errors import InputError
 from otb_diag.io.trainers.trl import OTB_RECORD
+from otb_diag.io.training_logs import CONTROLLER_PROMPTS, CONTROLLER_UPDATES
 
 LEVELS = ("default", "all")
 # The answers a person reads, `{own}` the trainer's estimator (the one its advantages are, or
@@ -41,8 +42,8 @@ HEADLINE = (
     "collapse/warning",
     "groups/empty_responses",
     "energy/sequence_mean",  # the realized energy W(τ) of a response, mean
-    "controller/prompts_per_update",  # the knee controller's batch, where it runs
-    "controller/updates",  # its optimizer updates so far (TRL's step counts generation batches)
+    CONTROLLER_PROMPTS,  # the knee controller's batch, where it runs
+    CONTROLLER_UPDATES,  # its optimizer updates so far (TRL's step counts generation batches)
 )
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from otb_diag.errors import InputError
+from otb_diag.io.training_logs import OTB_PREFIX
 from otb_diag.maths.energy.tables import (
     ZERO_TAIL,
     ZERO_TAIL_PROXIES,
@@ -45,7 +46,7 @@ from otb_diag.maths.noise.step_split import (
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.scores.token_scores import token_scores
 
-PREFIX = "otb/"
+PREFIX = OTB_PREFIX  # every live metric's, as the training-log reader knows them
 # The proxies logged per baseline (`maths/energy/proxies.py`: verl's names carry verl's numbers,
 # ours our raw-logit convention); `expected_w` does not depend on the baseline and is logged once.
 PER_BASELINE = (

@@ -120,12 +120,19 @@ class Pooled:
         out = {f.name: float(getattr(self, f.name)) for f in fields(self)}
         return out | {"resolved": float(self.resolved)}
 
-    def sentence(self, estimator: str, step: int) -> str:
+    def sentence(self, estimator: str, step: int, per_update: float | None = None) -> str:
         """The pooled answer at split step `step`: "at step S, the knee is ~B prompts [lo, hi]
         under <estimator> at N; you train with P prompts a step", or the honest bound while
-        `|G|²` or tr Σ is not resolved."""
+        `|G|²` or tr Σ is not resolved. `per_update`: the prompts an optimizer update took
+        where a knee controller accumulated several steps (P a step is then what one
+        generation batch sampled)."""
         n = _count(self.group_size)
         run = f"you train with {_count(self.prompts_per_step)} prompts a step"
+        if per_update is not None and per_update != self.prompts_per_step:
+            run = (
+                f"you sample {_count(self.prompts_per_step)} prompts a step and update with "
+                f"{_count(per_update)} (the knee controller)"
+            )
         if self.resolved:
             return (
                 f"at step {step}, the knee is ~{self.noise_scale:.3g} prompts "

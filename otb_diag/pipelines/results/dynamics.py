@@ -63,7 +63,7 @@ class DynamicsRun:
     # The logged split pooled over the run, one per estimator; None where the log has no split.
     budget: list[PooledBudget] | None = None
     # Optimizer updates taken before the batch that reached the target (`tokens_to_target`'s
-    # row; `dynamics/collapse.py:updates_before`); None as it is, or in a file written before.
+    # row; `io/training_logs.py:_updates`); None as it is, or in a file written before.
     updates_to_target: int | None = None
 
 

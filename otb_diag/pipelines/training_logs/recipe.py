@@ -15,12 +15,17 @@ from typing import cast
 
 import pandas as pd
 
-from otb_diag.dynamics.collapse import RunDynamics, analyse_run, updates_before
+from otb_diag.dynamics.collapse import RunDynamics, analyse_run
 from otb_diag.dynamics.comparison import compare_arms
 from otb_diag.dynamics.units import proxy_units
 from otb_diag.errors import InputError
 from otb_diag.io.atomic import write_with
-from otb_diag.io.training_logs import OTB_PREFIX, read_training_log, with_label
+from otb_diag.io.training_logs import (
+    CONTROLLER_PROMPTS,
+    OTB_PREFIX,
+    read_training_log,
+    with_label,
+)
 from otb_diag.maths.noise.budget_stream import BudgetPools
 from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.pooled_budget import budget_long, pooled_over_steps, split_identity
@@ -126,7 +131,6 @@ def _analyse(
                 source=log.source,
                 file=str(path),
                 score_smoothed=found.score_smoothed,
-                updates=updates_before(frame),
                 grad_norm_z=found.grad_norm_z,
                 variance_z=found.variance_z,
                 **_identity(frame, runs[-1]),
@@ -201,7 +205,7 @@ def _row(
         **proxy_units(frame),
         otb=otb,
         otb_steps=otb_steps,
-        budget=_budget(pools),
+        budget=_budget(pools, frame),
     )
 
 
@@ -215,15 +219,21 @@ def _identity(frame: pd.DataFrame, row: DynamicsRun) -> dict[str, pd.Series]:
     }
 
 
-def _budget(pools: BudgetPools) -> list[PooledBudget] | None:
-    """Each estimator's pooled split after the log's last split step; None without a split."""
+def _budget(pools: BudgetPools, frame: pd.DataFrame) -> list[PooledBudget] | None:
+    """Each estimator's pooled split after the log's last split step, its sentence with the
+    prompts an update took there where a knee controller ran; None without a split."""
     if pools.last_step is None:
         return None
+    per_update = None
+    key = OTB_PREFIX + CONTROLLER_PROMPTS
+    if key in frame:
+        logged = frame.loc[frame["step"] <= pools.last_step, key].dropna()
+        per_update = float(logged.iloc[-1]) if len(logged) else None
     return [
         PooledBudget(
             estimator=name,
             step=pools.last_step,
-            sentence=found["window"].sentence(name, pools.last_step),
+            sentence=found["window"].sentence(name, pools.last_step, per_update),
             window=found["window"].metrics(),
             ema=found["ema"].metrics(),
         )

@@ -164,6 +164,13 @@ def test_a_hand_computed_window() -> None:
     d = np.array([1 - 4 / 5, 2 - 6 / 5, 0 - 5 / 5])
     se = math.sqrt(d.var(ddof=1) / 3) / 5.0
     assert found.noise_scale_low == pytest.approx(1 / (0.2 + 4.302652729911275 * se))
+    # A knee controller's run samples P = 8 a step and updates with more: the sentence says both.
+    assert found.sentence("grpo", 3).endswith("; you train with 8 prompts a step")
+    assert found.sentence("grpo", 3, per_update=8.0).endswith("; you train with 8 prompts a step")
+    controlled = found.sentence("grpo", 3, per_update=32.0)
+    assert controlled.endswith(
+        "; you sample 8 prompts a step and update with 32 (the knee controller)"
+    )
 
 
 def test_the_window_keeps_only_its_last_steps() -> None:
