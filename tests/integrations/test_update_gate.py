@@ -79,19 +79,23 @@ def test_an_update_of_two_batches_is_their_mean_gradient_clipped_as_one(tmp_path
     assert gated.scheduled == [0, 1] and reference.scheduled == [1, 2]
 
 
+@pytest.mark.parametrize("advantages", [None, "otb"])
 def test_the_controllers_decisions_are_realised_and_logged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advantages: str | None
 ) -> None:
     """A rule that decides 2 base batches from its second record on: step 1 is an update of
     one batch, then every update takes two (steps 2-3 and 4-5 are one update each, as the
-    decision of step 1 is known at its end); each step logs the prompts decided so far."""
+    decision of step 1 is known at its end); each step logs the prompts decided so far. The
+    record it reads is the knee of the estimator that trains: TRL's GRPO, or OTB once
+    `advantages="otb"` swaps it in (it read GRPO's, no longer pooled, and never decided)."""
 
     def scheduled(self: Any, knee: Any, current: int, records: int) -> int:
         return 2 * self.base if records >= 1 else current
 
     monkeypatch.setattr(controller_module.KneeRule, "decide", scheduled)
     trainer = toy_trainer(tmp_path / "run", 5)
-    live = attach(trainer, controller="knee", split_every=1)
+    live = attach(trainer, controller="knee", split_every=1, advantages=advantages)
+    assert live.core.controller.estimator == (advantages or "grpo")
     steps: list[int] = []
     optimizer_steps = 0
     original = trainer.create_optimizer

@@ -155,6 +155,17 @@ class LiveCore:
         self._thread: ThreadPoolExecutor | None = None  # where the worker cannot measure
         self._job: tuple[int, Callable[[], dict[str, float]], dict[str, float]] | None = None
 
+    def trains_with(self, record: tuple[str, dict[str, Any]]) -> None:
+        """Make `record` (registry name, options) the estimator the trainer's advantages are,
+        set after the core was made (`attach(advantages=...)`): the one audited and dumped,
+        the split's own (its options winning over OTB's defaults) and the one whose knee the
+        controller reads (it read the trainer's former estimator, whose split is no longer
+        pooled, and never decided)."""
+        self.audited = record
+        self.split_under = {**split_baselines(None), record[0]: record[1]}
+        if self.controller is not None:
+            self.controller.estimator = record[0]
+
     # -- errors and processes ----------------------------------------------------------------
 
     def guard(self, step: int, fn: Callable[..., None], *args: Any) -> None:

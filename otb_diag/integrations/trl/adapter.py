@@ -158,10 +158,6 @@ class LiveDiagnostics:
         the one it trains with)."""
         return self.core.audited
 
-    @audited.setter
-    def audited(self, record: tuple[str, dict[str, Any]] | None) -> None:
-        self.core.audited = record
-
     @property
     def last(self) -> dict[str, float]:
         """The latest measured step's metrics, every one (main process)."""

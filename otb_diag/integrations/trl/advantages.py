@@ -45,7 +45,6 @@ from torch import Tensor
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.core.generation_stats import GenerationStats
-from otb_diag.integrations.core.step_metrics import split_baselines
 from otb_diag.integrations.trl.rows import (
     Pending,
     local_rewards,
@@ -190,6 +189,5 @@ def install_swap(trainer: Any, live: LiveDiagnostics, record: tuple[str, dict[st
     swap = AdvantageSwap(trainer, live, record)
     generate = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: swap.generate(generate, inputs)
-    live.audited = record
-    live.core.split_under = {**split_baselines(None), record[0]: record[1]}  # its options win
+    live.core.trains_with(record)
     live.swap = swap
