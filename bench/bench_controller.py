@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import synthetic_knee as truth  # noqa: E402
 from threads import add_threads, pin_threads  # noqa: E402
 
+from otb_diag.dynamics.comparison import mean_interval  # noqa: E402
 from otb_diag.integrations.core.controller import KneeController, KneeRule  # noqa: E402
 
 FIXED = (4, 8, 16, 32, 64, 128, 256, 512)  # the synthetic's fixed batches
@@ -53,15 +53,6 @@ TOY_ARMS = (  # label, prompts a generation batch, controller
     ("grpo N=4 P=16", 16, None),
     ("grpo N=4 P=4 + controller", 4, "knee"),
 )
-
-
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and Student's 95 % t interval over seeds."""
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
 def synthetic(out: Path) -> dict:
@@ -81,7 +72,7 @@ def synthetic(out: Path) -> dict:
           f"{knee[1]:.0f} examples)")  # fmt: skip
     for name, ratios in rows.items():
         steps, examples = zip(*ratios, strict=True)
-        s, e = t_interval(list(steps)), t_interval(list(examples))
+        s, e = mean_interval(steps), mean_interval(examples)  # Student's t 95 %
         print(f"{name:<11} steps / knee's {s[0]:.3f} [{s[1]:.3f}, {s[2]:.3f}], "
               f"examples / knee's {e[0]:.3f} [{e[1]:.3f}, {e[2]:.3f}] (5 seeds)")  # fmt: skip
     figure(fixed, (s_min, e_min), oracle, controlled, out / "steps_vs_examples.png")

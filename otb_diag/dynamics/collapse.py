@@ -44,9 +44,8 @@ left out of the smoothing.
 **Updates to target.** At that same row, the optimizer updates the policy had taken when it
 generated the row's batch (the table's `updates`, `io/training_logs.py`: the knee controller's
 count where the run logged one, several generation batches making one update there, else
-step − 1). Steps against
-tokens is the trade-off a batch size sets (McCandlish et al. 2018): a larger batch takes fewer
-sequential updates and more tokens to the same score.
+step − 1). Steps against tokens is the trade-off a batch size sets (McCandlish et al. 2018): a
+larger batch takes fewer sequential updates and more tokens to the same score.
 """
 
 from __future__ import annotations
