@@ -29,7 +29,11 @@ whenever logged, so `dynamics` can say that it mixes units (`dynamics/units.py`)
 `updates` counts the optimizer updates taken before each row's batch was generated: the knee
 controller's logged `otb/controller/updates` carried forward over rows that lack it (0 before
 its first) where it ran (several generation batches make one update there), else step − 1, not
-below 0 (one update a step; TRL and verl count steps from 1).
+below 0 (one update a step; TRL and verl count steps from 1). Under the controller,
+`grad_norm` is kept only on rows whose update closed (the next row counts one more update, the
+last row as logged): TRL logs, at a batch that only adds to an update, the norm of the partial
+sum, which repeats over batches without a signal and is not what the optimizer applied (read as
+a gradient norm, its flat stretches made the collapse rule fire on a healthy SmolLM2 run).
 
 `step`, `grad_norm` and the score are required; a missing one, a malformed line or a value that
 is not a number is an `InputError` naming the file, the line or row, and the field, and
@@ -328,6 +332,7 @@ def _finish(path: Path, frame: pd.DataFrame, step_key: str | None, where: str) -
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     frame["step"] = frame["step"].astype(np.int64)
     frame["updates"] = _updates(frame)
+    frame["grad_norm"] = _applied_norms(frame)
     live = sorted(c for c in frame.columns if str(c).startswith(OTB_PREFIX))
     return frame[[*COLUMNS, *live]].reset_index(drop=True)
 
@@ -338,6 +343,16 @@ def _updates(frame: pd.DataFrame) -> np.ndarray:
     if logged in frame and frame[logged].notna().any():
         return frame[logged].ffill().fillna(0.0).to_numpy(dtype=float)
     return np.maximum(frame["step"].to_numpy(dtype=float) - 1, 0.0)
+
+
+def _applied_norms(frame: pd.DataFrame) -> np.ndarray:
+    """[rows] `grad_norm` where the optimizer applied it: every row, or under the controller
+    the rows whose update closed (module docstring)."""
+    norms = frame["grad_norm"].to_numpy(dtype=float)
+    if OTB_PREFIX + CONTROLLER_UPDATES not in frame:
+        return norms
+    closed = np.append(np.diff(frame["updates"].to_numpy()) > 0, True)
+    return np.where(closed, norms, np.nan)
 
 
 def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:

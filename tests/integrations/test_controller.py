@@ -6,6 +6,7 @@ prompts per update track the true noise scale."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from otb_diag.integrations.core.controller import (
     KneeRule,
     check_controller,
 )
+from otb_diag.integrations.trl.update_gate import UpdateGate
+from otb_diag.runtime.torchrun import Dist
 
 RULE = KneeRule(base=4, most=64, warmup=3, hysteresis=0.25)
 
@@ -83,6 +86,23 @@ def test_the_controller_reads_its_estimators_record_and_logs_its_batch() -> None
     assert logged[-1] == {"otb/" + PROMPTS: 8.0, "otb/" + UPDATES: 0.0}
     controller.updated()
     assert controller.feed({})["otb/" + UPDATES] == 1.0
+
+
+def test_the_runs_last_update_closes_on_its_last_batch() -> None:
+    """The TRL gate (`trl/update_gate.py`) takes the controller's k at each update's end, cut to
+    the batches left: 10 batches under k = 4 are updates of 1, 4, 4 and 1 (the last cut from 4),
+    none left in `.grad` unapplied at the end; the controller still logs its own decision."""
+    controller = KneeController(RULE, "grpo")
+    controller.prompts = 4 * RULE.base  # decided k = 4 from the first update's end on
+    trainer = SimpleNamespace(state=SimpleNamespace(max_steps=10, global_step=0))
+    gate = UpdateGate(trainer, controller, Dist())
+    closing = []
+    for step in range(1, 11):
+        trainer.state.global_step = step  # TRL counts the batch before `on_step_end`
+        closing.append(gate.closing)
+        gate.step_end()
+    assert [s for s, c in zip(range(1, 11), closing, strict=True) if c] == [1, 5, 9, 10]
+    assert controller.updates == 4 and controller.batches == 4
 
 
 def test_bad_settings_are_refused() -> None:

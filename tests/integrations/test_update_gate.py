@@ -1,7 +1,8 @@
 """The knee controller in a real TRL `GRPOTrainer` (`integrations/trl/update_gate.py`): an update
 of k generation batches is the mean of the k batches' gradients, clipped as one; the optimizer,
 the scheduler and the zero-grad step once an update; the controller's decisions reach the
-gate, are logged, and what the gate cannot do is refused."""
+gate, are logged (the collapse watch reading the norms of applied updates only), and what the
+gate cannot do is refused."""
 
 from __future__ import annotations
 
@@ -114,10 +115,14 @@ def test_the_controllers_decisions_are_realised_and_logged(
         return optimizer
 
     trainer.create_optimizer = counting
+    watched: list[int] = []  # the steps whose grad_norm the collapse watch took
+    add = live.core.add_grad_norm
+    live.core.add_grad_norm = lambda step, value: (watched.append(step), add(step, value))
     trainer.train()
     base = live.core.controller.rule.base
     assert base == 2  # 8 completions in groups of 4
     assert steps == [1, 3, 5] and optimizer_steps == 3
+    assert watched == steps  # the applied updates' norms, not the partial sums between
     logged = [e["otb/controller/prompts_per_update"] for e in trainer.state.log_history[:-1]]
     assert logged == [4.0] * 5  # the decision, from the first record on
     assert live.core.controller.updates == 3

@@ -152,6 +152,34 @@ def test_updates_are_the_controllers_count_where_it_logged_one(tmp_path: Path) -
     assert read_training_log(gated).frame["updates"].tolist() == [0, 1, 1, 1]
 
 
+# SmolLM2 under the knee controller (bench/results/smollm2-train/runs/grpo-n-4-controller-s2,
+# rounded): per TRL step the logged grad_norm and the controller's updates before the step's
+# batch. Between an update's closing batches TRL logged the partial sum's norm, flat over the
+# batches without a signal.
+GATED_NORMS = [1.296, 1.991, 0.0, 0.835, 0.978, *[0.1797] * 8, 0.3922, 0.3922, 0.3922, 0.4470,
+               0.5357, 0.6916, 0.6916, 0.6916, 0.2628, 0.3459, 0.3459, 0.3459, 0.3875, 0.4669,
+               0.4669, 0.4669, 0.0]  # fmt: skip
+GATED_UPDATES = [0, 1, 2, 3, 3, *[4] * 8, *[5] * 8, *[6] * 8, 7]
+
+
+def test_a_controller_runs_norms_are_read_where_its_updates_closed(tmp_path: Path) -> None:
+    """Read as every step's norm, the partial sums' flat stretches fired the collapse rule at
+    step 14 of a healthy run; kept where an update closed (the next row counts one more, and
+    the last row), they are the updates' own norms and nothing fires."""
+    rows = [
+        {"step": s + 1, "grad_norm": g, "mean_reward": 0.1, "otb/controller/updates": u}
+        for s, (g, u) in enumerate(zip(GATED_NORMS, GATED_UPDATES, strict=True))
+    ]
+    gated = read_training_log(write_jsonl(tmp_path / "metrics.jsonl", rows)).frame
+    closed = [1, 2, 3, 5, 13, 21, 29, 30]
+    kept = gated["grad_norm"].to_numpy()
+    np.testing.assert_array_equal(np.flatnonzero(np.isfinite(kept)) + 1, closed)
+    assert kept[np.isfinite(kept)].tolist() == [GATED_NORMS[s - 1] for s in closed]
+    assert analyse_run(gated, DetectionRule()).collapse_step is None
+    as_every_step = gated.assign(grad_norm=GATED_NORMS)
+    assert analyse_run(as_every_step, DetectionRule()).collapse_step == 14
+
+
 # ---------------------------------------------------------------- log readers
 
 
