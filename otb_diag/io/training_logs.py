@@ -12,9 +12,10 @@ declared in its module under `otb_diag/io/trainers/` (its signature and key map)
   dropped). Its per-step `perf/total_num_tokens` becomes `tokens_sampled` as a running sum over
   the logged rows: an export that skips steps undercounts.
 - `trl` (`otb_diag/io/trainers/trl.py:TRL`): a Hugging Face / TRL `trainer_state.json`: the
-  `log_history` entries that carry `grad_norm` (evaluation entries and the final summary are
-  skipped), the score summed from the reward functions' keys when `reward` is absent, the
-  variance proxy from `otb/proxy/grpo/proxy2_total_power` when
+  `log_history` entries of training steps, those that carry `loss` or `grad_norm` (evaluation
+  entries and the final summary are skipped; under the knee controller only an update's last
+  batch carries `grad_norm`), the score summed from the reward functions' keys when `reward`
+  is absent, the variance proxy from `otb/proxy/grpo/proxy2_total_power` when
   `otb_diag.integrations.trl.attach` logged it.
 
 Every run becomes a DataFrame with the columns of `COLUMNS`, NaN (or None) where the log has
@@ -31,9 +32,10 @@ controller's logged `otb/controller/updates` carried forward over rows that lack
 its first) where it ran (several generation batches make one update there), else step − 1, not
 below 0 (one update a step; TRL and verl count steps from 1). Under the controller,
 `grad_norm` is kept only on rows whose update closed (the next row counts one more update, the
-last row as logged): TRL logs, at a batch that only adds to an update, the norm of the partial
-sum, which repeats over batches without a signal and is not what the optimizer applied (read as
-a gradient norm, its flat stretches made the collapse rule fire on a healthy SmolLM2 run).
+last row as logged): TRL logged, before the gate withheld it, at a batch that only adds to an
+update the norm of the partial sum, which repeats over batches without a signal and is not what
+the optimizer applied (read as a gradient norm, its flat stretches made the collapse rule fire
+on a healthy SmolLM2 run).
 
 `step`, `grad_norm` and the score are required; a missing one, a malformed line or a value that
 is not a number is an `InputError` naming the file, the line or row, and the field, and
@@ -337,11 +339,16 @@ def _finish(path: Path, frame: pd.DataFrame, step_key: str | None, where: str) -
     return frame[[*COLUMNS, *live]].reset_index(drop=True)
 
 
+def _controlled(frame: pd.DataFrame) -> bool:
+    """The knee controller ran: the log counts its updates."""
+    logged = OTB_PREFIX + CONTROLLER_UPDATES
+    return logged in frame and bool(frame[logged].notna().any())
+
+
 def _updates(frame: pd.DataFrame) -> np.ndarray:
     """[rows, in step order] the optimizer updates before each row's batch (module docstring)."""
-    logged = OTB_PREFIX + CONTROLLER_UPDATES
-    if logged in frame and frame[logged].notna().any():
-        return frame[logged].ffill().fillna(0.0).to_numpy(dtype=float)
+    if _controlled(frame):
+        return frame[OTB_PREFIX + CONTROLLER_UPDATES].ffill().fillna(0.0).to_numpy(dtype=float)
     return np.maximum(frame["step"].to_numpy(dtype=float) - 1, 0.0)
 
 
@@ -349,7 +356,7 @@ def _applied_norms(frame: pd.DataFrame) -> np.ndarray:
     """[rows] `grad_norm` where the optimizer applied it: every row, or under the controller
     the rows whose update closed (module docstring)."""
     norms = frame["grad_norm"].to_numpy(dtype=float)
-    if OTB_PREFIX + CONTROLLER_UPDATES not in frame:
+    if not _controlled(frame):
         return norms
     closed = np.append(np.diff(frame["updates"].to_numpy()) > 0, True)
     return np.where(closed, norms, np.nan)
@@ -367,12 +374,13 @@ def _trl_frame(path: Path, state: dict[str, Any]) -> pd.DataFrame:
     entries = [
         {**e, **record.get(e.get("step"), {}), "_line": k}
         for k, e in enumerate(history)
-        if "grad_norm" in e
+        if "loss" in e or "grad_norm" in e  # a training step's (module docstring)
     ]
     keys = {k for e in history for k in e}
     if not entries:
         raise InputError(
-            f"no log_history entry has grad_norm. Keys found: {_listing(keys)}",
+            f"no log_history entry of a training step (with loss or grad_norm). "
+            f"Keys found: {_listing(keys)}",
             path=path,
             field="grad_norm",
         )

@@ -316,6 +316,22 @@ def test_reads_a_trl_trainer_state(tmp_path: Path) -> None:
     assert log.frame["response_length"].tolist() == [40.0, 40.0]
 
 
+def test_a_trl_step_logged_without_grad_norm_keeps_its_score(tmp_path: Path) -> None:
+    """Under the knee controller TRL logs `grad_norm` at an update's last batch only (the gate
+    withholds the others'); every training step's score is still a row."""
+    history = [
+        {"step": s, "loss": 0.01, "reward": 0.1 * s, "otb/controller/updates": u,
+         **({"grad_norm": 0.5} if closes else {})}
+        for s, u, closes in ((1, 0, True), (2, 1, False), (3, 1, True), (4, 2, True))
+    ]  # fmt: skip
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 4, "log_history": history}))
+    frame = read_training_log(path).frame
+    assert frame["score"].tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_array_equal(frame["grad_norm"], [0.5, np.nan, 0.5, 0.5])
+    assert frame["updates"].tolist() == [0, 1, 1, 2]
+
+
 def test_a_trainer_state_cut_short_names_the_line_where_it_breaks(tmp_path: Path) -> None:
     """A pretty-printed trainer_state.json cut inside its log (as a copy stopped mid-write):
     the line where the JSON breaks, not line 1 of a JSONL reading, and the parser's complaint

@@ -197,10 +197,7 @@ class LiveDiagnostics:
             self._captured.append((output.log_probs.detach(), output.log_sum_sq_probs.detach()))
 
     def on_log(self, logs: dict[str, float], step: int) -> None:
-        # Under the gate only an update's last batch logs the applied update's norm; TRL calls
-        # `on_log` after `on_step_end`, where the gate has just opened the next update.
-        applied = self.gate is None or self.gate.opening
-        if "grad_norm" in logs and applied:
+        if "grad_norm" in logs:  # under the gate, an update's last batch only (update_gate.py)
             self.core.add_grad_norm(step, float(logs["grad_norm"]))
 
     # -- the work ----------------------------------------------------------------------------

@@ -8,6 +8,9 @@ counts them). The gate wraps, on the trainer's instances once `train()` has buil
     the loss          each batch's `_compute_loss` divided by k: the update is the mean of the
                       k batches' gradients (each already the mean over its own rows)
     clipping          `_clip_grad_norm` only at the update's last batch, on the whole update
+    the logged norm   `_get_grad_norm` only then too: TRL logs `grad_norm` once an update, the
+                      norm of the update applied (on the other batches it would compute, with a
+                      collective across processes, the norm of the partial sum)
     optimizer.step    only at the update's last batch
     scheduler.step    only then too: the learning-rate schedule counts updates
     model.zero_grad   only then: the gradients of the update's batches add up in `.grad`
@@ -99,10 +102,11 @@ class UpdateGate:
         return loss / self.batches if self.batches > 1 else loss
 
     def install(self) -> None:
-        """Wrap the trainer's optimizer, scheduler, clipping and zero-grad (at `on_train_begin`:
-        `train()` builds them)."""
+        """Wrap the trainer's optimizer, scheduler, clipping, logged norm and zero-grad (at
+        `on_train_begin`: `train()` builds them)."""
         t = self.trainer
         t._clip_grad_norm = self._gated(t._clip_grad_norm)
+        t._get_grad_norm = self._gated(t._get_grad_norm)
         t.optimizer.step = self._gated(t.optimizer.step)
         t.lr_scheduler.step = self._gated(t.lr_scheduler.step)
         t.model_wrapped.zero_grad = self._gated(t.model_wrapped.zero_grad)
