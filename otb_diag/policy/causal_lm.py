@@ -32,11 +32,10 @@ def causal_lm(model: nn.Module) -> nn.Module:
         return model
     config = getattr(model, "active_peft_config", None)
     if getattr(config, "is_prompt_learning", False):
+        kind = getattr(config.peft_type, "value", config.peft_type)  # PeftType.X -> "X"
         raise InputError(
-            f"the PEFT adapter of this model ({config.peft_type}) adds virtual tokens in the "
-            "wrapper's forward, which otb-diag's passes, run on the causal LM inside it, would "
-            "not see.",
-            hint="Use an adapter that adapts the model's layers (LoRA, IA3, ...), or merge the "
-            "prompt into the model (`merge_and_unload` where the adapter has it).",
+            f"the PEFT adapter of this model ({kind}) adds virtual tokens in the wrapper's "
+            "forward, which otb-diag's passes, run on the causal LM inside it, would not see.",
+            hint="Use an adapter that adapts the model's layers (LoRA and its kin, IA3, ...).",
         )
     return get_base_model()
