@@ -160,7 +160,8 @@ def test_zero3_applies_the_controllers_updates_as_ddp(zero3: Path, ddp: Path) ->
     assert boundaries == [(h["batches"], h["index"]) for h in plain[0]]
     sums = [h["sum"] for h in histories[0]]
     assert sums[1] == sums[2] != sums[3] == sums[4] != sums[5]  # no step at steps 3 and 5
-    assert sums == pytest.approx([h["sum"] for h in plain[0]], rel=1e-6)
+    # round-off apart (6e-7 seen); one Adam step more or less moves the sum by ~1e-3 of it
+    assert sums == pytest.approx([h["sum"] for h in plain[0]], rel=1e-5)
     normed = {e["step"]: e["grad_norm"] for e in trained(zero3) if "grad_norm" in e}
     reference = {e["step"]: e["grad_norm"] for e in trained(ddp) if "grad_norm" in e}
     assert sorted(normed) == sorted(reference) == [1, 2, 4, 6]
