@@ -36,7 +36,7 @@ setup-sharded: $(VENV)/.sharded
 
 $(VENV)/.sharded: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-compile -e ".[dev,sharded]"
-	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import deepspeed, os; print(os.path.dirname(deepspeed.__file__))')" >/dev/null || true
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $@
 
 # Optional, not part of `setup`: verl 0.9.1's own objects for the tests marked `verl` (skipped

@@ -30,7 +30,9 @@ the same hooks):
 - the within/between split (`split_every`): head-mode score vectors of the output layer from the
   hidden states of the loss's own forward, or (`extra_forward=True`) of one extra no-grad
   forward (`step_metrics.py:split_scores`), before the step's optimizer step, each process on
-  its own rows; TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
+  its own rows; TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`). Under DeepSpeed
+  ZeRO-3 or FSDP2 the output layer is gathered for the scoring, every process scoring at the
+  same micro-steps, and no extra forward is taken (`split_capture.py`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -390,7 +392,8 @@ def attach(
     Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
     whose trainer lacks a hook, a bad option (`LiveOptions.checked`), a trainer `attach` was
     already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
-    it does not know, or on a trainer that shards its parameters), a dump directory that the
+    it does not know or under FSDP1, an extra forward on a trainer that shards its
+    parameters), a dump directory that the
     main process cannot write, a baseline option it does not take, or the controller on a
     trainer it cannot gate (`update_gate.py:check_gate`). Warns when the trainer has already
     trained (the diagnostics start with its next `train()`)."""

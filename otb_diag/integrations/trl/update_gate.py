@@ -113,7 +113,8 @@ class UpdateGate:
         return loss / self.batches if self.batches > 1 else loss
 
     def install(self) -> None:
-        """Wrap the trainer's optimizer, scheduler, clipping, logged norm and zero-grad (at
+        """Wrap the trainer's optimizer, scheduler, clipping, logged norm and zero-grad, and
+        under DeepSpeed the accumulation boundary accelerate hands its engine (at
         `on_train_begin`: `train()` builds them)."""
         t = self.trainer
         t._clip_grad_norm = self._gated(t._clip_grad_norm)
