@@ -393,10 +393,10 @@ def attach(
     whose trainer lacks a hook, a bad option (`LiveOptions.checked`), a trainer `attach` was
     already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
     it does not know or under FSDP1, an extra forward on a trainer that shards its
-    parameters), a dump directory that the
-    main process cannot write, a baseline option it does not take, or the controller on a
-    trainer it cannot gate (`update_gate.py:check_gate`). Warns when the trainer has already
-    trained (the diagnostics start with its next `train()`)."""
+    parameters), a dump directory that the main process cannot write, a baseline option it
+    does not take, or the controller on a trainer it cannot gate
+    (`update_gate.py:check_gate`). Warns when the trainer has already trained (the
+    diagnostics start with its next `train()`)."""
     supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
