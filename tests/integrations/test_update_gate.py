@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from launch import torchrun
+from controller_torchrun import STEPS, gated
 from transformers import TrainerCallback
 from trl_toy import toy_trainer
 
@@ -144,17 +144,20 @@ def test_the_gate_refuses_what_it_cannot_drive(tmp_path: Path) -> None:
 
 
 @pytest.mark.torchrun
-def test_two_processes_apply_the_main_processs_decision_together(tmp_path: Path) -> None:
+def test_two_processes_apply_the_main_processs_decision_together(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """2 gloo processes, groups straddling them: each applies the main process's decision at
     the same update boundary (k = 1 for steps 1 and 2, whose end decides 2 batches; then
     updates of steps 3-4 and 5-6), their parameters stay equal, and the main process logs the
-    decision."""
-    result = torchrun(2, tmp_path, 6, script=Path(__file__).with_name("controller_torchrun.py"))
+    decision. (The launch is shared with test_trl_sharded.py, which sets ZeRO-3's beside it.)"""
+    tmp_path, result = gated(tmp_path_factory)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "switched off" not in result.stderr, result.stderr[-3000:]
     histories = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert histories[0] == histories[1]
     # after each step's end: the k of the next batch's update and its index in it
+    assert len(histories[0]) == STEPS
     assert [(h["batches"], h["index"]) for h in histories[0]] == [
         (1, 0), (2, 0), (2, 1), (2, 0), (2, 1), (2, 0)
     ]  # fmt: skip

@@ -130,10 +130,14 @@ def supported_trainer(trainer: Any) -> Supported:
     return SUPPORTED[name]
 
 
-def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
+def check_trainer(
+    trainer: Any, supported: Supported, split_every: int, extra_forward: bool
+) -> None:
     """What `attach` refuses of a TRL trainer whose hooks it can wrap: the split (`split_every`
-    > 0) where the trainer shards its parameters or under a `loss_type` otb-diag does not know;
-    and what it warns of: a trainer that already trained, a TRL version the tests do not run."""
+    > 0) under a `loss_type` otb-diag does not know; on a trainer that shards its parameters,
+    the split under FSDP1, and any extra forward (`extra_forward`: asked for, or a TRL without
+    the fused head's Σπ²); and what it warns of: a trainer that already trained, a TRL version
+    the tests do not run."""
     import trl
 
     if trainer.state.global_step > 0:
@@ -144,14 +148,22 @@ def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
             stacklevel=3,
         )
     sharded = sharding(trainer)
-    if split_every and sharded is not None:
+    if split_every and sharded == FSDP1:
         raise InputError(
-            f"the within/between split recomputes the logits from the output layer's weight "
-            f"outside the forward pass, where {sharded} holds only a shard of it on each "
-            "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
-            hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
-            "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
-            "dumped step and its checkpoint gives the split offline.",
+            "the within/between split gathers the output layer's weight for its scores, which "
+            "otb-diag does under FSDP2 and DeepSpeed ZeRO-3; this trainer runs FSDP1, whose "
+            "flat parameters it does not gather.",
+            hint="Use FSDP2 (fsdp_config={'fsdp_version': 2}), or attach(trainer, "
+            "split_every=None) for the other live diagnostics.",
+        )
+    if sharded is not None and extra_forward:
+        raise InputError(
+            f"under {sharded} every forward is a collective that all processes run together, "
+            "and otb-diag's extra no-grad forward runs on each process's own rows (their "
+            "number of forwards differs): it would hang the training. Asked for by "
+            "extra_forward=True, or needed where TRL's fused head gives no log Σπ².",
+            hint="attach(trainer) without extra_forward, with TRL 1.16 (its fused head "
+            "gives log p and Σπ² from the loss's own forward).",
         )
     loss_type = getattr(trainer, "loss_type", None)
     if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
@@ -168,14 +180,18 @@ def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
         )
 
 
+FSDP1, FSDP2, ZERO3 = "FSDP1", "FSDP2", "DeepSpeed ZeRO-3"  # what `sharding` names
+
+
 def sharding(trainer: Any) -> str | None:
-    """ "FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
+    """`FSDP1`, `FSDP2` or `ZERO3` when `trainer` shards its parameters over the processes
     (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
     if getattr(trainer, "is_fsdp_enabled", False):
-        return "FSDP"
+        plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+        return FSDP2 if getattr(plugin, "fsdp_version", 1) == 2 else FSDP1
     plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
     if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
-        return "DeepSpeed ZeRO-3"
+        return ZERO3
     return None
 
 
