@@ -68,6 +68,7 @@ from otb_diag.integrations.trl.advantages import (
     install_swap,
 )
 from otb_diag.integrations.trl.ddp_noise import install_ddp_noise
+from otb_diag.integrations.trl.kl_penalty import KlPenalty
 from otb_diag.integrations.trl.rows import (
     ROW_KEY,
     Pending,
@@ -86,6 +87,7 @@ from otb_diag.integrations.trl.support import (
     SUPPORTED,
     Supported,
     capture_fused,
+    check_split_tokens,
     check_trainer,
     fused_head,
     log_to_trl,
@@ -93,7 +95,8 @@ from otb_diag.integrations.trl.support import (
     supported_trainer,
 )
 from otb_diag.integrations.trl.update_gate import UpdateGate, check_gate
-from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.policy.causal_lm import causal_lm
+from otb_diag.policy.forward_pass import output_layer
 from otb_diag.runtime.torchrun import Dist
 
 LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
@@ -133,18 +136,19 @@ class LiveDiagnostics:
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: advantages.py
         self.gate: UpdateGate | None = None  # `attach(controller=...)`: update_gate.py
         self.sharded = sharding(trainer)  # "DeepSpeed ZeRO-3", "FSDP2" (support.py) or None
-        documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
-        audited = trainer_baseline(supported.registry) if documented else None
+        # RLOOTrainer's rewards less β·KL: the rewards its advantages are formed from
+        self.kl = KlPenalty(trainer) if supported.kl_in_rewards and trainer.beta else None
+        audited = supported.audited(trainer)  # the registry estimator its settings make
         loss_type = getattr(trainer, "loss_type", "")
         accelerator = trainer.accelerator
         place = Dist(accelerator.process_index, accelerator.num_processes)
         controller = None
         if options.controller is not None:  # the knee of the estimator the trainer trains with
             rule = options.rule(check_gate(trainer))
-            controller = KneeController(rule, audited[0] if audited else "otb")
+            controller = KneeController(rule, audited[0] if audited else "otb")  # or the swap's
             self.gate = UpdateGate(trainer, controller, place)
         # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
-        # (when its settings are the documented ones) and OTB; measured on the main process.
+        # (when its settings make a registry one) and OTB; measured on the main process.
         self.core = LiveCore(
             audited,
             options.baselines,
@@ -175,7 +179,8 @@ class LiveDiagnostics:
     # -- hooks -------------------------------------------------------------------------------
 
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
-        output = original(inputs)
+        with self.kl.generating() if self.kl is not None else contextlib.nullcontext():
+            output = original(inputs)
         if self.enabled and self.trainer.model.training:
             self.core.guard(self.trainer.state.global_step + 1, self._start, output)
         return output
@@ -223,7 +228,8 @@ class LiveDiagnostics:
         # a split step on every process alike, before anything that can fail on one alone
         p.split = self.split_every > 0 and logged % self.split_every == 0
         n, c = p.logprobs.shape
-        p.rewards = local_rewards(self.trainer, self.rewards_per_func, n)
+        penalty = self.kl.penalty(output["completion_mask"]) if self.kl is not None else None
+        p.rewards = local_rewards(self.trainer, self.rewards_per_func, n, penalty)
         if p.split:
             p.scores = p.logprobs.new_zeros(n, c, self.split_k)
 
@@ -393,10 +399,14 @@ def attach(
     whose trainer lacks a hook, a bad option (`LiveOptions.checked`), a trainer `attach` was
     already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
     it does not know or under FSDP1, an extra forward on a trainer that shards its
-    parameters), a dump directory that the main process cannot write, a baseline option it
-    does not take, or the controller on a trainer it cannot gate
-    (`update_gate.py:check_gate`). Warns when the trainer has already trained (the
-    diagnostics start with its next `train()`)."""
+    parameters), a PEFT adapter its passes cannot run (`policy/causal_lm.py:causal_lm`), a dump
+    directory that the main process cannot write, a baseline option it does not take, or the
+    controller on a trainer it cannot gate (`update_gate.py:check_gate`) or whose settings make
+    its advantages no registry estimator (`support.py:Supported.audited`: the controller reads
+    that estimator's knee). Warns when the trainer has already trained (the diagnostics start
+    with its next `train()`). During training, an error of the diagnostics switches them off
+    and the training goes on; one of the advantage swap stops it with one
+    `advantages.py:AdvantageSwapError`."""
     supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
@@ -410,9 +420,23 @@ def attach(
     ).checked()
     fused = fused_head()
     check_trainer(trainer, supported, options.split_every, extra_forward or fused is None)
+    check_split_tokens(trainer, options.split_every)
     if options.controller is not None:
         check_gate(trainer)
+    model = causal_lm(policy(trainer))  # a PEFT adapter the passes cannot run is refused here
+    if options.split_every or advantages is not None:
+        output_layer(model)  # the split's, or the swap's forward's: refused here, not mid-run
     record = check_advantages(advantages, advantage_options) if advantages is not None else None
+    if options.controller is not None and record is None and supported.audited(trainer) is None:
+        raise InputError(
+            "controller='knee' reads the knee of the estimator the trainer trains with, and "
+            f"this {type(trainer).__name__}'s settings ({supported.describe(trainer)}) make its "
+            "advantages no registry estimator otb-diag knows.",
+            hint="Train with one it knows (GRPOTrainer: scale_rewards 'group', 'none' or "
+            "'batch' with multi_objective_aggregation='sum_then_normalize'; RLOOTrainer: "
+            "normalize_advantages=False), or with attach(advantages=...), or attach without "
+            "controller= for the diagnostics.",
+        )
     if record is not None and supported is not SUPPORTED["GRPOTrainer"]:
         raise InputError(
             f"attach(advantages=...) trains a trl.GRPOTrainer with a registry baseline; got a "
@@ -439,8 +463,7 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
     trainer._generate_and_score_completions = lambda inputs: live.generate(generate, inputs)
     trainer._calculate_rewards = lambda *a: live.rewards(rewards, *a)
     trainer._compute_loss = lambda model, inputs: live.compute_loss(loss, model, inputs)
-    peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
-    model = trainer.model.get_base_model() if peft else trainer.model
+    model = causal_lm(trainer.model)  # under PEFT, TRL patches the causal LM inside
     if live.split_every and not live.extra_forward:
         half = bool(trainer.args.bf16 or trainer.args.fp16)  # the head's precision, unless cast
         half &= not getattr(trainer.args, "cast_lm_head_to_fp32", False)

@@ -28,15 +28,23 @@ are misaligned) gives no Σπ², so it is not reused. The diagnostics then take 
 numbers its advantages were computed from, and `otb-diag energy --model-free` recomputes them
 to the last bit.
 
-The estimator TRL documents (`registry.trainer_baseline("trl")`: `grpo`, ε = 1e-4), named under
-TRL's documented settings, is TRL's own tensor: it is left as TRL computed it (the audit checks it
-every step). The registry's float32 sums differ from TRL's in the last bit for some reward
-patterns (mean of squares times n/(n − 1) against a sum over n − 1), which would move the weights
-by round-off; leaving it makes `advantages="grpo"` train bit for bit as TRL alone.
+The estimator TRL's own settings make (`support.py:grpo_estimator`: `grpo` with ε = 1e-4 under
+its default `scale_rewards="group"`), named as the one to train with, is TRL's own tensor: it is
+left as TRL computed it (the audit checks it every step). The registry's float32 sums differ
+from TRL's in the last bit for some reward patterns (mean of squares times n/(n − 1) against a
+sum over n − 1), which would move the weights by round-off; leaving it makes
+`advantages="grpo"` train bit for bit as TRL alone.
+
+The diagnostics switch themselves off on an error and the training goes on; the swap cannot (the
+step has no advantages without it). What `attach` can know is refused there, before anything
+changes; an error of the swap during training is raised as one `AdvantageSwapError` whose message
+names the run's configuration (`configuration`) and what to do, chained to the original, so the
+user's traceback ends in one readable paragraph (issue 52).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -55,13 +63,24 @@ from otb_diag.integrations.trl.rows import (
 )
 from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator, batch_advantages
-from otb_diag.maths.estimators.registry import baseline_names, get_baseline, trainer_baseline
+from otb_diag.maths.estimators.registry import baseline_names, get_baseline
 from otb_diag.maths.response_batch import ResponseBatch
 
 if TYPE_CHECKING:
     from otb_diag.integrations.trl.adapter import LiveDiagnostics
 
 EXTRA_FORWARD = "otb/advantages/extra_forward"  # 1: W took a no-grad forward; 0: generate's
+# The `GRPOConfig` settings an `AdvantageSwapError` names, beside TRL's version, the adapter,
+# the precision and the processes (`configuration`).
+NAMED_SETTINGS = (
+    "loss_type", "scale_rewards", "num_generations", "num_iterations", "beta",
+    "importance_sampling_level", "multi_objective_aggregation", "use_vllm",
+)  # fmt: skip
+
+
+class AdvantageSwapError(RuntimeError):
+    """The advantage swap failed during training: one paragraph naming the configuration and
+    what to do (`AdvantageSwap.generate`), raised from the original error."""
 
 
 def _estimator_record(name: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -93,8 +112,8 @@ class AdvantageSwap:
         self.trainer = trainer
         self.live = live
         self.name, self.options = record
-        documented = live.audited is not None  # TRL's settings are its documented ones
-        self.passthrough = documented and record == trainer_baseline("trl")
+        # The estimator TRL's settings already make: its own tensor trains (module docstring)
+        self.passthrough = record == live.audited
         self.needs_energy = get_baseline(self.name).needs_energy
         self._sampled: tuple[int, Tensor, Tensor] | None = None  # step, log p, Σπ² [B, T]
         self.took_forward = 0.0  # 1.0 when the latest batch's W took a no-grad forward
@@ -105,11 +124,33 @@ class AdvantageSwap:
         )
 
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
-        """TRL's generation, its `advantages` replaced by the registry's (training only)."""
+        """TRL's generation, its `advantages` replaced by the registry's (training only); an
+        error of the swap (not TRL's own) becomes one `AdvantageSwapError`."""
         output = original(inputs)
         if self.trainer.model.training and not self.passthrough:
-            output["advantages"] = self.advantages(output)
+            try:
+                output["advantages"] = self.advantages(output)
+            except Exception as e:
+                raise AdvantageSwapError(self._failure(e)) from e
         return output
+
+    def _failure(self, error: Exception) -> str:
+        """The paragraph of an `AdvantageSwapError`: what failed, under which configuration,
+        and what to do (an `InputError`: its own reason and hint; anything else: a bug)."""
+        step = self.trainer.state.global_step + 1
+        what = str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+        head = (
+            f"otb-diag: attach(advantages={self.name!r}, advantage_options={self.options}) could "
+            f"not form step {step}'s advantages, so the training stops: {what}. Configuration: "
+            f"{configuration(self.trainer)}."
+        )
+        if isinstance(error, InputError):
+            return head
+        return (
+            f"{head} This is otb-diag's fault, not yours: please report it on otb-diag's issue "
+            "tracker with this paragraph and the traceback above it. Meanwhile attach(trainer) "
+            "without advantages= trains with TRL's own advantages, with the diagnostics on."
+        )
 
     def advantages(self, output: dict[str, Any]) -> Tensor:
         """`[B, C]` float32 advantages of the generated batch `output` (TRL's dict)."""
@@ -167,6 +208,32 @@ class AdvantageSwap:
         if self._sampled is None or self._sampled[0] != batch.step[0]:
             return None
         return self._sampled[1], self._sampled[2]
+
+
+def configuration(trainer: Any) -> str:
+    """What an error report needs of the run: TRL's version and trainer, the settings of
+    `NAMED_SETTINGS` it has, the PEFT adapter, the precision and the processes."""
+    args = trainer.args
+    settings = [
+        f"{name}={getattr(trainer, name, getattr(args, name, None))!r}"
+        for name in NAMED_SETTINGS
+        if hasattr(trainer, name) or hasattr(args, name)
+    ]
+    peft = getattr(policy(trainer), "peft_config", None)
+    adapter = ", ".join(_value(c.peft_type) for c in peft.values()) if peft else "none"
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    accelerator = trainer.accelerator
+    return (
+        f"TRL {importlib.metadata.version('trl')} {type(trainer).__name__}, "
+        f"{', '.join(settings)}, peft={adapter}, precision={precision}, "
+        f"processes={accelerator.num_processes} "
+        f"(distributed_type={_value(accelerator.distributed_type)})"
+    )
+
+
+def _value(member: Any) -> str:
+    """An enum member's value (`PeftType.LORA` → "LORA"), anything else as text."""
+    return str(getattr(member, "value", member))
 
 
 def check_advantages(name: Any, options: Any) -> tuple[str, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Which TRL trainers `attach` takes and what differs between them: the TRL versions tested,
-the hooks it wraps, the estimator and loss aggregation each trainer documents, whether the
-trainer shards its parameters, and whether TRL's fused head can give Σπ² (TRL 1.16,
-`trl/trainer/grpo_trainer.py` and `rloo_trainer.py`)."""
+the hooks it wraps, the registry estimator each trainer's settings make its advantages and the
+loss aggregation, whether the trainer shards its parameters, and whether TRL's fused head can
+give Σπ² (TRL 1.16, `trl/trainer/grpo_trainer.py` and `rloo_trainer.py`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ from typing import Any
 import torch
 
 from otb_diag.errors import InputError
+from otb_diag.maths.estimators.registry import trainer_baseline
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
 HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
-# TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
-TRL_DEFAULTS = {"scale_rewards": "group", "multi_objective_aggregation": "sum_then_normalize"}
+# GRPOTrainer's `scale_rewards` -> the `registry.trainer_baseline` name of the estimator its
+# advantages are, `(R − mean_group R) / (std + 1e-4)` with the std of the group (`grpo`), none
+# (`grpo-unscaled`) or of the batch (`grpo-batch`), each with TRL's ε and unbiased std
+# (`maths/estimators/baselines.py`).
+GRPO_SCALINGS = {"group": "trl", "none": "trl-none", "batch": "trl-batch"}
 # TRL's `loss_type` -> how its loss averages per-token terms (`maths/aggregation.py`), read off
 # `GRPOTrainer._compute_loss`: grpo and sapo average each sequence's tokens, then the
 # sequences; bnpo, dapo, cispo, vespo divide by the tokens of the batch; dr_grpo by B times a
@@ -39,25 +43,69 @@ LOSS_AGGREGATION = {
 }
 
 
+def grpo_estimator(trainer: Any) -> str | None:
+    """The `registry.trainer_baseline` name of a GRPOTrainer's advantages, by its
+    `scale_rewards` (`GRPO_SCALINGS`); None under `multi_objective_aggregation=
+    "normalize_then_sum"`, which normalises each reward function within its groups before the
+    sum: no baseline of the summed reward is that estimator."""
+    if getattr(trainer, "multi_objective_aggregation", None) != "sum_then_normalize":
+        return None
+    return GRPO_SCALINGS.get(getattr(trainer, "scale_rewards", None))
+
+
+def rloo_estimator(trainer: Any) -> str | None:
+    """The `registry.trainer_baseline` name of an RLOOTrainer's advantages: `trl-rloo`,
+    `R_i − mean_{j≠i} R_j` of the rewards it forms, its KL penalty `R − β·KL` included
+    (`rows.py:local_rewards`); None when it normalises the advantages over the batch."""
+    return None if getattr(trainer, "normalize_advantages", False) else "trl-rloo"
+
+
 @dataclass(frozen=True)
 class Supported:
     """A TRL trainer `attach` takes, and what differs between them."""
 
-    registry: str  # `registry.trainer_baseline` name of the estimator its documentation gives
-    documented: Mapping[str, Any]  # the settings under which its advantages are that estimator
+    estimator: Callable[[Any], str | None]  # its settings -> `registry.trainer_baseline` name
+    settings: tuple[str, ...]  # the settings `estimator` reads
     aggregation: str | None  # how its loss averages per-token terms; None: by its `loss_type`
+    kl_in_rewards: bool = False  # its `beta` shapes the rewards (RLOO), not the loss (GRPO)
+
+    def audited(self, trainer: Any) -> tuple[str, dict[str, Any]] | None:
+        """(registry name, options) of the estimator `trainer`'s advantages are under its
+        settings; None when the registry has none for them."""
+        name = self.estimator(trainer)
+        return None if name is None else trainer_baseline(name)
+
+    def describe(self, trainer: Any) -> str:
+        """`trainer`'s values of the settings its estimator depends on, for a message."""
+        return ", ".join(f"{name}={getattr(trainer, name, None)!r}" for name in self.settings)
 
 
-# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): A_i = R_i − mean_{j≠i} R_j (the
-# registry's `rloo`), unless its KL penalty (`beta`) shapes the rewards or it normalises the
-# advantages; its loss is −min(ρ_i A_i, clip(ρ_i) A_i) averaged over sequences, ρ_i the ratio of
-# the whole sequence (Σ_t log p), so its per-token terms are summed per sequence.
+# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): its loss is −min(ρ_i A_i, clip(ρ_i) A_i)
+# averaged over sequences, ρ_i the ratio of the whole sequence (Σ_t log p), so its per-token
+# terms are summed per sequence.
 SUPPORTED = {
-    "GRPOTrainer": Supported("trl", TRL_DEFAULTS, None),
+    "GRPOTrainer": Supported(
+        grpo_estimator, ("scale_rewards", "multi_objective_aggregation"), None
+    ),
     "RLOOTrainer": Supported(
-        "trl-rloo", {"beta": 0.0, "normalize_advantages": False}, "seq-mean-token-sum"
+        rloo_estimator, ("normalize_advantages",), "seq-mean-token-sum", kl_in_rewards=True
     ),
 }
+
+
+def check_split_tokens(trainer: Any, split_every: int) -> None:
+    """The split weighs every completion token as the loss's aggregation does; GRPOTrainer's
+    `top_entropy_quantile < 1` keeps only the high-entropy tokens in its loss, chosen inside its
+    loss forward, which the split cannot see: an `InputError` for the split there."""
+    quantile = getattr(trainer.args, "top_entropy_quantile", 1.0)
+    if split_every and quantile < 1.0:
+        raise InputError(
+            f"the within/between split weighs every completion token, and top_entropy_quantile="
+            f"{quantile:g} keeps only the highest-entropy tokens in the loss (chosen inside its "
+            "forward): the split would be that of another gradient.",
+            hint="attach(trainer, split_every=None) logs everything but the split (and the "
+            "knee pooled from it).",
+        )
 
 
 def supported_trainer(trainer: Any) -> Supported:
