@@ -12,7 +12,17 @@ test_trl_sharded.py sets the two side by side). Each process writes, at every st
 of the update the step belongs to, whether the optimizer stepped, and a checksum of its
 parameters (gathered whole under ZeRO-3): `OUT/rank{r}.json`; the warnings raised while it
 trained and the parameter elements it held itself: `OUT/rank{r}-run.json`; the main process
-TRL's log, `OUT/log_history.json`."""
+TRL's log, `OUT/log_history.json`.
+
+Then, in the same launch (each process and DeepSpeed start once), the trainings of `BESIDE`, 2
+steps each, 8 completions a process and step (2 whole groups, 2 micro-steps of 4) with a
+default `attach` but for its `advantages`: `lora-otb`, a LoRA policy trained with
+`advantages="otb"` at τ = 2 (its completions' lengths differ between the processes, so that a
+process's `generate` runs past its own last token under ZeRO-3's `synced_gpus`); `rloo`, an
+`RLOOTrainer` at its defaults (β = 0.05: a reference model, its KL in the rewards). Each process
+writes, for each step, its generated completion ids and the advantages that trained, and the
+parameter elements it held: `OUT/NAME/rank{r}.json`; the main process TRL's log,
+`OUT/NAME/log_history.json`, beside attach's own `OUT/NAME/otb_metrics.jsonl`."""
 
 from __future__ import annotations
 
@@ -120,6 +130,48 @@ def main(out: Path, steps: int, zero3: bool) -> None:
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
 
 
+# The trainings beside the gated one: their toy's settings and attach's (module docstring).
+BESIDE = {
+    "lora-otb": ({"lora": ["c_attn"], "temperature": 2.0}, {"advantages": "otb"}),
+    "rloo": ({"rloo": True}, {}),
+}
+
+
+def beside(out: Path, name: str, zero3: bool) -> None:
+    """The training `name` of `BESIDE` into `out/name` (module docstring)."""
+    settings, options = BESIDE[name]
+    settings = dict(settings)
+    if "lora" in settings:
+        from peft import LoraConfig
+
+        settings["peft_config"] = LoraConfig(r=4, target_modules=settings.pop("lora"))
+    if zero3:
+        # A CPU run's accelerate leaves DeepSpeed's communicator to the engine (on a GPU its
+        # state starts it); RLOO's reference model is built under `zero.Init`, before any.
+        import deepspeed.comm
+
+        deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        settings["deepspeed"] = ZERO3
+    trainer = toy_trainer(out / name, 2, per_step=4, gradient_accumulation_steps=2, **settings)
+    attach(trainer, **options)
+    steps: list[dict[str, Any]] = []
+    generate = trainer._generate_and_score_completions
+
+    def recording(inputs: Any) -> dict[str, Any]:
+        output = generate(inputs)  # attach's: the advantages that train
+        if trainer.model.training:
+            steps.append({k: output[k].tolist() for k in ("completion_ids", "advantages")})
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    held = sum(p.numel() for p in trainer.model.parameters())
+    rank = trainer.accelerator.process_index
+    (out / name / f"rank{rank}.json").write_text(json.dumps({"steps": steps, "held": held}))
+    if trainer.accelerator.is_main_process:
+        (out / name / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+
+
 if __name__ == "__main__":
     out, steps, *mode = sys.argv[1:]
     zero3 = mode == ["zero3"]
@@ -127,6 +179,8 @@ if __name__ == "__main__":
         without_shm_build()
     with session():
         main(Path(out), int(steps), zero3)
+        for name in BESIDE:
+            beside(Path(out), name, zero3)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # as trl_torchrun.py leaves: without the interpreter's gloo teardown

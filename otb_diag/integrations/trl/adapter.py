@@ -65,6 +65,7 @@ from otb_diag.integrations.trl.advantages import (
     EXTRA_FORWARD,
     AdvantageSwap,
     check_advantages,
+    check_swap,
     install_swap,
 )
 from otb_diag.integrations.trl.ddp_noise import install_ddp_noise
@@ -387,7 +388,7 @@ def attach(
     advantages         train with this registry baseline's token-level advantages in place of
                        the trainer's (`advantage_options` its options, e.g.
                        `{"handle_zero_tail": False}`), audited and dumped as the estimator that
-                       ran (`advantages.py`; each process's groups must be whole)
+                       ran (`advantages.py`)
 
     Under DDP, every step also logs the all-parameter two-batch estimate
     (`otb/split/params/...`, `ddp_noise.py`). With several processes (torchrun, accelerate
@@ -400,13 +401,14 @@ def attach(
     already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
     it does not know or under FSDP1, an extra forward on a trainer that shards its
     parameters), a PEFT adapter its passes cannot run (`policy/causal_lm.py:causal_lm`), a dump
-    directory that the main process cannot write, a baseline option it does not take, or the
-    controller on a trainer it cannot gate (`update_gate.py:check_gate`) or whose settings make
-    its advantages no registry estimator (`support.py:Supported.audited`: the controller reads
-    that estimator's knee). Warns when the trainer has already trained (the diagnostics start
-    with its next `train()`). During training, an error of the diagnostics switches them off
-    and the training goes on; one of the advantage swap stops it with one
-    `advantages.py:AdvantageSwapError`."""
+    directory that the main process cannot write, a baseline option it does not take,
+    advantages a process cannot form from whole groups of its own or, under sharding, from
+    generate's forwards (`advantages.py:check_swap`), or the controller on a trainer it cannot
+    gate (`update_gate.py:check_gate`) or whose settings make its advantages no registry
+    estimator (`support.py:Supported.audited`: the controller reads that estimator's knee).
+    Warns when the trainer has already trained (the diagnostics start with its next `train()`).
+    During training, an error of the diagnostics switches them off and the training goes on;
+    one of the advantage swap stops it with one `advantages.py:AdvantageSwapError`."""
     supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
@@ -444,6 +446,8 @@ def attach(
             hint="Use a GRPOTrainer (with loss_type and num_generations as you need), or attach "
             "without advantages= for the diagnostics alone.",
         )
+    if record is not None:
+        check_swap(trainer, record, supported.audited(trainer))
     folder = None if dump_dir is None else Path(dump_dir)
     if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
         folder = check_dump_dir(folder)

@@ -1,7 +1,8 @@
 """Which TRL trainers `attach` takes and what differs between them: the TRL versions tested,
 the hooks it wraps, the registry estimator each trainer's settings make its advantages and the
-loss aggregation, whether the trainer shards its parameters, and whether TRL's fused head can
-give Σπ² (TRL 1.16, `trl/trainer/grpo_trainer.py` and `rloo_trainer.py`)."""
+loss aggregation, whether the trainer shards its parameters, whether it generates with one call
+of transformers' `generate`, and whether TRL's fused head can give Σπ² (TRL 1.16,
+`trl/trainer/grpo_trainer.py` and `rloo_trainer.py`)."""
 
 from __future__ import annotations
 
@@ -193,6 +194,24 @@ def sharding(trainer: Any) -> str | None:
     if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
         return ZERO3
     return None
+
+
+def generated_elsewhere(trainer: Any) -> str | None:
+    """The setting by which `trainer` (TRL 1.16's `_generate_single_turn` and `_generate`) does
+    not generate each process's batch with one call of transformers' `generate`, whose
+    forwards `generation_stats.py` reads (vLLM, continuous batching, a rollout function, tool
+    turns, beam search), for a message; None when it does."""
+    config = getattr(trainer, "generation_config", None)
+    settings = {
+        "use_vllm=True": getattr(trainer, "use_vllm", False),
+        "use_transformers_continuous_batching=True": getattr(
+            trainer, "use_transformers_continuous_batching", False
+        ),
+        "a rollout_func": getattr(trainer, "rollout_func", None) is not None,
+        "tools (each tool turn a generate call of its own)": bool(getattr(trainer, "tools", None)),
+        f"num_beams={getattr(config, 'num_beams', 1)}": (getattr(config, "num_beams", 1) or 1) > 1,
+    }
+    return next((name for name, taken in settings.items() if taken), None)
 
 
 def fused_head() -> Callable[..., None] | None:
