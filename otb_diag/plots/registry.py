@@ -226,13 +226,17 @@ FIGURES = (
         "pooled_noise_scale",
         "dynamics",
         "dynamics.fig_pooled_noise_scale",
-        {"budget": "budget"},
-        "The gradient noise scale B (prompts per step at the knee) pooled over the split steps "
-        "a trainer logged so far (a window of the latest; docs/noise-scale.md), per "
+        {"budget": "budget", "table": "table"},
+        "The gradient noise scale B (prompts an update at the knee) pooled over the split "
+        "steps a trainer logged so far (a window of the latest; docs/noise-scale.md), per "
         "estimator its 95 % band and, where |G|² is resolved from 0, the knee B as filled dots "
         "on a line; where it is not, B is no estimate and only its lower bound is drawn, a "
-        "hollow dot (the band runs off the top). The dashed line is the run's P: where it sits "
-        "under the band, the run trains below its knee.",
+        "hollow dot (the band runs off the top), or a hollow triangle at the top where |G|² is "
+        "at most 0 over its whole interval (no signal measurable, no bound); a grey tick marks "
+        "a step pooled from one split step, which has no interval yet. The dashed line is P, "
+        "the prompts a step sampled; under the knee controller the solid line is the prompts "
+        "of the update each step's batch belonged to, as applied. Where the prompts an update "
+        "takes sit under the band, the run trains below its knee.",
         in_set=False,
     ),
     FigureEntry(
