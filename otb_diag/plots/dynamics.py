@@ -645,14 +645,14 @@ def fig_baseline_comparison(
             rows = rows[np.isfinite(rows["tokens_sampled"])]
             style, arm = styles[arm_of[run]], arm_of[run]
             column = "score_smoothed" if rows["score_smoothed"].notna().any() else "score"
-            top.plot(rows["tokens_sampled"], rows[column], label=None if arm in labelled else arm,
-                     linewidth=0.7, alpha=0.8, **style)  # fmt: skip
+            _series(top, rows["tokens_sampled"], rows[column], linewidth=0.7, alpha=0.8,
+                    label=None if arm in labelled else arm, **style)  # fmt: skip
             labelled.add(arm)
             g = rows["grad_norm"].to_numpy(dtype=float)
-            good = np.isfinite(g) & (g > 0)  # a log axis: 0 (all rewards equal) left out
-            tokens = rows["tokens_sampled"].to_numpy()
-            middle.plot(tokens[good], g[good], linewidth=0.5, alpha=0.8, **style)
-            positive += int(good.sum())
+            # a log axis: 0 (all rewards equal) left out; NaN (no update closed) bridged
+            _series(middle, rows["tokens_sampled"], g, bridge=True, log=True, linewidth=0.5,
+                    alpha=0.8, **style)  # fmt: skip
+            positive += int((np.isfinite(g) & (g > 0)).sum())
             hit = rows[rows["step"] == collapse[run]]
             for ax, name in ((top, column), (middle, "grad_norm")):
                 ax.plot(hit["tokens_sampled"], hit[name], linestyle="none", marker="x",
@@ -662,6 +662,8 @@ def fig_baseline_comparison(
         _target_panel(bottom, arms, styles, target)
         if positive:
             middle.set_yscale("log")
+            middle.autoscale_view()
+            plain_log_ticks(middle.yaxis)
         else:
             middle.text(0.5, 0.5, "no positive grad_norm logged", transform=middle.transAxes,
                         ha="center")  # fmt: skip
@@ -688,12 +690,13 @@ def _target_panel(
     for i, a in enumerate(arms):
         color = styles[a.arm]["color"]
         reached = [t for t in a.tokens_to_target if t is not None]
-        ax.plot(reached, [i] * len(reached), linestyle="none", marker="o", markersize=3,
+        marker = ARM_MARKERS[i % len(ARM_MARKERS)]
+        ax.plot(reached, [i] * len(reached), linestyle="none", marker=marker, markersize=3,
                 markerfacecolor="none", color=color)  # fmt: skip
         mean, low, high = a.tokens_to_target_mean, a.tokens_to_target_low, a.tokens_to_target_high
         if mean is None:
             continue
-        ax.errorbar([mean], [i], xerr=_bar(mean, low, high), marker="o", markersize=3,
+        ax.errorbar([mean], [i], xerr=_bar(mean, low, high), marker=marker, markersize=3,
                     capsize=2, linewidth=1.0, color=color)  # fmt: skip
         ax.annotate(f"{a.reached}/{len(a.runs)}", (mean, i), textcoords="offset points",
                     xytext=(0, 4), fontsize=5, color=color, ha="center")  # fmt: skip

@@ -105,25 +105,33 @@ def plain_log_ticks(axis) -> None:
     than a decade still gets labels, the view widened to the ticks on either side of the data
     (a lowest point of 593 under a first tick of 1,000 could not be read); where that leaves
     fewer than `FEW_TICKS` labels in view (2,000 to 5,000 was labelled at its two ends only),
-    every whole multiple of 10^n (2,000, 3,000, 4,000, 5,000); over more than `PLAIN_DECADES`
-    decades, matplotlib's own."""
+    the next denser multiples of `DENSER` (2,000, 3,000, 4,000, 5,000); over more than
+    `PLAIN_DECADES` decades, matplotlib's own."""
     low, high = axis.get_view_interval()
     if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
         return
-    subs: tuple[float, ...] = (1.0, 2.0, 5.0)
+    subs = DENSER[0]
     if low > 0:  # the limits set, not autoscaled again by what is drawn later
         low, high = tick_at_or_below(low), tick_at_or_above(high)
         set_lim = axis.axes.set_ylim if axis is axis.axes.yaxis else axis.axes.set_xlim
         set_lim(low, high)
-        in_view = [t for t in LogLocator(subs=subs).tick_values(low, high) if low <= t <= high]
-        if len(in_view) < FEW_TICKS:
-            subs = tuple(float(k) for k in range(1, 10))
+        for subs in DENSER:  # the first with enough ticks in view
+            ticks = LogLocator(subs=subs).tick_values(low, high)
+            if sum(low <= t <= high for t in ticks) >= FEW_TICKS:
+                break
     axis.set_major_locator(LogLocator(subs=subs))
     axis.set_major_formatter(FormatStrFormatter("%g"))
     axis.set_minor_formatter(NullFormatter())
 
 
 FEW_TICKS = 3
+# Tick multiples of 10^n, sparser first: 1-2-5, every whole one, every half one (1,000 to 2,000
+# gets 1,000, 1,500, 2,000).
+DENSER = (
+    (1.0, 2.0, 5.0),
+    tuple(float(k) for k in range(1, 10)),
+    tuple(k / 2 for k in range(2, 20)),
+)
 _PLAIN_TICKS = (1.0, 2.0, 5.0, 10.0)
 
 

@@ -491,9 +491,9 @@ BOUNDS = st.one_of(
 )  # fmt: skip
 @pytest.mark.slow  # renders whole figures to PNG and PDF (seconds)
 def test_figures_with_intervals_draw_any_bounds(rows) -> None:
-    """A figure never fails a command: the knee figure and the variance figure draw arbitrary
-    finite, infinite and NaN points and bounds (matplotlib refuses a negative error bar), and
-    every bar drawn contains its point."""
+    """A figure never fails a command: the knee figure, the variance figure and the ratio
+    figure draw arbitrary finite, infinite and NaN points and bounds (matplotlib refuses a
+    negative error bar), and every bar drawn contains its point."""
     table = pd.DataFrame(
         [
             {
@@ -503,20 +503,30 @@ def test_figures_with_intervals_draw_any_bounds(rows) -> None:
                 "noise_scale_tokens_high": high,
                 "variance": y, "ci_low": low, "ci_high": high,
                 "equivalent_mean_group_size": high,
+                "ratio_to_mean": y, "ratio_to_mean_low": low, "ratio_to_mean_high": high,
             }
             for i, (resolved, y, low, high, n) in enumerate(rows)
         ]
     )  # fmt: skip
-    fig = plots_variance.fig_knee_tokens(table)
-    fig.canvas.draw()
-    for container in fig.axes[0].containers:  # errorbar: (line, caps, bars)
-        (bars,) = container.lines[2]
-        points = container.lines[0].get_ydata()
-        for seg, point in zip(bars.get_segments(), points, strict=True):
-            if np.isfinite(point):
-                assert seg[0, 1] <= point <= seg[1, 1]
-    with np.errstate(all="ignore"):  # numpy's own warnings on inf − inf in the variance bands
-        plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4)).canvas.draw()
+    with np.errstate(all="ignore"):  # numpy's own warnings on inf − inf
+        knee = plots_variance.fig_knee_tokens(table)
+        spread = plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4))
+        one_a_bar = table.drop_duplicates("group_size")  # one bar a group
+        ratio = plots_variance.fig_ratio_to_mean(one_a_bar.assign(baseline="otb"))
+    for fig in (knee, spread, ratio):
+        fig.canvas.draw()
+        for container in fig.axes[0].containers:  # errorbar: (line, caps, bars)
+            if isinstance(container, BarContainer):  # bars: their heights, their errorbar's
+                points = [patch.get_height() for patch in container.patches]
+                (bars,) = container.errorbar.lines[2]
+            elif container.lines[0] is None:  # a bar chart's errorbar, read with its bars
+                continue
+            else:
+                points = container.lines[0].get_ydata()
+                (bars,) = container.lines[2]
+            for seg, point in zip(bars.get_segments(), points, strict=True):
+                if np.isfinite(point):
+                    assert seg[0, 1] <= point <= seg[1, 1]
 
 
 @pytest.mark.parametrize("span", [1e0, 1e8])
@@ -763,9 +773,18 @@ def test_every_point_of_the_table_is_drawn() -> None:
     proxy, norms = plots_dynamics.fig2_variance_and_grad_norm(table, runs).axes
     live = plots_dynamics.fig_live_otb(table, runs).axes
     tokens = plots_dynamics.fig_score_vs_tokens(table, runs, target=None).axes[0]
+    arms = [SimpleNamespace(arm=r, baseline=None, group_size=None, runs=[r], collapse_steps=[None],
+                            reached=0, tokens_to_target=[None], tokens_to_target_mean=None,
+                            tokens_to_target_low=None, tokens_to_target_high=None)
+            for r in ("knee", "bare")]  # fmt: skip
+    compared = plots_dynamics.fig_baseline_comparison(
+        table.assign(score_smoothed=np.nan), arms, {"knee": "knee", "bare": "bare"}, None
+    ).axes
     for ax, x, y in ((top, "step", "grad_norm"), (norms, "step", "grad_norm"),
                      (live[0], "step", "grad_norm"), (bottom, "step", "score"),
                      (proxy, "step", "variance_proxy"), (tokens, "tokens_sampled", "score"),
+                     (compared[0], "tokens_sampled", "score"),
+                     (compared[1], "tokens_sampled", "grad_norm"),
                      (live[1], "step", "otb/energy/sequence_mean"),
                      (live[3], "step", "otb/otb_over_mean/proxy2_total_power")):  # fmt: skip
         for run, rows in table.groupby("run"):
