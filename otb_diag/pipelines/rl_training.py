@@ -107,6 +107,8 @@ METRIC_KEYS = (
     "mean_response_length",
     "tokens_sampled",
     "wall_time",
+    "baseline",  # the run's: `dynamics` names the run by them (it read "?, N=4" without)
+    "group_size",
 )
 
 # What the printed summary compares between the first and the last steps.
@@ -268,6 +270,8 @@ def train(
             metrics |= {
                 "tokens_sampled": tokens_sampled,
                 "wall_time": time.perf_counter() - started,
+                "baseline": settings.baseline,
+                "group_size": settings.group_size,
             }
             log.write(_json_line(metrics))
             log.flush()

@@ -170,6 +170,8 @@ def plain_loop(
     logged = []
     for step, offered in enumerate(steps, 1):
         prompts = offered[: prompts_per_step(core)]
+        if core.controller is not None:  # this step's update: its batch, as sampled
+            core.controller.applying(len(prompts))
         mine = [
             sample_group(model, tokenizer, caught, prompts[i], tau, 1000 * step + i, world > 1)
             for i in range(rank, len(prompts), world)

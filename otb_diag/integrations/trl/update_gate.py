@@ -24,11 +24,18 @@ counts them). The gate wraps, on the trainer's instances once `train()` has buil
                       accelerate's no-ops there, or read the engine's norm)
 
 so an update of k batches is the update of one batch of k · P₀ prompts (tested against it).
+Each wrapper keeps what the wrapped function carries (`functools.wraps`): torch's learning-rate
+scheduler marks the `optimizer.step` it wrapped (`_wrapped_by_lr_sched`) and warns, at its first
+step, "Seems like `optimizer.step()` has been overridden after learning rate scheduler
+initialization" where the mark is gone; with it kept, the gated step still calls the marked one,
+which records for the scheduler that the optimizer stepped.
 k changes only between updates: at an update's last batch, every process takes the main
 process's decision (one collective of a small integer), so all processes apply the same one,
 cut to the batches left before `max_steps`: the run's last update closes on its last batch
 instead of leaving sampled batches in `.grad`, never applied (up to 7 of 8 batches of a k = 8
-update; the logged decision stays the controller's).
+update). The controller is told the prompts of each update opened (`KneeController.applying`),
+which every step of it logs as `otb/controller/prompts_per_update`; its decision is logged
+beside, as `otb/controller/decided_prompts`.
 
 What it cannot do, `check_gate` refuses: TRL's `num_iterations > 1` (a generation batch trained
 several times, its updates interleaved with the next batch's), a generation batch that is not
@@ -40,6 +47,7 @@ tests/integrations/test_trl_sharded.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +140,7 @@ class UpdateGate:
             engine.backward = held
 
     def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)  # keeps torch's scheduler mark on `optimizer.step` (docstring)
         def gated(*args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs) if self.closing else None
 
@@ -152,3 +161,4 @@ class UpdateGate:
         if left > 0:
             self.batches = min(self.batches, left)
         self.index = 0
+        self.controller.applying(self.batches * self.controller.rule.base)
