@@ -179,13 +179,19 @@ def test_zero3_logs_ddps_split_knee_and_controller_decisions(zero3: Path, ddp: P
     sharded, plain = trained(zero3), trained(ddp)
     assert [e["step"] for e in sharded] == list(range(1, STEPS + 1))
     as_ddp(sharded, plain)
-    decision, updates = "otb/controller/prompts_per_update", "otb/controller/updates"
+    controller = ("decided_prompts", "prompts_per_update", "updates")
     for z, d in zip(sharded, plain, strict=True):
         assert any(k.startswith("otb/split/grpo/") for k in z)  # the split, every step
         assert any(k.startswith("otb/budget/grpo/ema/") for k in z)  # the knee it pools
-        # the controller's decision, from the knee pooled so far: the same number
-        assert (z[decision], z[updates]) == (d[decision], d[updates])
-    assert [e[decision] for e in sharded] == [3.0] + [6.0] * (STEPS - 1)
+        # the controller's decision from the knee pooled so far, the prompts of the update as
+        # applied, and the updates: DDP's numbers
+        for key in (f"otb/controller/{name}" for name in controller):
+            assert z[key] == d[key], (z["step"], key)
+    # decided from the 2nd record (step 2), applied from the update that follows it (step 3)
+    assert [e["otb/controller/decided_prompts"] for e in sharded] == [3.0] + [6.0] * (STEPS - 1)
+    assert [e["otb/controller/prompts_per_update"] for e in sharded] == [3.0] * 2 + [6.0] * (
+        STEPS - 2
+    )
     assert any(e["otb/groups/mixed_rewards_fraction"] == 0 for e in plain)  # the case above ran
 
 

@@ -238,9 +238,15 @@ def unit_share(*values: float) -> tuple[float, ...]:
 
 
 def _se(cov: np.ndarray, n_eff: float, i: int, j: int, r: float) -> float:
-    """√((C_ii − 2 r C_ij + r² C_jj) / n_eff): the standard error of `x̄_i − r x̄_j`."""
+    """√((C_ii − 2 r C_ij + r² C_jj) / n_eff): the standard error of `x̄_i − r x̄_j`.
+
+    The form is the variance of `x_i − r x_j` over the steps, ≥ 0; where the steps' ratios
+    agree it is 0, and the three terms cancel to a round-off of either sign (a window of a
+    step with all-equal rewards, whose noise is 0, beside one with noise): held at 0, or the
+    interval would read unbounded by the sign of a round-off. NaN (one step) stays NaN."""
     with np.errstate(invalid="ignore"):
-        return float(np.sqrt((cov[i, i] - 2 * r * cov[i, j] + r * r * cov[j, j]) / n_eff))
+        form = cov[i, i] - 2 * r * cov[i, j] + r * r * cov[j, j]
+        return float(np.sqrt(np.maximum(form, 0.0) / n_eff))
 
 
 def _ratio_se(cov: np.ndarray, n_eff: float, mean: np.ndarray, i: int, r: float) -> float:

@@ -267,3 +267,19 @@ def test_clipping_a_share_never_moves_it_from_a_truth_in_zero_to_one(values, tru
         else:
             assert 0.0 <= clipped <= 1.0
             assert abs(clipped - truth) <= abs(x - truth)
+
+
+def test_a_window_whose_ratios_agree_has_a_point_interval_not_a_round_offs() -> None:
+    """A step with noise beside one with all-equal rewards (within 0, its total 0 to a
+    round-off of ±1e-13, as the TRL toy's step 2 logged it): the two steps' within/total ratios
+    agree, so the delta method's form C_ww − 2 r C_wt + r² C_tt is 0, and its three terms
+    cancel to a round-off of either sign. Every such window reads the share's interval as the
+    point (to 1e-6 of it), never [0, 1] (the sign of the round-off read as no spread known):
+    the ZeRO-3 run read the point where its DDP twin read [0, 1]."""
+    first = (0.04359124599329631, -0.004318185391264721, 0.007860239250719669, 3, 4, 4.0)
+    for t2 in np.linspace(-1e-13, 1e-13, 201):
+        found = pooled_estimates(moments_of(np.array([first, (t2, 0.0, 0.0, 3, 4, 4.0)])))
+        share = found.within_share
+        assert share == pytest.approx(first[2] / first[0], rel=1e-9), t2
+        ends = (found.within_share_low, found.within_share_high)
+        assert ends == pytest.approx((share, share), rel=1e-6), t2
