@@ -3,20 +3,23 @@ project's determinism rule). `HYPOTHESIS_PROFILE=explore pytest` searches with f
 and more examples when hunting for new counterexamples.
 
 The session fixtures `reduced_rollouts` and `runs` are small real runs shared by the modules that
-read run outputs (regress, report)."""
+read run outputs (regress, report).
 
+This module imports no model stack at its top (torch, transformers, matplotlib: the fixtures
+below import them where they are used): under `make test` it is also imported by pytest-xdist's
+controlling process, which runs no test, and there those imports were seconds of the start-up's
+two busy cores."""
+
+import gc
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from filelock import FileLock
 from hypothesis import settings
 from real_model import smollm2_gguf
-from small_runs import reduce_rollouts, run_energy, run_variance
-from unwritten_figures import unwritten_figures
 
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", max_examples=500, deadline=None)
@@ -28,8 +31,18 @@ def pytest_configure(config: pytest.Config) -> None:
     processes its tests start) to one intra-op thread, since two processes of 2 threads each on
     2 cores ran 13x slower than one thread each. A plain `pytest` keeps torch's default."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test module is imported: what exists now (modules, classes, functions of torch,
+    transformers, TRL ...) lives to the end, so the cyclic collector stops visiting it
+    (`gc.freeze`). A full collection then walks only what the tests make: accelerate runs one
+    at every `Trainer.train()` (`clear_device_cache`), ~0.3 s each over the imported stack."""
+    gc.freeze()
 
 
 @pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=["threads=1", "threads=2"])
@@ -38,6 +51,8 @@ def torch_threads(request: pytest.FixtureRequest):
     reorder with the thread count, and a tolerance must hold for both (issue 12). The 2-thread
     runs are marked slow (on 2 busy cores they are most of the numerical tests' time): `make
     test` runs both, `make test-fast` 1 thread only."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param
@@ -66,6 +81,8 @@ def _figures_drawn_not_rendered(request: pytest.FixtureRequest) -> Iterator[None
     images, their fonts or their bytes) gets them rendered. Module and session fixtures are set
     up before this one, so a fixture that runs a command wraps it in `unwritten_figures` itself
     (or renders, where a test reads its images: `runs`, which the report embeds)."""
+    from unwritten_figures import unwritten_figures
+
     if request.node.get_closest_marker("renders"):
         yield
         return
@@ -76,6 +93,8 @@ def _figures_drawn_not_rendered(request: pytest.FixtureRequest) -> Iterator[None
 @pytest.fixture(scope="session")
 def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 groups x 12 responses of the embedded rollouts (tests/small_runs.py)."""
+    from small_runs import reduce_rollouts
+
     folder = built_once(
         tmp_path_factory, "reduced", lambda f: reduce_rollouts(f / "rollouts.jsonl")
     )
@@ -85,6 +104,7 @@ def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Path:
     """energy/ and variance/ run directories of the reduced default (seed 0); read-only."""
+    from small_runs import run_energy, run_variance
 
     def build(root: Path) -> None:
         run_energy(reduced_rollouts, root / "energy")
