@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 from hypothesis import settings
-from real_model import smollm2_gguf
+from real_model import smollm2_converted, smollm2_gguf
 
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", max_examples=500, deadline=None)
@@ -115,9 +115,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Pa
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads SmolLM2 may download it (pip, the network): marked `external` here, by
-    the fixture it uses, so no module has to remember it."""
+    the fixture it uses (`smollm2`, `smollm2_fp32`), so no module has to remember it."""
     for item in items:
-        if "smollm2" in getattr(item, "fixturenames", ()):
+        if any(name.startswith("smollm2") for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.external)
 
 
@@ -125,3 +125,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct as a .gguf file (tests/real_model.py): downloaded once, cached."""
     return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32() -> Path:
+    """SmolLM2-135M-Instruct as a float32 checkpoint directory (tests/real_model.py), converted
+    from the .gguf once and cached: a load without the GGUF reader's de-quantization."""
+    return smollm2_converted()
