@@ -17,10 +17,13 @@ def _drawn(fig: Figure, path: str | Path, **_: object) -> None:
     """`savefig` without the image: the figure is laid out (`draw_without_rendering`: ticks,
     scales, text, and the tight bounding box where `savefig.bbox` asks for it; a figure
     matplotlib cannot draw still raises, as a log axis of zeros did) and an empty file takes the
-    image's place."""
-    fig.draw_without_rendering()
-    if mpl.rcParams["savefig.bbox"] == "tight":  # as savefig would: every artist's extent
-        fig.get_tightbbox()
+    image's place. A figure is laid out again only if it changed since (`stale`, which any
+    artist's change sets): its PDF, saved right after its PNG, is not drawn twice."""
+    if fig.stale:
+        fig.draw_without_rendering()
+        if mpl.rcParams["savefig.bbox"] == "tight":  # as savefig would: every artist's extent
+            fig.get_tightbbox()
+        fig.stale = False  # the extents' computation marks it stale; nothing in it changed
     Path(path).write_bytes(b"")
 
 
