@@ -80,7 +80,7 @@ def _figures_drawn_not_rendered(request: pytest.FixtureRequest) -> Iterator[None
     rendering PNG and PDF is most of a small run's time. A test marked `renders` (it reads the
     images, their fonts or their bytes) gets them rendered. Module and session fixtures are set
     up before this one, so a fixture that runs a command wraps it in `unwritten_figures` itself
-    (or renders, where a test reads its images: `runs`, which the report embeds)."""
+    (rendering what a test reads: `runs`' PNGs, which the report embeds)."""
     from unwritten_figures import unwritten_figures
 
     if request.node.get_closest_marker("renders"):
@@ -103,12 +103,15 @@ def reduced_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Path:
-    """energy/ and variance/ run directories of the reduced default (seed 0); read-only."""
+    """energy/ and variance/ run directories of the reduced default (seed 0); read-only. Their
+    PNGs are rendered (the report embeds them), their PDFs drawn and written empty."""
     from small_runs import run_energy, run_variance
+    from unwritten_figures import unwritten_figures
 
     def build(root: Path) -> None:
-        run_energy(reduced_rollouts, root / "energy")
-        run_variance(reduced_rollouts, root / "variance")
+        with unwritten_figures(rendered=("png",)):
+            run_energy(reduced_rollouts, root / "energy")
+            run_variance(reduced_rollouts, root / "variance")
 
     return built_once(tmp_path_factory, "runs", build)
 

@@ -28,9 +28,19 @@ def _drawn(fig: Figure, path: str | Path, **_: object) -> None:
 
 
 @contextlib.contextmanager
-def unwritten_figures() -> Iterator[None]:
+def unwritten_figures(rendered: tuple[str, ...] = ()) -> Iterator[None]:
     """Within: every figure's `savefig` draws it and writes an empty file where the figure would
-    be, so a command's outputs are all there, drawn, and none is rendered."""
+    be, so a command's outputs are all there, drawn, and none is rendered; but the formats in
+    `rendered`, saved as ever (`("png",)`: the images `otb-diag report` embeds)."""
+    savefig = Figure.savefig
+
+    def saved(fig: Figure, path: str | Path, **kwargs: object) -> None:
+        fmt = kwargs.get("format") or Path(path).suffix.lstrip(".")
+        if fmt in rendered:
+            savefig(fig, path, **kwargs)
+        else:
+            _drawn(fig, path)
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Figure, "savefig", _drawn)
+        patch.setattr(Figure, "savefig", saved if rendered else _drawn)
         yield
