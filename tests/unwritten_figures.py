@@ -38,6 +38,7 @@ def unwritten_figures(rendered: tuple[str, ...] = ()) -> Iterator[None]:
         fmt = kwargs.get("format") or Path(path).suffix.lstrip(".")
         if fmt in rendered:
             savefig(fig, path, **kwargs)
+            fig.stale = False  # drawn in full: its next format need not lay it out again
         else:
             _drawn(fig, path)
 
