@@ -13,23 +13,35 @@ two busy cores."""
 import gc
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from hypothesis import settings
 from real_model import smollm2_converted, smollm2_gguf
 
-settings.register_profile("ci", derandomize=True, deadline=None)
-settings.register_profile("explore", max_examples=500, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# The suite's processes write the modules they compile to the (gitignored) __pycache__ folders,
+# also where PYTHONDONTWRITEBYTECODE is set (as on our development machines): otherwise each
+# pytest worker compiles otb_diag and rewrites every test module's asserts again at every run
+# (a third of a worker's collection), and every process a test starts (torchrun's ranks, the
+# live core's worker, a bench script's child) compiles otb_diag again. Those read the cache.
+sys.dont_write_bytecode = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """`make test` runs two pytest-xdist workers on CI's 2 cores: each keeps torch (and the
+    """Hypothesis's profile (the module's docstring), loaded before any test module imports
+    Hypothesis (imported here, after the line above: pytest rewrites the asserts of Hypothesis's
+    modules too, and caches them now).
+
+    `make test` runs two pytest-xdist workers on CI's 2 cores: each keeps torch (and the
     processes its tests start) to one intra-op thread, since two processes of 2 threads each on
     2 cores ran 13x slower than one thread each. A plain `pytest` keeps torch's default."""
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None)
+    settings.register_profile("explore", max_examples=500, deadline=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
