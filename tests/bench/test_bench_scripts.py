@@ -24,6 +24,7 @@ import pytest
 import torch
 from otb_diag.cli.main import app
 from real_model import tiny_smollm2
+from small_runs import reduce_rollouts
 from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
@@ -32,11 +33,11 @@ SMALLEST = {
     "bench_full.py": ["--models", "5M", "--lengths", "24,32", "--k", "2", "--prefix", "4",
                       "--directions", "2"],
     "bench_stats.py": ["--tiny"],
-    "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],
+    "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],  # + --rollouts: 4 groups
     "bench_sample.py": ["--rows", "2", "--new", "4", "--reps", "1"],
     "bench_scale.py": ["--tiny"],
     "gpu.py": ["--tiny", "--reps", "1", "--in-process"],
-    "bench_host.py": ["--quick", "--plan", "2x2"],
+    "bench_host.py": ["--k", "2", "--reps", "1", "--plan", "2x2"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
     "bench_controller.py": ["toy", "--seeds", "1", "--updates", "2"],
@@ -125,6 +126,8 @@ def test_smallest_path_runs_to_its_json_line(
     )
     if script == "bench_train_smollm2.py":  # its smallest path trains 4 arms: not of 135 M
         args += ["--ckpt", str(tiny_smollm2(tmp_path / "tiny"))]
+    if script == "bench_variance.py":  # 4 of the embedded default's 16 groups (of 32: N <= 16)
+        args += ["--rollouts", str(reduce_rollouts(tmp_path / "r.jsonl", groups=4, responses=32))]
     record = last_json(run_main(script, args, monkeypatch, capsys))
     assert record  # a JSON line with the measurements, not an empty one
     if script == "gpu.py":  # every row measured, none broken
