@@ -128,12 +128,28 @@ def runs(tmp_path_factory: pytest.TempPathFactory, reduced_rollouts: Path) -> Pa
     return built_once(tmp_path_factory, "runs", build)
 
 
+HEAVY = ("slow", "torchrun", "external")  # the markers of the tests that take seconds
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads SmolLM2 may download it (pip, the network): marked `external` here, by
-    the fixture it uses (`smollm2`, `smollm2_fp32`), so no module has to remember it."""
+    the fixture it uses (`smollm2`, `smollm2_fp32`), so no module has to remember it.
+
+    Then the modules holding a heavy test (`HEAVY`) go first, each kept whole and in its
+    order: pyproject's `--dist loadfile` gives a whole module to one worker (its module
+    fixtures, a torchrun launch among them, are built once; split across the two workers,
+    test_torchrun's launch ran on both), the next module to whichever worker finishes first,
+    so the many short modules last even out the two workers' ends."""
     for item in items:
         if any(name.startswith("smollm2") for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.external)
+    heavy = {module(item) for item in items if any(item.get_closest_marker(m) for m in HEAVY)}
+    items.sort(key=lambda item: module(item) not in heavy)  # stable: order kept within
+
+
+def module(item: pytest.Item) -> str:
+    """The file of a test's node id (xdist's `loadfile` unit)."""
+    return item.nodeid.split("::")[0]
 
 
 @pytest.fixture(scope="session")
