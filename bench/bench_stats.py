@@ -109,10 +109,11 @@ def time_case(case: str, model: nn.Module, rows: Rows, reps: int) -> TimeResult:
     return TimeResult(case, stats_s, bare_s, ratio, ratio <= TIME_TARGET)
 
 
-def toy_case(reps: int) -> TimeResult:
-    """The embedded default: its final checkpoint and the rollouts sampled from it."""
+def toy_case(reps: int, rows: int | None = None) -> TimeResult:
+    """The embedded default: its final checkpoint and the rollouts sampled from it (the first
+    `rows` of them, where given)."""
     model = load_checkpoint(default_checkpoint(), dtype="float32").model
-    rollouts = load_rollouts(DEFAULT_ROLLOUTS).responses
+    rollouts = load_rollouts(DEFAULT_ROLLOUTS).responses[:rows]
     rows = ([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts])
     n_params = sum(p.numel() for p in model.parameters())
     n_tokens = sum(len(r) for r in rows[1])
@@ -243,7 +244,9 @@ def print_report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, shorter rows")
-    parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="smallest path (tests/bench/): 1 rep, 32 toy rows"
+    )
     parser.add_argument("--_memory", choices=["stats", "naive"], help=argparse.SUPPRESS)
     parser.add_argument("--_response-len", type=int, help=argparse.SUPPRESS)
     add_threads(parser, 1)
@@ -256,7 +259,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     reps = 1 if args.tiny else 7 if args.quick else 15
     response_len = 64 if args.tiny else 448 if args.quick else 960
-    times = [toy_case(reps), gpt2_50m_case(reps, response_len)]
+    times = [toy_case(reps, 32 if args.tiny else None), gpt2_50m_case(reps, response_len)]
     memory = memory_case(64 if args.tiny else 1984 if args.quick else 4032)
     print_report(times, memory, args.quick, load_before)
 

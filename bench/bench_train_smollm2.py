@@ -38,7 +38,8 @@ without training.
     python bench/bench_train_smollm2.py                        # everything not yet finished
     python bench/bench_train_smollm2.py --only "grpo N=4" --seeds 1
     python bench/bench_train_smollm2.py --steps 1 --seeds 1 --prompts-per-step 1 \
-        --max-tokens 4 --out /tmp/tiny                          # the smallest path (~1 min)
+        --max-tokens 4 --out /tmp/tiny                          # the smallest path (~1 min;
+                                                                # tests/bench/ adds --ckpt TINY)
     python bench/bench_train_smollm2.py --compare-only
 
 Default --out: bench/results/smollm2-train (committed, so a later session resumes from it).
@@ -62,7 +63,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from real_model import cache_dir, smollm2_gguf  # noqa: E402
+from real_model import cache_dir, smollm2_converted  # noqa: E402
 from threads import add_threads, pin_threads  # noqa: E402
 
 
@@ -130,22 +131,6 @@ def reward(completions: list[Any], answer: list[int], **_: object) -> list[float
     return [graded(text, int(a)) for text, a in zip(texts, answer, strict=True)]
 
 
-def converted_model(cache: Path) -> Path:
-    """SmolLM2 as a plain fp32 checkpoint directory (converted once from the GGUF file: loading
-    a GGUF de-quantizes every tensor, ~18 s, at each run otherwise)."""
-    target = cache / "smollm2-135m-instruct-fp32"
-    if not (target / "config.json").is_file():
-        from otb_diag.io.checkpoint import load_checkpoint
-
-        loaded = load_checkpoint(smollm2_gguf(), dtype="float32")
-        partial = target.with_name(target.name + ".partial")
-        loaded.model.save_pretrained(partial)
-        loaded.tokenizer.save_pretrained(partial)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    return target
-
-
 def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> dict:
     """Train one (arm, seed) in `folder`.partial, then rename it `folder`; its run record."""
     import torch
@@ -181,7 +166,7 @@ def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> di
         seed=seed,
         disable_tqdm=True,
     )
-    ckpt = converted_model(args.cache)
+    ckpt = args.ckpt or smollm2_converted(args.cache)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32),
         reward_funcs=reward,
@@ -226,6 +211,7 @@ def train_one(arm: Arm, seed: int, folder: Path, args: argparse.Namespace) -> di
         "learning_rate": args.lr,
         "temperature": args.temperature,
         "torch_threads": torch.get_num_threads(),
+        "ckpt": None if args.ckpt is None else str(args.ckpt),  # None: SmolLM2
         "wall_s": wall,
         "s_per_step": wall / args.steps,
         "prompts": [question for question, _ in asked],
@@ -312,6 +298,12 @@ def main() -> None:
     parser.add_argument("--compare-only", action="store_true", help="no training")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "smollm2-train")
     parser.add_argument("--cache", type=Path, default=cache_dir(), help="converted model")
+    parser.add_argument(
+        "--ckpt",
+        type=Path,
+        help="train this checkpoint directory instead (the smallest path's "
+        "test: a tiny random model with SmolLM2's tokenizer, tests/real_model.py:tiny_smollm2)",
+    )
     args = parser.parse_args()
     print(pin_threads(args.threads))  # before any work: a rerun on other threads differs
     arms = ARMS + ((N32,) if args.with_n32 else ()) + (CONTROLLED if args.controller else ())

@@ -23,6 +23,8 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 from otb_diag.cli.main import app
+from real_model import tiny_smollm2
+from small_runs import reduce_rollouts
 from typer.testing import CliRunner
 from unwritten_figures import unwritten_figures
 
@@ -31,16 +33,16 @@ SMALLEST = {
     "bench_full.py": ["--models", "5M", "--lengths", "24,32", "--k", "2", "--prefix", "4",
                       "--directions", "2"],
     "bench_stats.py": ["--tiny"],
-    "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],
+    "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],  # + --rollouts: 4 groups
     "bench_sample.py": ["--rows", "2", "--new", "4", "--reps", "1"],
     "bench_scale.py": ["--tiny"],
     "gpu.py": ["--tiny", "--reps", "1", "--in-process"],
-    "bench_host.py": ["--quick", "--plan", "2x2"],
+    "bench_host.py": ["--k", "2", "--reps", "1", "--plan", "2x2"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
     "bench_train_compare.py": ["--steps", "2", "--seeds", "1"],
     "bench_controller.py": ["toy", "--seeds", "1", "--updates", "2"],
     "bench_train_smollm2.py": ["--steps", "1", "--seeds", "1", "--prompts-per-step", "1",
-                               "--max-tokens", "4"],
+                               "--max-tokens", "4"],  # + --ckpt: a tiny model, SmolLM2's tokenizer
 }  # fmt: skip
 MODULES = {"row_runner.py", "threads.py"}  # imported by the scripts (gpu.py's runner, the
 # thread count), not run
@@ -109,13 +111,23 @@ def test_every_script_has_a_smallest_path() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", sorted(SMALLEST))
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(s, marks=pytest.mark.external) if s == "bench_train_smollm2.py" else s
+        for s in sorted(SMALLEST)
+    ],  # bench_train_smollm2 reads SmolLM2's tokenizer (downloaded once: external)
+)
 def test_smallest_path_runs_to_its_json_line(
     script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     args = SMALLEST[script] + (
         ["--out", str(tmp_path)] if script.startswith(("bench_train_", "bench_controller")) else []
     )
+    if script == "bench_train_smollm2.py":  # its smallest path trains 4 arms: not of 135 M
+        args += ["--ckpt", str(tiny_smollm2(tmp_path / "tiny"))]
+    if script == "bench_variance.py":  # 4 of the embedded default's 16 groups (of 32: N <= 16)
+        args += ["--rollouts", str(reduce_rollouts(tmp_path / "r.jsonl", groups=4, responses=32))]
     record = last_json(run_main(script, args, monkeypatch, capsys))
     assert record  # a JSON line with the measurements, not an empty one
     if script == "gpu.py":  # every row measured, none broken

@@ -23,16 +23,10 @@ from launch import torchrun
 from otb_diag.integrations.trl.ddp_noise import WITHOUT_DDP, _register
 from otb_diag.maths.noise.two_batch import two_batch_noise
 
+# The launch's script (`LAUNCH`): the plain DDP check, then the TRL trainings, in one session
+# (each process starts once).
 PLAIN_DDP = """
-import contextlib, copy, json, os, sys
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from otb_diag.integrations.trl.ddp_noise import DdpNoise
-from otb_diag.runtime.torchrun import session
-
-# The library's join and leave: the model stack imported before the group exists, a barrier
-# before it goes (a rank tearing gloo down early can abort, runtime/torchrun.py:session).
-with session():
+def plain_ddp(out):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
@@ -43,7 +37,7 @@ with session():
     noise = DdpNoise(MICRO * ACCUM / ROWS_PER_PROMPT, world)
     hooked.register_comm_hook(hooked.process_group, noise.hook)
     generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
-    out = []
+    steps = []
     for step in range(3):
         local = [torch.zeros_like(p) for p in by_hand.parameters()]
         for micro in range(ACCUM):
@@ -64,7 +58,7 @@ with session():
         hooked_grad = torch.cat([p.grad.flatten() for p in hooked.parameters()])
         plain_grad = torch.cat([p.grad.flatten() for p in plain.parameters()])
         buckets = len(noise._local)  # hook calls this step
-        out.append({
+        steps.append({
             "metrics": noise.metrics(),
             "small_sq": float(stacked.square().sum(1).mean()),
             "big_sq": float(mean.square().sum()),
@@ -74,49 +68,12 @@ with session():
         })
         for m in (plain, hooked):
             m.zero_grad()
-    with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
-        json.dump(out, f)
-# Written and left: skip the interpreter's teardown, where a rank sometimes aborted
-# ("terminate called without an active exception"; docs/live.md, known issue).
-os._exit(0)
+    out.mkdir(exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(steps))
 """
 
 
-@pytest.mark.torchrun
-def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(tmp_path: Path) -> None:
-    script = tmp_path / "plain_ddp.py"
-    script.write_text(PLAIN_DDP, encoding="utf-8")
-    result = torchrun(2, tmp_path, script=script)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for steps in ranks:
-        for step in steps:
-            m = step["metrics"]
-            assert step["bitwise_as_plain_ddp"]
-            assert step["mean_gap"] < 1e-6  # DDP's gradient is the mean of the local ones
-            assert m["split/params/small_sq"] == pytest.approx(step["small_sq"], rel=1e-6)
-            assert m["split/params/big_sq"] == pytest.approx(step["big_sq"], rel=1e-6)
-            assert (m["split/params/prompts_small"], m["split/params/prompts_big"]) == (4, 8)
-            expected = two_batch_noise(step["small_sq"], step["big_sq"], 4, 8)
-            assert m["split/params/grad_sq"] == pytest.approx(expected.grad_sq, rel=1e-5)
-            assert m["split/params/total"] == pytest.approx(expected.total, rel=1e-5)
-    # DDP's first backward runs one bucket of up to 1 MB; once rebuilt, the small cap splits them
-    assert ranks[0][-1]["buckets"] > 1
-    assert ranks[0][0]["small_sq"] != ranks[0][0]["big_sq"]  # the two batch sizes differ
-    # both ranks log the same numbers (the average over ranks, the one reduced gradient)
-    assert [s["metrics"] for s in ranks[0]] == [s["metrics"] for s in ranks[1]]
-
-
 TRL_DDP = """
-import json, os, sys
-from pathlib import Path
-import torch, torch.distributed as dist
-from transformers import TrainerCallback
-sys.path.insert(0, sys.argv[2])
-from trl_toy import toy_trainer
-from otb_diag.integrations.trl import attach
-from otb_diag.runtime.torchrun import session
-
 
 class ByHand(TrainerCallback):
     '''Each step's local gradient from tensor hooks on the parameters (before DDP's reducer sees
@@ -147,8 +104,8 @@ class ByHand(TrainerCallback):
             a.zero_()
 
 
-out = Path(sys.argv[1])
-with session():  # the group accelerate finds and uses; left together (runtime/torchrun.py)
+def trl_ddp(out):
+    out.mkdir(exist_ok=True)
     for mode in ("plain", "attach", "default"):
         trainer = toy_trainer(out / mode, 3, gradient_accumulation_steps=2, ddp_backend="gloo")
         if mode == "attach":
@@ -168,26 +125,85 @@ with session():  # the group accelerate finds and uses; left together (runtime/t
         if mode == "default" and rank == 0:
             keys = [[k for k in e if k.startswith("otb/")] for e in trainer.state.log_history]
             (out / "default_keys.json").write_text(json.dumps(keys[:-1]))  # less TRL's summary
-os._exit(0)  # written and left: no interpreter teardown (docs/live.md, known issue)
 """
+
+LAUNCH = (
+    """
+import contextlib, copy, json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import TrainerCallback
+sys.path.insert(0, sys.argv[2])
+from trl_toy import toy_trainer
+from otb_diag.integrations.trl import attach
+from otb_diag.integrations.trl.ddp_noise import DdpNoise
+from otb_diag.runtime.torchrun import session
+"""
+    + PLAIN_DDP
+    + TRL_DDP
+    + """
+out = Path(sys.argv[1])
+# The library's join and leave: the model stack imported before the group exists, a barrier
+# before it goes (a rank tearing gloo down early can abort, runtime/torchrun.py:session); the
+# group accelerate finds and uses.
+with session():
+    plain_ddp(out / "plain")
+    trl_ddp(out / "trl")
+# Written and left: skip the interpreter's teardown, where a rank sometimes aborted
+# ("terminate called without an active exception"; docs/live.md, known issue).
+os._exit(0)
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`LAUNCH` on 2 gloo processes: the plain DDP check's records in `plain/`, the TRL
+    trainings' in `trl/`."""
+    out = tmp_path_factory.mktemp("ddp")
+    script = out / "ddp_noise_launch.py"
+    script.write_text(LAUNCH, encoding="utf-8")
+    result = torchrun(2, out, Path(__file__).parent, script=script, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.torchrun
+@pytest.mark.external  # its launch also runs TRL (test_attach_logs_the_parameter_noise_...)
+def test_the_hook_reads_the_hand_computed_norms_and_changes_no_gradient(launched: Path) -> None:
+    ranks = [json.loads((launched / "plain" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for steps in ranks:
+        for step in steps:
+            m = step["metrics"]
+            assert step["bitwise_as_plain_ddp"]
+            assert step["mean_gap"] < 1e-6  # DDP's gradient is the mean of the local ones
+            assert m["split/params/small_sq"] == pytest.approx(step["small_sq"], rel=1e-6)
+            assert m["split/params/big_sq"] == pytest.approx(step["big_sq"], rel=1e-6)
+            assert (m["split/params/prompts_small"], m["split/params/prompts_big"]) == (4, 8)
+            expected = two_batch_noise(step["small_sq"], step["big_sq"], 4, 8)
+            assert m["split/params/grad_sq"] == pytest.approx(expected.grad_sq, rel=1e-5)
+            assert m["split/params/total"] == pytest.approx(expected.total, rel=1e-5)
+    # DDP's first backward runs one bucket of up to 1 MB; once rebuilt, the small cap splits them
+    assert ranks[0][-1]["buckets"] > 1
+    assert ranks[0][0]["small_sq"] != ranks[0][0]["big_sq"]  # the two batch sizes differ
+    # both ranks log the same numbers (the average over ranks, the one reduced gradient)
+    assert [s["metrics"] for s in ranks[0]] == [s["metrics"] for s in ranks[1]]
 
 
 @pytest.mark.torchrun
 @pytest.mark.external  # runs TRL
-def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
-    script = tmp_path / "trl_ddp.py"
-    script.write_text(TRL_DDP, encoding="utf-8")
-    result = torchrun(2, tmp_path, Path(__file__).parent, script=script, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    plain, attached = (torch.load(tmp_path / f"{m}.pt") for m in ("plain", "attach"))
+def test_attach_logs_the_parameter_noise_under_trl_ddp(launched: Path) -> None:
+    trl = launched / "trl"
+    plain, attached = (torch.load(trl / f"{m}.pt") for m in ("plain", "attach"))
     # A default attach under DDP logs at most 20 otb/ keys a step (166 before the levels).
-    steps = json.loads((tmp_path / "default_keys.json").read_text())
+    steps = json.loads((trl / "default_keys.json").read_text())
     assert len(steps) == 3 and all(8 <= len(keys) <= 20 for keys in steps), steps
     assert not any(k.startswith("otb/split/") for keys in steps for k in keys)
     assert plain.keys() == attached.keys()
     assert all(torch.equal(plain[k], attached[k]) for k in plain)  # the training is untouched
     for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        record = json.loads((trl / f"rank{rank}.json").read_text())
         assert record["world"] == 2 and len(record["logged"]) == len(record["by_hand"]) == 3
         for entry, (small_sq, big_sq) in zip(record["logged"], record["by_hand"], strict=True):
             # 8 completions × 2 micro-steps per process = 4 prompts of GENERATIONS = 4
@@ -209,7 +225,7 @@ def test_attach_logs_the_parameter_noise_under_trl_ddp(tmp_path: Path) -> None:
             )
     # The main process pools it over the steps, as the split's baselines: the window's |G|² is
     # the mean of the steps' so far.
-    main = json.loads((tmp_path / "rank0.json").read_text())["logged"]
+    main = json.loads((trl / "rank0.json").read_text())["logged"]
     for s, entry in enumerate(main, 1):
         assert entry["otb/budget/params/window/steps"] == s
         so_far = [e["otb/split/params/grad_sq"] for e in main[:s]]

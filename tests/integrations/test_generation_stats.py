@@ -103,6 +103,7 @@ def test_a_forward_outside_generate_is_not_caught() -> None:
     assert stats.taken() is None
 
 
+@pytest.mark.external  # runs TRL's trainer (the marker's definition; ~10 s of TRL's imports)
 def test_without_caught_stats_otb_training_takes_one_forward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,7 +6,8 @@ process's rows once, in process order; every logged `otb/` number equals the one
 computation on the dumped rows (`step_metrics`, and `split_metrics` on scores from the step's
 checkpoint) to 1e-6; `otb-diag energy --model-free` on the dump reproduces them as it does for
 one process; and TRL's own logged mean reward is the dump's. A failure on one process stops
-both together, the training going on."""
+both together, the training going on. One launch trains every run these tests read (the two
+trainers, then the two planted failures; each process starts once)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from launch import torchrun
 from test_trl_live import check_reproduces, energy, step_checkpoint
+from trl_torchrun import folder
 from trl_toy import GENERATIONS
 
 from otb_diag.integrations.core.step_metrics import (
@@ -39,6 +41,8 @@ PROCESSES, PER_STEP, ACCUMULATION, STEPS = 2, 2, 3, 2
 ROWS = PROCESSES * PER_STEP * ACCUMULATION  # a step's generation batch
 SPLIT_K = 16  # trl_torchrun.SPLIT_K
 TRAINERS = ("GRPOTrainer", "RLOOTrainer")
+FAILING = ("GRPOTrainer:fail", "GRPOTrainer:fail-start-2")  # trl_torchrun.FAILS
+SWITCHED_OFF = "otb-diag live diagnostics switched off"
 # The estimator each run's settings make (GRPOConfig's defaults; RLOO's beta = 0, no normalising)
 AUDITED = {"GRPOTrainer": trainer_baseline("trl"), "RLOOTrainer": trainer_baseline("trl-rloo")}
 # What the logged entry holds beside the step's metrics: the collapse watch and the split's
@@ -53,12 +57,22 @@ NOT_STEP_METRICS = (
 
 @pytest.fixture(scope="module")
 def trainings(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both trainers' runs, one after the other in one launch (each process starts once)."""
+    """Both trainers' runs and the failing ones, one after the other in one launch (each
+    process starts once); every run ends (the launch exits 0), and only the failing ones
+    switch anything off."""
     out = tmp_path_factory.mktemp("two-processes")
-    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, *TRAINERS, script=SCRIPT)
+    runs = (*TRAINERS, *FAILING)
+    result = torchrun(PROCESSES, out, PER_STEP, ACCUMULATION, STEPS, *runs, script=SCRIPT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "switched off" not in result.stderr, result.stderr[-3000:]
+    for trainer in TRAINERS:
+        assert "switched off" not in stderr(out, trainer), stderr(out, trainer)[-3000:]
     return out
+
+
+def stderr(out: Path, run: str) -> str:
+    """What RUN's training wrote to stderr on every process (trl_torchrun.py)."""
+    return "".join((folder(out, run) / f"stderr.rank{r}").read_text() for r in range(PROCESSES))
 
 
 @pytest.fixture(scope="module", params=TRAINERS)
@@ -161,18 +175,13 @@ def test_model_free_energy_on_the_dump_reproduces_the_logged_step(
         check_reproduces(summary, entry, rel=1e-6)
 
 
-def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: Path) -> None:
+def test_an_error_on_one_process_stops_both_and_the_training_goes_on(trainings: Path) -> None:
     """Reading its rows fails on process 1 only, at step 1: it says so once, hands the error
     over at that step's gather, and both processes stop there together (neither waits for the
-    other at a later gather); the training runs its steps to the end."""
-    args = (PER_STEP, ACCUMULATION, STEPS, "fail", "GRPOTrainer")
-    result = torchrun(PROCESSES, tmp_path, *args, script=SCRIPT)
-    out = tmp_path / "GRPOTrainer"
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("otb-diag live diagnostics switched off") == 1
-    assert "switched off at step 1 (process 1): RuntimeError: planted on process 1" in (
-        result.stderr
-    )
+    other at a later gather); the training runs its steps to the end (the launch exited 0)."""
+    out, said = folder(trainings, "GRPOTrainer:fail"), stderr(trainings, "GRPOTrainer:fail")
+    assert said.count(SWITCHED_OFF) == 1
+    assert "switched off at step 1 (process 1): RuntimeError: planted on process 1" in said
     entries = json.loads((out / "log_history.json").read_text())
     assert [e["step"] for e in entries if "grad_norm" in e] == list(range(1, STEPS + 1))
     # The all-parameter estimate is DDP's all-reduce's, not the step's diagnostics: it goes on.
@@ -181,22 +190,20 @@ def test_an_error_on_one_process_stops_both_and_the_training_goes_on(tmp_path: P
 
 
 def test_an_error_on_one_process_before_its_micro_steps_stops_both_at_the_gather(
-    tmp_path: Path,
+    trainings: Path,
 ) -> None:
     """Forming its rewards fails on process 1 only as step 2's batch is generated
     (`LiveDiagnostics._start`, before any micro-step trains on it): its micro-steps still come
     to that step's gather and hand the error over, and both processes stop there together
     instead of process 0 waiting at the gather for a process that never comes. Step 1 is
     measured as ever, nothing of the step's diagnostics is logged from step 2 on, and the
-    training runs its steps to the end. The launch's timeout is a fraction of the default: a
-    process left waiting fails the test within minutes, not at the process group's timeout."""
-    args = (PER_STEP, ACCUMULATION, STEPS, "fail-start-2", "GRPOTrainer")
-    result = torchrun(PROCESSES, tmp_path, *args, script=SCRIPT, timeout=90)
-    out = tmp_path / "GRPOTrainer"
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("otb-diag live diagnostics switched off") == 1
+    training runs its steps to the end (the launch exited 0; a process left waiting would fail
+    it at the launch's timeout, minutes, before the process group's)."""
+    run = "GRPOTrainer:fail-start-2"
+    out, said = folder(trainings, run), stderr(trainings, run)
+    assert said.count(SWITCHED_OFF) == 1
     warning = "switched off at step 2 (process 1): RuntimeError: planted on process 1 at step 2"
-    assert warning in result.stderr, result.stderr[-3000:]
+    assert warning in said, said[-3000:]
     entries = [e for e in json.loads((out / "log_history.json").read_text()) if "grad_norm" in e]
     assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
     # The all-parameter estimate is DDP's all-reduce's, not the step's diagnostics: it goes on.

@@ -2,9 +2,10 @@
 checked on its tables in tests/plots/test_figures_from_tables.py).
 
 The set's energy and variance-compare runs read 4 groups x 32 responses of the scenario's
-rollouts here, not all of them: what these tests check is that every part runs and every file
-is written, which does not need the whole pools (the measurements themselves are tested beside
-their pipelines; the long pools' own verdict in tests/lab/test_lab_long_shipped.py)."""
+rollouts here (x 8 for the long scenario, whose quick plan draws N <= 4), not all of them:
+what these tests check is that every part runs and every file is written, which does not need
+the whole pools (the measurements themselves are tested beside their pipelines; the long
+pools' own verdict in tests/lab/test_lab_long_shipped.py)."""
 
 import json
 from pathlib import Path
@@ -30,12 +31,14 @@ EXPECTED = [
 
 @pytest.fixture
 def fewer_rollouts(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
-    """The figure set reads 4 groups x 32 responses of its scenario's rollouts; its trainings
-    sample 2 prompts a step, at most 32 tokens a response."""
+    """The figure set reads 4 groups x 32 responses of its scenario's rollouts (N <= 16 draws
+    2N of a group), 4 x 8 of the long scenario's (N <= 4; its responses run to 400 tokens); its
+    trainings sample 2 prompts a step, at most 32 tokens a response."""
 
     def reduced(scenario: str) -> Path:
         path = tmp_path_factory.mktemp("rollouts") / f"{scenario}.jsonl"
-        return reduce_rollouts(path, default_rollouts(scenario), groups=4, responses=32)
+        responses = 8 if scenario == "long" else 32
+        return reduce_rollouts(path, default_rollouts(scenario), groups=4, responses=responses)
 
     monkeypatch.setattr("otb_diag.pipelines.figures.recipe.scenario_rollouts", reduced)
 

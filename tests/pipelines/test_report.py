@@ -20,6 +20,7 @@ from matplotlib import image
 from small_runs import invoke, run_variance
 from small_runs import report as report_of
 from test_dynamics import synthetic_run
+from unwritten_figures import unwritten_figures
 
 from otb_diag.errors import InputError
 from otb_diag.pipelines.regress.run_metrics import collect_metrics
@@ -71,25 +72,27 @@ def dynamics_run(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dynamics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return dynamics_run(tmp_path_factory.mktemp("dynamics"))
+    with unwritten_figures(rendered=("png",)):  # the PNGs the report embeds
+        return dynamics_run(tmp_path_factory.mktemp("dynamics"))
 
 
 @pytest.fixture(scope="module")
 def all_runs(tmp_path_factory: pytest.TempPathFactory, runs: Path, dynamics_dir: Path) -> Path:
     """energy + variance (proxy, full) of the shared reduced runs, a dynamics run, a 2-step
-    training run and a regress JUnit file, in one directory."""
+    training run and a regress JUnit file, in one directory (PNGs rendered, PDFs drawn)."""
     root = tmp_path_factory.mktemp("all")
     for name in ("energy", "variance"):
         shutil.copytree(runs / name, root / name)
     shutil.copytree(dynamics_dir, root / "dynamics")
-    code, output = invoke(
-        "train", "--updates", "2", "--prompts-per-step", "2", "--group-size", "2",
-        "--save-every", "0", "--out", root / "train", "--quiet",
-    )  # fmt: skip
-    assert code == 0, output
-    code, output = invoke(
-        "regress", "--golden", GOLDEN, "--current", runs, "--junit", root / "regress.xml"
-    )
+    with unwritten_figures(rendered=("png",)):
+        code, output = invoke(
+            "train", "--updates", "2", "--prompts-per-step", "2", "--group-size", "2",
+            "--save-every", "0", "--out", root / "train", "--quiet",
+        )  # fmt: skip
+        assert code == 0, output
+        code, output = invoke(
+            "regress", "--golden", GOLDEN, "--current", runs, "--junit", root / "regress.xml"
+        )
     assert code == 0, output
     return root
 

@@ -109,8 +109,8 @@ def test_block_ordered_sums_match_todays_product_on_a_small_bf16_model():
     emulated_against_today(model, n_tokens=96, seed=1)
 
 
-@pytest.mark.slow  # loads SmolLM2 from its GGUF (~10 s) and scores 256 tokens over V = 49,152
-def test_block_ordered_sums_match_todays_product_on_smollm2_in_bf16(smollm2: Path):
-    model = load_checkpoint(smollm2, dtype="float32").model.to(torch.bfloat16).eval()
+@pytest.mark.slow  # loads SmolLM2 and scores 256 tokens over V = 49,152
+def test_block_ordered_sums_match_todays_product_on_smollm2_in_bf16(smollm2_fp32: Path):
+    model = load_checkpoint(smollm2_fp32, dtype="float32").model.to(torch.bfloat16).eval()
     worst = emulated_against_today(model, n_tokens=256, seed=2)
     print(f"SmolLM2 bf16: block-ordered fp32 sums vs today's fp32 product: {worst:.2e}")

@@ -1,9 +1,10 @@
 """torchrun (the tests marked `torchrun`): 2 gloo processes on the CPU write what 1 process
 writes (energy, also over a directory of step files with --steps and the advantage audit;
-variance-compare proxy/head/full; rollouts inspect prints the same; one launch runs them all,
-tests/runtime/torchrun_commands.py), a rank's own bad input stops every rank with one
-paragraph, more ranks than groups is refused (both in that launch too). In this process, without a
-launch:
+variance-compare proxy/head/full; rollouts inspect prints the same; rollouts sample, also
+resumed after a failure; one launch runs them all, tests/runtime/torchrun_commands.py, but the
+failing sample, whose process exit status torchrun reports), a rank's own bad input stops
+every rank with one paragraph, more ranks than groups is refused (both in that launch too). In
+this process, without a launch:
 `--device-map auto` measures what a plain load measures, `--device auto` in every --help,
 device errors, staging clean-up, and the sharding and proxy-combining rules."""
 
@@ -121,11 +122,17 @@ def step_args(dumps: Path) -> list[str | Path]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Path) -> Ranks:
+def ranks(
+    tmp_path_factory: pytest.TempPathFactory,
+    inputs: list,
+    energy_one: Path,
+    failed_sample: FailedSample,
+) -> Ranks:
     """In this process: variance-compare, energy over step files, rollouts inspect; then one
-    launch of 2 gloo ranks running those, energy, a fresh `rollouts sample`, and last two energy
-    runs that must fail: an id outside the vocabulary in the last group (only the rank holding
-    it finds it: the vocabulary is checked per share) and one group for 2 ranks."""
+    launch of 2 gloo ranks running those, energy, a fresh `rollouts sample`, the --resume of
+    `failed_sample`'s failed run, and last two energy runs that must fail: an id outside the
+    vocabulary in the last group (only the rank holding it finds it: the vocabulary is checked
+    per share) and one group for 2 ranks."""
     base = tmp_path_factory.mktemp("dist")
     out = Ranks(
         energy_one, base / "e2", base / "v1", base / "v2", base / "s1", base / "s2",
@@ -143,6 +150,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory, inputs: list, energy_one: Pa
         "steps": [*step_args(dumps), "--out", out.steps_two],
         "inspect": inspect,
         "sample": [*sample_args(base), "--verifier", "exact", "--out", out.sample_two],
+        "resume": [*failed_sample.args, "--resume", "--out", failed_sample.two],
         "bad": ["energy", *energy_on(bad_rollouts(base / "bad.jsonl")), "--out", out.bad],
         "refused": ["energy", *energy_on(reduced(base / "one.jsonl", 1, 2)), "--out", out.refused],
     }
@@ -430,41 +438,66 @@ def fn(prompt, response, answer):
 """
 
 
-@pytest.mark.torchrun
-def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(tmp_path: Path) -> None:
-    """`rollouts sample` on 2 gloo ranks: byte-identical rollouts.jsonl and the same manifest
-    as one process; a verifier failing on rank 1 only stops both (exit 2, nothing written, the
-    parts kept), and --resume under torchrun, after half the parts are removed, finishes them."""
-    common = [*sample_args(tmp_path), "--quiet"]
-    verifier = tmp_path / "verifier.py"  # the same name throughout: --resume checks it
+@dataclass(frozen=True)
+class FailedSample:
+    """`rollouts sample` (`args`) in this process into `one`, then on 2 gloo ranks into `two`
+    with a verifier failing on rank 1 only: that launch's result, whether it wrote
+    rollouts.jsonl, and how many parts it left (half of which were then removed and the
+    verifier made to pass, for the `resume` command of the `ranks` launch)."""
+
+    args: list[str | Path]
+    one: Path
+    two: Path
+    failed: subprocess.CompletedProcess
+    written: bool
+    parts: int
+
+
+@pytest.fixture(scope="module")
+def failed_sample(tmp_path_factory: pytest.TempPathFactory) -> FailedSample:
+    base = tmp_path_factory.mktemp("sample")
+    common = [*sample_args(base), "--quiet"]
+    verifier = base / "verifier.py"  # the same name throughout: --resume checks it
     common += ["--verifier", f"{verifier}:fn"]
     verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same float arithmetic
     try:
-        one_process(*common, "--out", tmp_path / "one")
+        one_process(*common, "--out", base / "one")
     finally:
         torch.set_num_threads(threads)
 
     verifier.write_text("FAIL = True\n" + VERIFIER, encoding="utf-8")
-    out = tmp_path / "two"
+    out = base / "two"
     failed = torchrun(2, *common, "--out", out)
+    written = (out / "rollouts.jsonl").exists()
+    parts = sorted((out / ".sample-parts").glob("part-*.jsonl"))
+    for part in parts[::2]:
+        part.unlink()
+    verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
+    return FailedSample(common, base / "one", out, failed, written, len(parts))
+
+
+@pytest.mark.torchrun
+def test_sample_two_ranks_write_the_pools_of_one_process_and_resume(
+    failed_sample: FailedSample, ranks: Ranks
+) -> None:
+    """`rollouts sample` on 2 gloo ranks: byte-identical rollouts.jsonl and the same manifest
+    as one process; a verifier failing on rank 1 only stops both (exit 2, nothing written, the
+    parts kept), and --resume under torchrun, after half the parts are removed, finishes them
+    (the `ranks` launch's `resume`, which exited 0 on both ranks)."""
+    failed = failed_sample.failed
     assert failed.returncode != 0
     assert "exitcode  : 2" in failed.stderr  # torchrun's report of the first failed rank
     assert failed.stderr.count("otb-diag: error:") == 1
     assert "planted on rank 1" in failed.stderr and "line " in failed.stderr
-    assert not (out / "rollouts.jsonl").exists()
-    parts = sorted((out / ".sample-parts").glob("part-*.jsonl"))
-    assert len(parts) >= 4  # every batch was sampled, by both ranks
-    for part in parts[::2]:
-        part.unlink()
+    assert not failed_sample.written
+    assert failed_sample.parts >= 4  # every batch was sampled, by both ranks
 
-    verifier.write_text("FAIL = False\n" + VERIFIER, encoding="utf-8")
-    resumed = torchrun(2, *common, "--resume", "--out", out)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (out / "rollouts.jsonl").read_bytes() == (tmp_path / "one/rollouts.jsonl").read_bytes()
+    one, out = failed_sample.one, failed_sample.two
+    assert (out / "rollouts.jsonl").read_bytes() == (one / "rollouts.jsonl").read_bytes()
     assert not (out / ".sample-parts").exists()
-    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (tmp_path / "one", out))
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, out))
     for m in (m1, m2):
         for varying in ("seconds", "sampled_tokens_this_run", "distributed"):
             m.pop(varying)
