@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 # default threads.
 JOBS   ?= 2
 
-.PHONY: setup setup-verl demo test test-fast lint bench bench-gpu clean
+.PHONY: setup setup-sharded setup-verl demo test test-fast lint bench bench-gpu clean
 
 # pip byte-compiles every module it installs on one core (40 of a fresh set-up's 70 s here):
 # --no-compile, then compileall on every core. Not left to Python's lazy compiling: where
@@ -26,6 +26,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH)"
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
 	@# "|| true": a few modules are not this Python's code (torch's py312 test helper); pip skips them too
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
+	touch $@
+
+# The [sharded] extra for the tests' DeepSpeed ZeRO-3 runs (tests/integrations/test_trl_sharded.py,
+# skipped without it): `make test` and `make test-fast` take it, `make demo` does not (its set-up
+# stays as it was). DS_BUILD_OPS=0: DeepSpeed compiles none of its C++/CUDA ops at install time.
+setup-sharded: $(VENV)/.sharded
+
+$(VENV)/.sharded: $(VENV)/.installed
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-compile -e ".[dev,sharded]"
 	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $@
 
@@ -46,11 +56,11 @@ demo: setup
 	$(BIN)/otb-diag dynamics --log out/train/metrics.jsonl --out out/dynamics
 	$(BIN)/otb-diag report out/energy out/variance out/dynamics --out out/report.html
 
-test: setup
+test: setup-sharded
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(JOBS)
 
-test-fast: setup
+test-fast: setup-sharded
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow and not torchrun and not external"
 

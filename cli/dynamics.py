@@ -8,12 +8,12 @@ from pathlib import Path
 from otb_diag.cli.common import note, show
 from otb_diag.cli.options import JSON, OUT_DIR, command
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.training_logs.settings import DynamicsSettings, TrainingLogs
 
 
 @dataclass(frozen=True)
-class DynamicsRun:
+class DynamicsRun(Checked):
     out: Path = knob(Path("otb-dynamics"), OUT_DIR)
     as_json: bool = knob(False, JSON)
 

@@ -9,7 +9,7 @@ import typer
 from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_DIR, QUIET, command, register
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.inputs import LabInputs
 from otb_diag.pipelines.lab_settings import LabSettings
 
@@ -21,7 +21,7 @@ app = typer.Typer(
 
 
 @dataclass(frozen=True)
-class BuildRun:
+class BuildRun(Checked):
     out: Path = knob(spec=OUT_DIR)
     inputs: LabInputs = LabInputs()  # --scenario
     quiet: bool = knob(False, QUIET)

@@ -19,7 +19,7 @@ import typer
 from otb_diag.cli.common import friendly_errors, note
 from typer.core import TyperCommand
 
-from otb_diag.knobs import KEY, Knob, knob
+from otb_diag.knobs import KEY, Checked, Knob, knob
 from otb_diag.pipelines.inputs import CKPT as CKPT  # re-exported: train, rollouts
 from otb_diag.pipelines.inputs import ROLLOUTS as ROLLOUTS
 from otb_diag.pipelines.inputs import Inputs
@@ -35,7 +35,7 @@ QUIET = Knob(help="No progress bar.")
 
 
 @dataclass(frozen=True)
-class Measuring:
+class Measuring(Checked):
     """What a command reading checkpoints and rollouts (or its scenario's) takes beside its
     settings."""
 
@@ -101,7 +101,7 @@ class Command:
             info: Any = (
                 typer.Argument(metavar=spec.metavar, help=help_text)
                 if spec.argument
-                else typer.Option(option.flag, help=help_text, metavar=spec.metavar, min=spec.min)
+                else typer.Option(option.flag, help=help_text, metavar=spec.metavar)
             )
             annotation = Annotated[spec.cli or option.hint, info]
             params.append(
@@ -151,7 +151,7 @@ class KnobCommand(TyperCommand):
 
 
 @dataclass(frozen=True)
-class Option:
+class Option(Checked):
     """One knob field as a command-line option."""
 
     path: str  # dotted, as `load.device`
@@ -165,7 +165,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return self.knob.flag or "--" + self.name.replace("_", "-")
+        return self.knob.flag_of(self.name)
 
     @property
     def lazy_default(self) -> bool:

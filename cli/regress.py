@@ -8,12 +8,12 @@ import typer
 from otb_diag.cli.common import note, show
 from otb_diag.cli.options import JSON, command
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.regress.settings import RegressInputs, RegressSettings
 
 
 @dataclass(frozen=True)
-class RegressRun:
+class RegressRun(Checked):
     as_json: bool = knob(False, JSON)
     every: bool = knob(False, flag="--all", help="Print every metric, not only the failing ones.")
 

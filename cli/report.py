@@ -8,12 +8,12 @@ from pathlib import Path
 from otb_diag.cli.common import show
 from otb_diag.cli.options import JSON, OUT_FILE, command
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.report.settings import ReportInputs
 
 
 @dataclass(frozen=True)
-class ReportRun:
+class ReportRun(Checked):
     out: Path = knob(Path("report.html"), OUT_FILE)
     as_json: bool = knob(False, JSON)
 

@@ -10,7 +10,7 @@ from otb_diag.cli.common import note, show
 from otb_diag.cli.options import CKPT, JSON, OUT_DIR, QUIET, ROLLOUTS, command, register
 
 from otb_diag.io.scenarios import scenario_knob
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.inputs import Inputs, SampleInputs, one_rollouts
 from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.sample.settings import SampleSettings
@@ -25,7 +25,7 @@ app = typer.Typer(
 
 
 @dataclass(frozen=True)
-class InspectRun:
+class InspectRun(Checked):
     file: Path | None = knob(
         None,
         argument=True,
@@ -70,7 +70,7 @@ register(app, "inspect", inspect)
 
 
 @dataclass(frozen=True)
-class SampleRun:
+class SampleRun(Checked):
     prompts: Path = knob(
         metavar="FILE",
         help="Prompts: JSONL, Parquet, CSV, or a datasets save_to_disk directory; a prompt is "

@@ -42,7 +42,19 @@ class InputError(Exception):
         if self.field is not None:
             where.append(f"field '{self.field}'")
         text = (", ".join(where) + ": " if where else "") + self.message
-        return text + (f" {self.hint}" if self.hint else "")
+        return with_hint(text, self.hint)
+
+
+def with_hint(text: str, hint: str | None) -> str:
+    """`text`, then `hint` as the next sentence: `text` ends with a full stop first."""
+    if not hint:
+        return text
+    return text + ("" if text.endswith((".", "!", "?")) else ".") + " " + hint
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a command that keeps what it finished: the message says what was kept
+    and how to go on (`rollouts sample --resume`), printed as one paragraph, exit 130."""
 
 
 def json_problem(err: json.JSONDecodeError) -> str:

@@ -2,13 +2,16 @@
 tests that check what several processes do: tests/runtime/test_torchrun.py (the commands),
 tests/integrations/test_trl_processes.py (TRL's trainers with `attach`),
 tests/integrations/test_ddp_noise.py (the all-parameter estimate under DDP) and
-tests/integrations/test_live_sharded.py (the live core under FSDP2). Every script it
-launches joins and leaves the group through `otb_diag.runtime.torchrun.session`, as otb-diag
-does: a rank that tears gloo down on its own can abort after its work is done."""
+tests/integrations/test_live_sharded.py (the live core under FSDP2), and
+tests/integrations/test_trl_sharded.py (TRL under DeepSpeed ZeRO-3, beside DDP). Every script
+it launches joins and leaves the group through `otb_diag.runtime.torchrun.session`, as otb-diag
+does: a rank that tears gloo down on its own can abort after its work is done. A launch that
+several test modules read runs once a session (`launched_once`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +20,8 @@ from pathlib import Path
 from subprocess import PIPE
 
 import psutil  # [dev] (and accelerate's dependency)
+import pytest
+from conftest import built_once
 
 import otb_diag
 
@@ -60,3 +65,21 @@ def torchrun(
             stdout, stderr = launch.communicate()
             raise subprocess.TimeoutExpired(launch.args, timeout, stdout, stderr) from None
     return subprocess.CompletedProcess(launch.args, launch.returncode, stdout, stderr)
+
+
+def launched_once(
+    factory: pytest.TempPathFactory, name: str, n: int, *args: str | Path, script: Path
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """`torchrun(n, folder, *args, script=script)` once per pytest session, also across the
+    xdist workers (`conftest.built_once`, folder `name`), for the test modules that read the
+    same launch: its folder, and its return code and output as the launch left them."""
+
+    def launch(folder: Path) -> None:
+        result = torchrun(n, folder, *args, script=script)
+        kept = {"args": result.args, "returncode": result.returncode}
+        kept |= {"stdout": result.stdout, "stderr": result.stderr}
+        (folder / "launch.json").write_text(json.dumps(kept))
+
+    folder = built_once(factory, name, launch)
+    kept = json.loads((folder / "launch.json").read_text())
+    return folder, subprocess.CompletedProcess(**kept)

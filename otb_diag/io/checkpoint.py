@@ -15,6 +15,7 @@ import torch
 from packaging.version import Version
 
 from otb_diag.errors import InputError, json_problem
+from otb_diag.io.load_options import DTYPES
 from otb_diag.io.provenance import checkpoint_fingerprint
 from otb_diag.runtime.devices import device_map_kwargs, resolve_device
 
@@ -22,11 +23,8 @@ if TYPE_CHECKING:  # transformers itself is imported where a checkpoint is read 
     # start-up that model-free commands do not pay)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-_DTYPES: dict[str, torch.dtype | str] = {
-    "auto": "auto",
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
+_DTYPES: dict[str, torch.dtype | str] = {  # the --dtype names, each torch's dtype of its name
+    name: "auto" if name == "auto" else getattr(torch, name) for name in DTYPES
 }
 
 

@@ -8,14 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from otb_diag.errors import InputError
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob, one_of
 
 if TYPE_CHECKING:
     from otb_diag.io.checkpoint import Checkpoint
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the checkpoint's own
+
+
 @dataclass(frozen=True)
-class LoadOptions:
+class LoadOptions(Checked):
     """How checkpoints are loaded (the CLI's --device, --dtype, safety flags and --device-map)
     and how text prompts are tokenized (--chat-template)."""
 
@@ -24,7 +27,9 @@ class LoadOptions:
         help="auto (cuda, then mps, then cpu; the choice is said on stderr), cpu, cuda, cuda:1, "
         "mps. Under torchrun each rank takes cuda:<LOCAL_RANK>.",
     )
-    dtype: str = knob("auto", help="auto (the checkpoint's), float32, bfloat16, float16.")
+    dtype: str = knob(
+        "auto", one_of(DTYPES), help="auto (the checkpoint's), float32, bfloat16, float16."
+    )
     allow_pickle: bool = knob(False, help="Allow pickled weights (pytorch_model.bin).")
     trust_remote_code: bool = knob(False, help="Allow model code shipped with the ckpt.")
     chat_template: bool = knob(
@@ -44,11 +49,15 @@ class LoadOptions:
         "names, sizes, small files, safetensors headers and sampled blocks).",
     )
 
-    def check(self, world_size: int = 1) -> None:
-        """Raise `InputError` now, before anything is read or written, for a device this
-        machine does not have, or a --device-map under torchrun (`world_size` ranks, each
-        loading a whole model on its own GPU)."""
+    def check(self, world_size: int | None = None) -> None:
+        """Raise `InputError` now, before anything is read or written (the recipe shell's first
+        step), for a device this machine does not have, or a --device-map under torchrun
+        (`world_size` ranks, each loading a whole model on its own GPU; None: as many as
+        torchrun launched)."""
         from otb_diag.runtime.devices import device_map_kwargs, resolve_device
+        from otb_diag.runtime.torchrun import launched_world_size
+
+        world_size = launched_world_size() if world_size is None else world_size
 
         if self.device_map is None:
             resolve_device(self.device)

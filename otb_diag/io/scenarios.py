@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from otb_diag.errors import InputError
-from otb_diag.knobs import knob
+from otb_diag.knobs import knob, one_of
 
 LAB_DIR = Path(__file__).resolve().parent.parent / "lab"
 SCENARIOS = ("default", "long")
@@ -28,6 +28,7 @@ def scenario_knob() -> Any:
     """The `--scenario` field, declared once for every command that takes one."""
     return knob(
         SCENARIOS[0],
+        one_of(SCENARIOS),
         help="Embedded scenario, which also supplies an omitted --ckpt / --rollouts: default "
         "(copy, reverse, sort digits; responses of 4-45 tokens) or long (running sums with a "
         "written scratchpad; responses of 20-400 tokens, 16 prompts x 128).",

@@ -78,9 +78,19 @@ REQUIRED = ("step", "grad_norm", "score")
 # column each, after `COLUMNS`, whatever the source.
 OTB_PREFIX = "otb/"
 # The knee controller's metrics (`integrations/core/controller.py`, under `OTB_PREFIX`): the
-# prompts of the current optimizer update, and the updates taken before the step's batch.
+# prompts of the optimizer update the step's batch belongs to, as the adapter applied it; the
+# prompts the controller decided for the updates to come (an update opened later takes them);
+# and the updates taken before the step's batch.
 CONTROLLER_PROMPTS = "controller/prompts_per_update"
+CONTROLLER_DECIDED = "controller/decided_prompts"
 CONTROLLER_UPDATES = "controller/updates"
+# Live metrics that both the dashboard's headline (`integrations/core/metric_levels.py:HEADLINE`)
+# and `dynamics`' live figure (`plots/dynamics.py:LIVE_PANELS`) name, under `OTB_PREFIX`: OTB's
+# variance proxy over the mean baseline's (verl's proxy2_total_power), the same without the
+# part verl's zero tail adds, and the mean realized energy W(τ) of a response.
+OTB_OVER_MEAN = "otb_over_mean/proxy2_total_power"
+OTB_OVER_MEAN_WITHOUT_TAIL = "otb_over_mean/without_zero_tail/proxy2_total_power"
+MEAN_ENERGY = "energy/sequence_mean"
 
 # Canonical field -> keys accepted for it, in order of preference, in our own log (a trainer's
 # are its `Trainer.log_keys`).

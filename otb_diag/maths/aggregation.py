@@ -77,13 +77,18 @@ def seq_mean_token_sum_norm(mask: Tensor) -> Tensor:
     return mask / mask.shape[-1]
 
 
-def aggregation_weights(name: str, mask: Tensor) -> Tensor:
-    """Coefficients `c: [B, T]` of mode `name` for `mask: [B, T]` (float)."""
+def check_aggregation(name: str) -> None:
+    """An `InputError` listing the registered aggregations when `name` is none of them."""
     if name not in AGGREGATIONS:
         raise InputError(
             f"unknown aggregation '{name}'; known aggregations: {', '.join(sorted(AGGREGATIONS))}",
             field="aggregation",
         )
+
+
+def aggregation_weights(name: str, mask: Tensor) -> Tensor:
+    """Coefficients `c: [B, T]` of mode `name` for `mask: [B, T]` (float)."""
+    check_aggregation(name)
     return AGGREGATIONS[name](mask.float() if not mask.is_floating_point() else mask)
 
 

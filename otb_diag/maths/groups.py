@@ -18,6 +18,18 @@ def group_total(x: Tensor, group: Tensor) -> Tensor:
     return totals[group]
 
 
+def block_size(group: Tensor) -> int | None:
+    """n when `group` `[B]` is `0…0 1…1 …` in consecutive blocks of n rows each (a trainer's
+    generation batch: TRL's, verl's), else None."""
+    rows = group.numel()
+    if rows == 0 or int(group[0]) != 0:
+        return None
+    n = rows // (int(group[-1]) + 1)
+    if n * (int(group[-1]) + 1) != rows:
+        return None
+    return n if torch.equal(group, torch.arange(rows, device=group.device) // n) else None
+
+
 def weighted_group_mean(
     values: Tensor,
     weights: Tensor,

@@ -14,7 +14,7 @@ from pathlib import Path
 from otb_diag.errors import InputError
 from otb_diag.io.model_size import largest_model
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts, scenario_knob
-from otb_diag.knobs import Knob, knob
+from otb_diag.knobs import Checked, Knob, knob
 from otb_diag.runtime.threads import NO_MODEL
 
 Say = Callable[[str], None]
@@ -40,7 +40,7 @@ def silent(message: str) -> None:
 
 
 @dataclass(frozen=True)
-class Inputs:
+class Inputs(Checked):
     """The files a command measuring rollouts under checkpoints was given, as given: --ckpt
     (none, one or several; run directories allowed), --rollouts, and the --scenario whose
     embedded files stand in for an omitted one."""
@@ -82,7 +82,7 @@ class EnergyInputs(Inputs):
 
 
 @dataclass(frozen=True)
-class LabInputs:
+class LabInputs(Checked):
     """What `lab build` builds from: the embedded --scenario (its task, model and SFT run)."""
 
     scenario: str = scenario_knob()
@@ -117,9 +117,10 @@ def _scenario_checkpoint(scenario: str) -> Path | None:
 
 
 def _or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:
-    """`value`, or the embedded default with a note saying it was used. `default` is called
-    only then: finding a scenario's files fails when it is not shipped, which must not matter
-    to a user who named their own."""
+    """`value`, or the embedded default with a note saying it was used (`what`: the option
+    omitted; every command says it in these words). `default` is called only then: finding a
+    scenario's files fails when it is not shipped, which must not matter to a user who named
+    their own."""
     if value is not None:
         return value
     path = default()
@@ -127,14 +128,12 @@ def _or_default(value: Path | None, default: Callable[[], Path], what: str, say:
     return path
 
 
-def rollouts_or_default(
-    rollouts: Path | None, scenario: str, say: Say, what: str = "--rollouts"
-) -> Path:
-    return _or_default(rollouts, lambda: default_rollouts(scenario), what, say)
+def rollouts_or_default(rollouts: Path | None, scenario: str, say: Say) -> Path:
+    return _or_default(rollouts, lambda: default_rollouts(scenario), "--rollouts", say)
 
 
-def checkpoint_or_default(ckpt: Path | None, scenario: str, say: Say, what: str = "--ckpt") -> Path:
-    return _or_default(ckpt, lambda: default_checkpoint(scenario), what, say)
+def checkpoint_or_default(ckpt: Path | None, scenario: str, say: Say) -> Path:
+    return _or_default(ckpt, lambda: default_checkpoint(scenario), "--ckpt", say)
 
 
 def checkpoint_dirs(ckpt: list[Path] | None, scenario: str, say: Say) -> list[Path]:

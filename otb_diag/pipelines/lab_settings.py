@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob, valid_seed
 
 
 @dataclass(frozen=True)
-class LabSettings:
-    seed: int = knob(0, help="Seed of every random draw: same seed, same lab.")
+class LabSettings(Checked):
+    seed: int = knob(0, valid_seed, help="Seed of every random draw: same seed, same lab.")

@@ -8,22 +8,38 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from otb_diag.knobs import Knob, comma_list, joined, knob, optional_tuple
+from otb_diag.knobs import (
+    Knob,
+    above,
+    at_least,
+    comma_list,
+    each,
+    joined,
+    knob,
+    named,
+    optional_tuple,
+    parse_steps,
+    refused_by,
+)
 
 if TYPE_CHECKING:
     from torch import nn
 
-STEPS = Knob(metavar="A-B", help="Only rollout rows of training steps A to B.")
+
+STEPS = Knob(
+    metavar="A-B", check=refused_by(parse_steps), help="Only rollout rows of training steps A to B."
+)
 REWARD_COLUMNS = Knob(
     flag="--reward-column",
     metavar="NAME",
     cli=list[str] | None,
     parse=optional_tuple,
+    check=each(named),
     help="TRL completion logs: the reward column(s) to sum (repeatable). Default: every "
     "reward-function column.",
 )
-TEMPERATURE = Knob(help="Sampling temperature τ; default: each row's own.")
-BATCH_TOKENS = Knob(help="Padded tokens per forward batch.")
+TEMPERATURE = Knob(check=above(0), help="Sampling temperature τ; default: each row's own.")
+BATCH_TOKENS = Knob(check=at_least(1), help="Padded tokens per forward batch.")
 ZERO_TAIL = Knob(
     flag="--handle-zero-tail/--no-handle-zero-tail",
     help="verl's OTB option: a strictly longest member gets B_t = 0 beyond the second-longest "
@@ -46,15 +62,23 @@ def _auto_help(what: str, cpu_size: str) -> Any:
     return text
 
 
-def baselines_knob(detail: str) -> Any:
+def baselines_knob(detail: str, needs: tuple[str, ...] = ()) -> Any:
     """The `--baselines` field of a measuring command (`energy`, `variance-compare`): registry
     names, comma-separated, the registry's defaults when omitted; `detail` ends the help's first
-    sentence with what this command asks of the list (an example, a name it must hold)."""
+    sentence with what this command asks of the list (an example, the names `needs` it must
+    hold). Whether each name is registered, `check()` of the settings says (a registry a user
+    extends at run time: a record read back later need not know its names)."""
+
+    def holds(names: tuple[str, ...]) -> str | None:
+        missing = [n for n in needs if n not in names]
+        return f"must include {' and '.join(missing)}, got {joined(names)}" if missing else None
+
     return knob(
         factory=default_baselines,
         cli=str,
         parse=comma_list,
         show=joined,
+        check=lambda names: each()(names) or holds(names),
         help=f"Comma-separated registry baselines{detail}. Default: the registry's defaults (an "
         "unknown name lists every registered one).",
     )
@@ -68,7 +92,9 @@ def batch_tokens_knob() -> Any:
 
 def chunk_size_knob() -> Any:
     return knob(
-        None, help=_auto_help("Tokens whose [chunk, V] logits exist at once.", "STATS_CHUNK")
+        None,
+        at_least(1),
+        help=_auto_help("Tokens whose [chunk, V] logits exist at once.", "STATS_CHUNK"),
     )
 
 

@@ -66,11 +66,9 @@ from otb_diag.io.training_logs import OTB_PREFIX
 from otb_diag.lab.build import SCENARIOS
 from otb_diag.lab.rollouts import sample_groups
 from otb_diag.lab.task import Problem, make_problem
-from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.energy.proxies import variance_proxies
 from otb_diag.maths.energy.token_stats import TokenStats
 from otb_diag.maths.estimators.advantages import batch_advantages
-from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.maths.noise.step_split import (
     SPLIT_K,
@@ -109,6 +107,8 @@ METRIC_KEYS = (
     "mean_response_length",
     "tokens_sampled",
     "wall_time",
+    "baseline",  # the run's: `dynamics` names the run by them (it read "?, N=4" without)
+    "group_size",
 )
 
 # What the printed summary compares between the first and the last steps.
@@ -132,20 +132,6 @@ def for_scenario(settings: TrainSettings, scenario: str) -> TrainSettings:
         prompt_cells=lab.rollout_prompts if cells is None else cells,
         max_new_tokens=lab.max_new_tokens if budget is None else budget,
     )
-
-
-def _check_settings(settings: TrainSettings) -> None:
-    """Raise `InputError` for a setting that cannot run, before anything is loaded."""
-    get_baseline(settings.baseline)  # unknown name: lists the known ones
-    aggregation_weights(settings.aggregation, torch.ones(1, 1))  # likewise
-    for name in ("group_size", "prompts_per_step", "steps", "max_new_tokens"):
-        if getattr(settings, name) < 1:
-            raise InputError(f"{name} must be at least 1, got {getattr(settings, name)}.")
-    for name in ("lr", "max_grad_norm", "save_every"):
-        if getattr(settings, name) < 0:
-            raise InputError(f"{name} must be non-negative, got {getattr(settings, name)}.")
-    if settings.temperature <= 0:
-        raise InputError(f"temperature must be positive, got {settings.temperature}.")
 
 
 def _draw_prompts(
@@ -227,6 +213,7 @@ def run_train(
     the scenario's final one (said through `say`); then `train`, in the recipe shell (None on
     the ranks other than 0 under torchrun). It samples its own rollouts: `inputs.rollouts` is
     refused."""
+    settings.check()  # the knobs' own checks ran when `settings` was built
     inputs.refuse(("rollouts",), "train samples its own")
     given = one_checkpoint(inputs.ckpt, "training starts from one checkpoint")
     start = checkpoint_or_default(given, inputs.scenario, say)
@@ -248,7 +235,7 @@ def train(
 ) -> TrainResult:
     """Run `settings.steps` RL steps from the checkpoint `ckpt`, writing into `out` (module
     docstring); returns the result whose `to_json()` is `out/train.json`."""
-    _check_settings(settings)
+    settings.check()
     loaded = load_checkpoint(ckpt, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
     _check_positions(model, tokenizer, settings)
@@ -283,6 +270,8 @@ def train(
             metrics |= {
                 "tokens_sampled": tokens_sampled,
                 "wall_time": time.perf_counter() - started,
+                "baseline": settings.baseline,
+                "group_size": settings.group_size,
             }
             log.write(_json_line(metrics))
             log.flush()

@@ -8,14 +8,17 @@ group_size) and the per-run results (the rows of collapse.json's `runs`, read by
 baselines share the fallback colour) and its line style says its group size; runs that share
 both get a colour each.
 
-Log axes draw what a log axis can: positive finite values as lines (a lone point as a dot);
-zeros and negatives (TRL logs `grad_norm = 0.0` when every group had equal rewards) as
-triangles on the axis floor, with a note saying so; NaN and ±inf are left out. A panel with no
-positive value says so instead of failing."""
+Every point of the table is drawn (`_series`): on a line beside a neighbour, or as a dot where
+it has none (a line of one point shows nothing; a run's last logged norm, after a gap, went
+undrawn). Log axes draw what a log axis can: positive finite values on the line; zeros and
+negatives (TRL logs `grad_norm = 0.0` when every group had equal rewards) as triangles on the
+axis floor, with a note saying so; NaN and ±inf are left out. A panel with nothing to draw says
+why instead of failing: the metric not in the log, or no value of it that the axis can draw."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import matplotlib as mpl
@@ -27,11 +30,20 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from otb_diag.io.training_logs import (
+    CONTROLLER_PROMPTS,
+    MEAN_ENERGY,
+    OTB_OVER_MEAN,
+    OTB_OVER_MEAN_WITHOUT_TAIL,
+    OTB_PREFIX,
+)
+from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.plots.style import (
     COLUMN_WIDTH_IN,
     OKABE_ITO,
     STYLE,
     baseline_color,
+    dodged,
     new_figure,
     plain_log_ticks,
 )
@@ -56,7 +68,8 @@ class RunMarks(Protocol):
 GROUP_SIZE_STYLES = ("-", "--", ":", "-.")
 # Beside the axes, off the curves (a legend inside covered the top of the log-scale panels).
 LEGEND_BESIDE = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0), "frameon": False}
-UNKNOWN = "?"
+# What a legend says where the log names no baseline or no group size (it once read "?, N=4").
+NO_BASELINE, NO_GROUP_SIZE = "baseline not logged", "N not logged"
 
 
 def _stacked(height_in: float) -> tuple[Figure, Sequence[Axes]]:
@@ -67,10 +80,10 @@ def _stacked(height_in: float) -> tuple[Figure, Sequence[Axes]]:
     return fig, axes
 
 
-def _identity(rows: pd.DataFrame) -> tuple[str, float]:
-    """A run's baseline (or "?") and group size (NaN when unknown)."""
+def _identity(rows: pd.DataFrame) -> tuple[str | None, float]:
+    """A run's baseline (None when the log names none) and group size (NaN when unknown)."""
     baseline = rows["baseline"].dropna()
-    return (str(baseline.iloc[0]) if len(baseline) else UNKNOWN), float(rows["group_size"].iloc[0])
+    return (str(baseline.iloc[0]) if len(baseline) else None), float(rows["group_size"].iloc[0])
 
 
 def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
@@ -80,7 +93,7 @@ def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
     no two lines look alike (11 runs had repeated 3 colours)."""
     sizes = sorted({s for s in table["group_size"].dropna().unique()})
     identities = {run: _identity(rows) for run, rows in table.groupby("run", sort=False)}
-    keys = [(b, "?" if np.isnan(n) else n) for b, n in identities.values()]
+    keys = [(b, None if np.isnan(n) else n) for b, n in identities.values()]
     by_run = len(set(keys)) < len(keys)
     palette = list(OKABE_ITO.values())
     styles = {}
@@ -89,7 +102,7 @@ def _styles(table: pd.DataFrame) -> dict[str, dict[str, str]]:
             color = palette[i % len(palette)]
             linestyle = GROUP_SIZE_STYLES[i // len(palette) % len(GROUP_SIZE_STYLES)]
         else:
-            color = baseline_color(baseline)
+            color = baseline_color(baseline or "")
             linestyle = (
                 GROUP_SIZE_STYLES[sizes.index(size) % len(GROUP_SIZE_STYLES)]
                 if size in sizes
@@ -113,23 +126,45 @@ def _results(runs: Sequence[RunMarks]) -> dict[str, RunMarks]:
     return {r.run: r for r in runs}
 
 
+def _series(ax: Axes, x, y, *, bridge: bool = False, log: bool = False, **style) -> None:
+    """`y` against `x` (`[n]` each) as a line in `style`, every point the axis can draw shown:
+    beside a neighbour on the line, or as a dot where it has none. `bridge`: a NaN is a step
+    that logged nothing, which the line runs across (under the knee controller only an
+    update's last batch logs `grad_norm`); else a NaN breaks the line (no value there, as
+    OTB/mean where every group's rewards were equal). `log`: a log axis, on which values ≤ 0
+    break the line too (`_log_panel` draws them on its floor)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    bridged = bridge and bool(np.isnan(y).any())
+    if bridged:
+        kept = ~np.isnan(y)
+        x, y = x[kept], y[kept]
+    shown = np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else True)
+    y = np.where(shown, y, np.nan)
+    # a line run across steps that logged nothing marks the steps that did
+    ax.plot(x, y, **style, **({"marker": "o", "markersize": 2} if bridged else {}))
+    before, after = np.r_[False, shown[:-1]], np.r_[shown[1:], False]
+    lone = shown & ~before & ~after  # no neighbour on the line: a dot, or it is not seen
+    alpha = {"alpha": style["alpha"]} if "alpha" in style else {}
+    ax.plot(x[lone], y[lone], linestyle="none", marker="o", markersize=2.5, **_color(style),
+            **alpha)  # fmt: skip
+
+
 def _log_panel(ax: Axes, lines: list[tuple[pd.DataFrame, str, dict, str | None]], what: str):
-    """Draw `(rows, column, style, label)` lines on a log y axis (see the module docstring)."""
+    """Draw `(rows, column, style, label)` lines on a log y axis (see the module docstring),
+    bridging NaN (`_series`). With no line, or no positive value, the panel says so."""
     values = [rows[column].to_numpy(dtype=float) for rows, column, _, _ in lines]
     positive = np.concatenate([v[np.isfinite(v) & (v > 0)] for v in values] or [np.empty(0)])
     if positive.size == 0:
         for _rows, _, style, label in lines:  # keep the legend entries
             ax.plot([], [], label=label, **style)
-        ax.text(0.5, 0.5, f"no positive {what} logged", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, f"no positive {what} logged", transform=ax.transAxes, ha="center",
+                va="center", fontsize=6)  # fmt: skip
         return
     floor = float(positive.min()) / 3
     on_floor = 0
     for (rows, _, style, label), v in zip(lines, values, strict=True):
         steps = rows["step"].to_numpy(dtype=float)
-        good = np.isfinite(v) & (v > 0)
-        ax.plot(steps, np.where(good, v, np.nan), label=label, **style)
-        lone = good & ~np.roll(good, 1) & ~np.roll(good, -1) if len(v) > 1 else good
-        ax.plot(steps[lone], v[lone], linestyle="none", marker="o", markersize=2.5, **_color(style))
+        _series(ax, steps, v, bridge=True, log=True, label=label, **style)
         low = np.isfinite(v) & (v <= 0)
         if low.any():
             on_floor += int(low.sum())
@@ -142,7 +177,9 @@ def _log_panel(ax: Axes, lines: list[tuple[pd.DataFrame, str, dict, str | None]]
                 **_color(style),
             )
     ax.set_yscale("log")
+    ax.autoscale_view()
     ax.set_ylim(bottom=floor / 1.5)
+    plain_log_ticks(ax.yaxis)
     if on_floor:
         ax.text(
             0.99,
@@ -174,16 +211,15 @@ def fig1_grad_norm_and_score(table: pd.DataFrame, runs: Sequence[RunMarks]) -> F
         smoothed = False  # whether some run's score is drawn as its trailing mean
         for run, rows in groups:
             style = styles[run]
-            marker = "o" if len(rows) == 1 else ""
             # A step's score is a few samples' mean: the trailing mean reads better. A run
             # shorter than the mean's window has none and keeps its per-step line.
             if "score_smoothed" in rows and np.isfinite(rows["score_smoothed"]).any():
                 smoothed = True
-                bottom.plot(rows["step"], rows["score"], marker=marker, alpha=0.25,
-                            linewidth=0.6, **_color(style))  # fmt: skip
-                bottom.plot(rows["step"], rows["score_smoothed"], **style)
+                _series(bottom, rows["step"], rows["score"], alpha=0.25, linewidth=0.6,
+                        **_color(style))  # fmt: skip
+                _series(bottom, rows["step"], rows["score_smoothed"], **style)
             else:
-                bottom.plot(rows["step"], rows["score"], marker=marker, **style)
+                _series(bottom, rows["step"], rows["score"], **style)
             for ax in (top, bottom):
                 _mark(ax, results[run].collapse_step, style["color"], ":")
         top.set_ylabel("gradient norm ‖g‖")
@@ -230,9 +266,12 @@ def fig2_variance_and_grad_norm(table: pd.DataFrame, runs: Sequence[RunMarks]) -
 
 
 def _run_label(rows: pd.DataFrame) -> str:
-    """`baseline, N=n` for the score-against-tokens legend ("?" for what the log lacks)."""
+    """`baseline, N=n` for the score-against-tokens legend, saying what the log lacks
+    ("baseline not logged, N=4": a log that records no baseline, and no split to read it
+    from)."""
     baseline, size = _identity(rows)
-    return f"{baseline}, N={int(size) if np.isfinite(size) else UNKNOWN}"
+    n = f"N={int(size)}" if np.isfinite(size) else NO_GROUP_SIZE
+    return f"{baseline or NO_BASELINE}, {n}"
 
 
 def fig_score_vs_tokens(
@@ -252,7 +291,7 @@ def fig_score_vs_tokens(
             if rows.empty:
                 continue
             label = labels[run] + (f" ({run})" if labels[run] in shared else "")
-            ax.plot(rows["tokens_sampled"], rows["score"], label=label, **styles[run])
+            _series(ax, rows["tokens_sampled"], rows["score"], label=label, **styles[run])
             reached = results[run].tokens_to_target
             if reached is not None and target is not None:
                 ax.plot([reached], [target], marker="o", markersize=3, color=styles[run]["color"])
@@ -272,63 +311,101 @@ def fig_score_vs_tokens(
     return fig
 
 
-# The live diagnostics' curves (docs/live.md): the column each panel draws, its axis label.
+@dataclass(frozen=True)
+class LivePanel:
+    """One panel of the live figure: the metric it draws (its key as logged, under `otb/`),
+    what it is in words (the panel's title, above the key), its axis label, and whether its
+    axis is logarithmic."""
+
+    key: str
+    words: str
+    label: str
+    log: bool = False
+
+
+# The live diagnostics' curves (docs/live.md): where the dashboard shows a metric of the
+# quantity, its key (`io/training_logs.py` names it for the dashboard's headline and here: the
+# panel once drew `token_total_power`'s ratio beside a dashboard showing `proxy2_total_power`'s);
+# the group CV is in the full record only.
 LIVE_PANELS = (
-    ("otb/energy/sequence_mean", "mean energy\nW(τ)"),
-    ("otb/energy/group_cv_median", "energy CV\nin a group\n(median)"),
-    ("otb/otb_over_mean/token_total_power", "OTB / mean\nvariance proxy"),
-)
+    LivePanel(OTB_PREFIX + MEAN_ENERGY, "mean realized energy W(τ) of a response",
+              "mean energy W(τ)", log=True),
+    LivePanel(OTB_PREFIX + "energy/group_cv_median",
+              "median over groups of the energies' coefficient of variation",
+              "energy CV\nin a group"),
+    LivePanel(OTB_PREFIX + OTB_OVER_MEAN,
+              "OTB's variance proxy over the mean baseline's (proxy2_total_power)",
+              "OTB / mean"),
+)  # fmt: skip
 # A panel's second series, as crosses where it differs from the first: OTB/mean less the part
 # verl's zero tail adds (docs/live.md).
-LIVE_WITHOUT_TAIL = {
-    "otb/otb_over_mean/token_total_power": "otb/otb_over_mean/without_zero_tail/token_total_power"
-}
+LIVE_WITHOUT_TAIL = {OTB_PREFIX + OTB_OVER_MEAN: OTB_PREFIX + OTB_OVER_MEAN_WITHOUT_TAIL}
 TAIL_MOVES = 1e-3  # a relative difference below this is no move of the ratio
+# What a panel says where no run has a value of its metric (a column absent, or NaN at every
+# step: a log concatenated with a run that had it, a trainer that leaves non-finite values out).
+NO_VALUE = "no value of {key} in the log\n(the live diagnostics log it, docs/live.md)"
 
 
 def fig_live_otb(table: pd.DataFrame, runs: Sequence[RunMarks]) -> Figure:
     """The `otb/` metrics a trainer logged (`otb_diag.integrations`) beside its gradient norm,
-    against step: ‖g‖ and the mean energy on log axes, the within-group energy CV and OTB's
-    variance proxy over the mean baseline's (a line at 1: below it OTB cuts the variance) on
-    linear ones; the collapse as a dotted line. The ratio's panel marks with × the steps where,
-    without the part verl's zero tail adds (where logged), it would differ, and says why its
-    lines have gaps: steps where every group's rewards were equal, so the mean baseline's proxy
-    is 0 and there is no ratio. Runs without a metric leave its panel empty."""
+    against step, each panel titled with what it draws and its key (`LIVE_PANELS`): ‖g‖ and the
+    mean energy on log axes, the within-group energy CV and OTB's variance proxy over the mean
+    baseline's (a line at 1: below it OTB cuts the variance) on linear ones; the collapse as a
+    dotted line. The ratio's panel marks with × the steps where, without the part verl's zero
+    tail adds (where logged), it would differ, and says why its line has gaps: steps where
+    every group's rewards were equal, so the mean baseline's proxy is 0 and there is no ratio.
+    A panel with nothing to draw says why (`NO_VALUE`, or no positive value on a log
+    axis)."""
     styles, results = _styles(table), _results(runs)
     groups = list(table.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
-        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.5 * (1 + len(LIVE_PANELS))))
-        # room above the ratio's panel for its two-line note
-        axes = fig.subplots(1 + len(LIVE_PANELS), 1, sharex=True, gridspec_kw={"hspace": 0.4})
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.6 * (1 + len(LIVE_PANELS))))
+        # room above each panel for its two-line title
+        axes = fig.subplots(1 + len(LIVE_PANELS), 1, sharex=True, gridspec_kw={"hspace": 0.75})
         _log_panel(axes[0], [(rows, "grad_norm", styles[r], r) for r, rows in groups], "grad_norm")
-        axes[0].set_ylabel("gradient norm ‖g‖")
-        for ax, (column, label) in zip(axes[1:], LIVE_PANELS, strict=True):
-            present = [(r, rows) for r, rows in groups if column in rows]
-            if column == "otb/energy/sequence_mean":
-                lines = [(rows, column, styles[r], None) for r, rows in present]
-                _log_panel(ax, lines, "energy")
+        _panel_title(axes[0], "gradient norm the trainer logged", "grad_norm")
+        axes[0].set_ylabel("‖g‖")
+        for ax, panel in zip(axes[1:], LIVE_PANELS, strict=True):
+            present = [(r, rows) for r, rows in groups if panel.key in rows]
+            values = [rows[panel.key].to_numpy(dtype=float) for _, rows in present]
+            if not any(np.isfinite(v).any() for v in values):
+                _say_empty(ax, NO_VALUE.format(key=panel.key))
+            elif panel.log:
+                lines = [(rows, panel.key, styles[r], None) for r, rows in present]
+                _log_panel(ax, lines, panel.key)
             else:
-                for run, rows in present:  # dots too: a step between two NaNs is a lone point
-                    ax.plot(rows["step"], rows[column], marker="o", markersize=2, **styles[run])
-            if column in LIVE_WITHOUT_TAIL:
-                _ratio_notes(ax, present, column, styles)
-            ax.set_ylabel(label)
+                for run, rows in present:
+                    _series(ax, rows["step"], rows[panel.key], **styles[run])
+            if panel.key in LIVE_WITHOUT_TAIL and present:
+                _ratio_notes(ax, present, panel.key, styles)
+            _panel_title(ax, panel.words, panel.key)
+            ax.set_ylabel(panel.label)
         for run, _ in groups:
             for ax in axes:
                 _mark(ax, results[run].collapse_step, styles[run]["color"], ":")
-        axes[0].set_title("Live OTB diagnostics beside the gradient norm", fontsize=6.5)
+        fig.suptitle("Live OTB diagnostics beside the gradient norm", fontsize=6.5)
         axes[0].legend(**LEGEND_BESIDE)
         axes[-1].set_xlabel("training step")
         integer_steps(axes[-1])  # shared: every panel's step axis
     return fig
 
 
+def _panel_title(ax: Axes, words: str, key: str) -> None:
+    """What a panel draws: its words, and below them the key it is logged under."""
+    ax.set_title(f"{words}\n{key}", fontsize=5.5, loc="left")
+
+
+def _say_empty(ax: Axes, why: str) -> None:
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=5.5)
+    ax.set_yticks([])
+
+
 def _ratio_notes(
     ax: Axes, present: list[tuple[str, pd.DataFrame]], column: str, styles: dict[str, dict]
 ) -> None:
     """The OTB/mean panel's extras: the line at 1, a × where the ratio without the zero tail's
-    part differs (by more than `TAIL_MOVES`), and a note on the marks and on the gaps (steps
-    with no ratio between logged ones)."""
+    part differs (by more than `TAIL_MOVES`), and a note under the panel on the marks and on
+    the gaps (steps with no ratio between logged ones)."""
     ax.axhline(1.0, color="0.5", linewidth=0.6, linestyle="--")
     without, moved, gaps = LIVE_WITHOUT_TAIL[column], 0, 0
     for run, rows in present:
@@ -347,24 +424,31 @@ def _ratio_notes(
             ax.plot(rows["step"].to_numpy()[differs], other[differs], linestyle="none",
                     marker="x", markersize=3.5, color=styles[run]["color"])  # fmt: skip
             moved += int(differs.sum())
-    notes = []
+    notes = ["dashed: 1, OTB's proxy equal to the mean baseline's"]
     if moved:
         notes.append(f"×: without verl's zero tail ({moved} step(s) it moves)")
     if gaps:
         notes.append(f"gaps: {gaps} step(s) with equal rewards in every group (no ratio)")
-    if notes:  # above the panel: its data may reach any height
-        ax.set_title("\n".join(notes), fontsize=5.5, loc="right")
+    # under the step axis' label: the panel's data may reach any height
+    ax.text(0.0, -0.6, "\n".join(notes), transform=ax.transAxes, ha="left", va="top",
+            fontsize=5.5)  # fmt: skip
 
 
-def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
+def fig_pooled_noise_scale(budget: pd.DataFrame, table: pd.DataFrame) -> Figure:
     """The noise scale pooled over the split steps so far (`pipelines/pooled_budget.py`, the
     window pool), against step: one panel per run, per estimator (coloured as its baseline) its
     95 % band and, where `|G|²` is resolved from 0 (`pooling.Pooled.resolved`), the knee B as
     a filled dot on a line; where it is not, B is no estimate (a `|G|²` of 1e-13 makes it 1e13)
     and only the bound the sentence gives is drawn, a hollow dot at the band's low end (the band
-    runs off the top: the knee is only bounded below); the run's P as a dashed line. Where P sits
-    under the band the run trains below its knee. Log y axis; the legend gives each estimator as
-    its band's colour and says what the band and the kinds of dot drawn in the panel are."""
+    runs off the top: the knee is only bounded below), or, where `|G|²` is ≤ 0 over its whole
+    interval (no signal measurable, no bound), a hollow ▲ at the top; a step pooled from one
+    split step has no interval and says so. Log y axis.
+
+    The prompts the run trained with, from `table` (dynamics.csv) at every step: P, the
+    prompts a step sampled (`split/prompts`), dashed; where a knee controller ran, the prompts
+    of the update each step's batch belonged to (`controller/prompts_per_update`), solid, as
+    applied. Where that line sits under the band the run trains below its knee. The legend gives
+    each estimator as its band, and says what the lines and the kinds of dot drawn mean."""
     window = budget[budget["pool"] == "window"]
     runs = list(window.groupby("run", sort=False))
     with mpl.rc_context(STYLE):
@@ -373,9 +457,10 @@ def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
         grid = fig.subplots(len(runs), 1, squeeze=False, gridspec_kw={"hspace": 0.5})
         axes = np.atleast_1d(grid[:, 0])
         for ax, (run, rows) in zip(axes, runs, strict=True):
-            drawn = _pooled_panel(ax, rows)
-            ax.set_title(f"{run}: pooled noise scale (prompts per step)", fontsize=6.5)
-            bands = [Patch(facecolor=baseline_color(str(e)), alpha=0.35, label=str(e))
+            drawn = _pooled_panel(ax, rows, table[table["run"] == run])
+            ax.set_title(f"{run}: pooled noise scale (prompts an update)", fontsize=6.5)
+            bands = [Patch(facecolor=baseline_color(str(e)), alpha=BAND_ALPHA,
+                           label=f"{e}: B's 95 % interval")
                      for e in rows["estimator"].unique()]  # fmt: skip
             marks = [h for kind, h in POOLED_MARKERS.items() if drawn[kind]]
             ax.legend(handles=[*bands, *ax.get_legend_handles_labels()[0], *marks],
@@ -385,26 +470,34 @@ def fig_pooled_noise_scale(budget: pd.DataFrame) -> Figure:
     return fig
 
 
-# What the pooled noise scale's band and dots mean, in its legend (those a panel draws).
+BAND_ALPHA = 0.25  # a band's, and its estimator's swatch in the legend
+# What the pooled noise scale's dots mean, in its legend (those a panel draws).
 POOLED_MARKERS = {
-    "band": Patch(facecolor="0.7", alpha=0.5, label="shaded: B's 95 % interval"),
     "knee": Line2D([], [], color="0.3", marker="o", ms=3, label="knee B (|G|² resolved)"),
     "bound": Line2D([], [], color="0.3", marker="o", ms=3, mfc="white", ls="none",
                     label="knee ≥ this (|G|² not resolved)"),
+    "no_signal": Line2D([], [], color="0.3", marker="^", ms=3.5, mfc="white", ls="none",
+                        label="no signal measurable\n(|G|² ≤ 0 over its interval)"),
+    "one_step": Line2D([], [], color="0.5", marker="|", ms=5, ls="none",
+                       label="one split step: no interval yet"),
 }  # fmt: skip
+PROMPTS = OTB_PREFIX + SPLIT + "prompts"  # the prompts a step sampled, logged with the split
+UPDATE_PROMPTS = OTB_PREFIX + CONTROLLER_PROMPTS
 
 
-def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> dict[str, bool]:
-    """One run's estimators (see `fig_pooled_noise_scale`); which kinds were drawn: a band, a
-    knee (dot on a line), a bound (hollow dot)."""
+def _pooled_panel(ax: Axes, rows: pd.DataFrame, steps: pd.DataFrame) -> dict[str, bool]:
+    """One run's estimators (see `fig_pooled_noise_scale`) and the prompts it trained with,
+    from its rows of dynamics.csv, `steps`; which kinds of dot were drawn
+    (`POOLED_MARKERS`)."""
+    trained = _prompts_lines(steps, rows)
     resolved = rows["resolved"].to_numpy(dtype=float) > 0
-    drawn = [rows["noise_scale"][resolved]] + [
-        rows[c] for c in ("noise_scale_low", "noise_scale_high", "prompts_per_step")
-    ]  # an unresolved B is not drawn, so it sets no limit
+    drawn = [rows["noise_scale"][resolved], rows["noise_scale_low"], rows["noise_scale_high"]]
+    drawn += [y for _, y, _ in trained]  # an unresolved B is not drawn, so it sets no limit
     values = np.concatenate([np.asarray(v, dtype=float) for v in drawn])
     positive = values[np.isfinite(values) & (values > 0)]
     top = 3 * positive.max() if positive.size else 10.0  # an open band runs past the top
-    kinds = {"band": False, "knee": False, "bound": False}
+    floor = positive.min() / 2 if positive.size else 0.1
+    kinds = dict.fromkeys(POOLED_MARKERS, False)
     for estimator, lines in rows.groupby("estimator", sort=False):
         color = baseline_color(str(estimator))
         step = lines["step"].to_numpy(dtype=float)
@@ -412,32 +505,74 @@ def _pooled_panel(ax: Axes, rows: pd.DataFrame) -> dict[str, bool]:
         spread = lines["effective_steps"].to_numpy(dtype=float) > 1
         low = lines["noise_scale_low"].to_numpy(dtype=float)
         high = np.where(np.isfinite(lines["noise_scale_high"]), lines["noise_scale_high"], top)
-        band_low = np.where(spread, low, np.nan)
-        ax.fill_between(step, band_low, np.where(spread, high, np.nan), color=color, alpha=0.2,
-                        lw=0)  # fmt: skip
+        band = spread & np.isfinite(low)  # an infinite low end: no signal, no band (below)
+        ax.fill_between(step, np.where(band, low, np.nan), np.where(band, high, np.nan),
+                        color=color, alpha=BAND_ALPHA, lw=0)  # fmt: skip
         knee = lines["resolved"].to_numpy(dtype=float) > 0
         point = np.where(knee, lines["noise_scale"], np.nan)
-        ax.plot(step, point, color=color)
+        _series(ax, step, point, log=True, color=color)
         ax.plot(step[knee], point[knee], "o", ms=3, color=color)
-        bound = ~knee & (low > 0)  # "the knee is at least low"; none yet without an interval
-        ax.plot(step[bound], np.minimum(low[bound], top), "o", ms=3, mfc="white", color=color)
-        kinds["band"] |= bool(spread.any())
+        bound = ~knee & (low > 0) & np.isfinite(low)  # "the knee is at least low"
+        ax.plot(step[bound], low[bound], "o", ms=3, mfc="white", color=color)
+        no_signal = ~knee & np.isposinf(low)  # 1/B's whole interval ≤ 0: B off the top
+        ax.plot(step[no_signal], np.full(int(no_signal.sum()), top / 1.5), "^", ms=3.5,
+                mfc="white", color=color, clip_on=False)  # fmt: skip
+        one_step = ~spread & ~knee
+        ax.plot(step[one_step], np.full(int(one_step.sum()), floor * 1.1), "|", ms=5,
+                color="0.5")  # fmt: skip
         kinds["knee"] |= bool(knee.any())
         kinds["bound"] |= bool(bound.any())
-    if not (kinds["knee"] or kinds["bound"]):
+        kinds["no_signal"] |= bool(no_signal.any())
+        kinds["one_step"] |= bool(one_step.any())
+    if not (kinds["knee"] or kinds["bound"] or kinds["no_signal"]):
         ax.text(0.5, 0.9, "no knee and no bound yet: one split step has no interval",
                 transform=ax.transAxes, ha="center", fontsize=5.5)  # fmt: skip
-    steps = rows["step"].to_numpy(dtype=float)
-    ax.set_xlim(steps.min() - 0.5, steps.max() + 0.5)  # one step too: a whole-number tick
-    p = rows["prompts_per_step"].dropna()
-    if len(p):
-        ax.axhline(float(p.iloc[-1]), color="0.3", linestyle="--", linewidth=0.8,
-                   label=f"the run's P = {p.iloc[-1]:.0f}")  # fmt: skip
+    for x, y, style in trained:
+        ax.plot(x, y, drawstyle="steps-mid", **style)
+    every = rows["step"].to_numpy(dtype=float)
+    ax.set_xlim(every.min() - 0.5, every.max() + 0.5)  # one step too: a whole-number tick
     ax.set_yscale("log")
-    floor = positive.min() / 2 if positive.size else 0.1
     ax.set_ylim(floor, top / 1.5)
-    ax.set_ylabel("noise scale B\n(prompts per step)")
+    ax.set_ylabel("noise scale B\n(prompts an update)")
     return kinds
+
+
+def _prompts_lines(steps: pd.DataFrame, rows: pd.DataFrame) -> list[tuple[np.ndarray, ...]]:
+    """`(x, y, style)` of the prompts a run trained with at each of its `steps` (its rows of
+    dynamics.csv): the prompts a step sampled (`PROMPTS`; the pooled P̄ of budget.csv's
+    `rows` where the table has none) and, where a knee controller logged them, the prompts of
+    the update each step belonged to (`UPDATE_PROMPTS`), as applied."""
+    lines = []
+    sampled = _logged(steps, PROMPTS)
+    update = _logged(steps, UPDATE_PROMPTS)
+    if sampled is None:  # a table without the split's P: the pooled P̄ at each split step
+        p = rows[["step", "prompts_per_step"]].drop_duplicates("step")
+        sampled = (p["step"].to_numpy(dtype=float), p["prompts_per_step"].to_numpy(dtype=float))
+    if len(sampled[0]):
+        label = "P, prompts a step sampled" if update is not None else "P, the run's prompts a step"
+        lines.append((*sampled, {"color": "0.3", "linestyle": "--", "linewidth": 0.8,
+                                 "label": label + _constant(sampled[1])}))  # fmt: skip
+    if update is not None:
+        lines.append((*update, {"color": "0.1", "linewidth": 1.0,
+                                "label": "prompts an update took\n(knee controller, as applied)"
+                                + _constant(update[1])}))  # fmt: skip
+    return lines
+
+
+def _logged(steps: pd.DataFrame, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(step, value)` where `key` is logged with a finite value; None where it never is."""
+    if key not in steps:
+        return None
+    rows = steps[np.isfinite(steps[key].to_numpy(dtype=float))]
+    if rows.empty:
+        return None
+    return rows["step"].to_numpy(dtype=float), rows[key].to_numpy(dtype=float)
+
+
+def _constant(values: np.ndarray) -> str:
+    """The label's ending where every value is one whole number: " = 8"; else none."""
+    first = values[0]
+    return f" = {first:.0f}" if (values == first).all() and first == round(first) else ""
 
 
 class ArmMarks(Protocol):
@@ -482,9 +617,7 @@ def _arm_styles(arms: Sequence[ArmMarks]) -> dict[str, dict[str, str]]:
     palette = list(OKABE_ITO.values())
     return {
         a.arm: {
-            "color": baseline_color(a.baseline or UNKNOWN)
-            if by_baseline
-            else palette[i % len(palette)],
+            "color": baseline_color(a.baseline or "") if by_baseline else palette[i % len(palette)],
             "linestyle": GROUP_SIZE_STYLES[sizes.index(a.group_size) % len(GROUP_SIZE_STYLES)]
             if a.group_size in sizes
             else "-",
@@ -512,14 +645,14 @@ def fig_baseline_comparison(
             rows = rows[np.isfinite(rows["tokens_sampled"])]
             style, arm = styles[arm_of[run]], arm_of[run]
             column = "score_smoothed" if rows["score_smoothed"].notna().any() else "score"
-            top.plot(rows["tokens_sampled"], rows[column], label=None if arm in labelled else arm,
-                     linewidth=0.7, alpha=0.8, **style)  # fmt: skip
+            _series(top, rows["tokens_sampled"], rows[column], linewidth=0.7, alpha=0.8,
+                    label=None if arm in labelled else arm, **style)  # fmt: skip
             labelled.add(arm)
             g = rows["grad_norm"].to_numpy(dtype=float)
-            good = np.isfinite(g) & (g > 0)  # a log axis: 0 (all rewards equal) left out
-            tokens = rows["tokens_sampled"].to_numpy()
-            middle.plot(tokens[good], g[good], linewidth=0.5, alpha=0.8, **style)
-            positive += int(good.sum())
+            # a log axis: 0 (all rewards equal) left out; NaN (no update closed) bridged
+            _series(middle, rows["tokens_sampled"], g, bridge=True, log=True, linewidth=0.5,
+                    alpha=0.8, **style)  # fmt: skip
+            positive += int((np.isfinite(g) & (g > 0)).sum())
             hit = rows[rows["step"] == collapse[run]]
             for ax, name in ((top, column), (middle, "grad_norm")):
                 ax.plot(hit["tokens_sampled"], hit[name], linestyle="none", marker="x",
@@ -529,6 +662,8 @@ def fig_baseline_comparison(
         _target_panel(bottom, arms, styles, target)
         if positive:
             middle.set_yscale("log")
+            middle.autoscale_view()
+            plain_log_ticks(middle.yaxis)
         else:
             middle.text(0.5, 0.5, "no positive grad_norm logged", transform=middle.transAxes,
                         ha="center")  # fmt: skip
@@ -555,23 +690,32 @@ def _target_panel(
     for i, a in enumerate(arms):
         color = styles[a.arm]["color"]
         reached = [t for t in a.tokens_to_target if t is not None]
-        ax.plot(reached, [i] * len(reached), linestyle="none", marker="o", markersize=3,
+        marker = ARM_MARKERS[i % len(ARM_MARKERS)]
+        ax.plot(reached, [i] * len(reached), linestyle="none", marker=marker, markersize=3,
                 markerfacecolor="none", color=color)  # fmt: skip
         mean, low, high = a.tokens_to_target_mean, a.tokens_to_target_low, a.tokens_to_target_high
         if mean is None:
             continue
-        ax.errorbar([mean], [i], xerr=_bar(mean, low, high), marker="o", markersize=3,
+        ax.errorbar([mean], [i], xerr=_bar(mean, low, high), marker=marker, markersize=3,
                     capsize=2, linewidth=1.0, color=color)  # fmt: skip
         ax.annotate(f"{a.reached}/{len(a.runs)}", (mean, i), textcoords="offset points",
                     xytext=(0, 4), fontsize=5, color=color, ha="center")  # fmt: skip
 
 
+# A marker per arm in the figures that draw arms as points (two arms at one point showed as
+# one dot): the filled mean and its runs' hollow dots take the arm's.
+ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
 def fig_steps_vs_tokens(arms: Sequence[ArmMarks], target: float | None) -> Figure:
     """Optimizer updates against tokens sampled to reach `target`, every arm on one plot: each
-    run that reached it (open dot), the arm's mean over those runs (filled) with its 95 % t
-    interval on both axes, k/n in the legend; log axes. A larger batch moves an arm down (fewer
-    sequential updates) and right (more tokens): the curve (S/S_min − 1)(E/E_min − 1) = 1 of
-    McCandlish et al. (2018), whose knee a batch at the noise scale sits at."""
+    run that reached it (hollow), the arm's mean over those runs (filled) with its 95 % t
+    interval on both axes, k/n in the legend; log axes with labelled ticks (`plain_log_ticks`).
+    An arm keeps its marker (`ARM_MARKERS`), and its points sit a little apart from the other
+    arms' in updates (`style.dodged`, bars with them), so that arms at one point stay visible.
+    A larger batch moves an arm down (fewer sequential updates) and right (more tokens): the
+    curve (S/S_min − 1)(E/E_min − 1) = 1 of McCandlish et al. (2018), whose knee a batch at
+    the noise scale sits at."""
     styles = _arm_styles(arms)
     fig, ax = new_figure(height_in=2.6)
     with mpl.rc_context(STYLE):
@@ -580,21 +724,26 @@ def fig_steps_vs_tokens(arms: Sequence[ArmMarks], target: float | None) -> Figur
                     transform=ax.transAxes, ha="center")  # fmt: skip
             return fig
         shown: list[float] = []
-        for a in arms:
-            color = styles[a.arm]["color"]
+        for k, a in enumerate(arms):
+            color, marker = styles[a.arm]["color"], ARM_MARKERS[k % len(ARM_MARKERS)]
             runs = [
                 (t, u)
                 for t, u in zip(a.tokens_to_target, a.updates_to_target, strict=False)
                 if t is not None and u is not None
             ]
-            ax.plot([t for t, _ in runs], [u for _, u in runs], linestyle="none", marker="o",
-                    markersize=3, markerfacecolor="none", color=color, alpha=0.7)  # fmt: skip
+            apart = float(dodged([1.0], k, len(arms))[0])  # this arm's factor on the updates
+            ax.plot([t for t, _ in runs], [u * apart for _, u in runs], linestyle="none",
+                    marker=marker, markersize=3, markerfacecolor="none", color=color,
+                    alpha=0.7)  # fmt: skip
             x, y = a.tokens_to_target_mean, a.updates_to_target_mean
             if x is None or y is None:
                 continue
-            ax.errorbar([x], [y], xerr=_bar(x, a.tokens_to_target_low, a.tokens_to_target_high),
-                        yerr=_bar(y, a.updates_to_target_low, a.updates_to_target_high),
-                        marker="o", markersize=4, capsize=2, linewidth=1.0, color=color,
+            low, high = a.updates_to_target_low, a.updates_to_target_high
+            ax.errorbar([x], [y * apart], xerr=_bar(x, a.tokens_to_target_low,
+                                                    a.tokens_to_target_high),
+                        yerr=_bar(y * apart, *(None if e is None else e * apart
+                                               for e in (low, high))),
+                        marker=marker, markersize=4, capsize=2, linewidth=1.0, color=color,
                         label=f"{a.arm} ({a.reached}/{len(a.runs)} reached)")  # fmt: skip
             shown += [x, y, *[v for run in runs for v in run]]
         if not shown:

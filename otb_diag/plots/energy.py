@@ -44,7 +44,8 @@ def fig3_sequence_energy(sequences: pd.DataFrame, group: str) -> Figure:
             Rectangle((0, 0), 1, 1, color=PASS_COLOR, label="reward > 0"),
             Rectangle((0, 0), 1, 1, color=FAIL_COLOR, label="reward ≤ 0"),
         ]
-        ax.legend(handles=handles, loc="upper left", frameon=False)
+        # beside the axes, off the bars (inside, it covered the tallest of them)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
 

@@ -140,8 +140,11 @@ FIGURES = (
         "variance.fig_variance_vs_group_size",
         {"table": "variance_rows", "aggregation": "aggregation"},
         "Variance of the policy-gradient estimate (trace of its covariance over the paired "
-        "draws, log scale) against the group size N, one line per baseline, the band its 95 % "
-        "bootstrap interval. Lower is better. The dotted read-off goes from OTB at N = 4 "
+        "draws, log scale) against the group size N, one line per baseline, the bars its 95 % "
+        "interval, the one the verdicts read (the bootstrap over draws widened for the random "
+        "projection of the scores: wide in head mode), each baseline's points a little apart "
+        "about N. The title names the score mode. Lower is better. The dotted read-off goes "
+        "from OTB at N = 4 "
         "across to the mean baseline's curve: the N′ where it meets it is the group size the "
         "mean baseline needs for OTB's variance (its point estimate; N′'s 95 % interval and the "
         "verdicts read off it are in the verdicts above). No read-off where a variance on the "
@@ -154,8 +157,10 @@ FIGURES = (
         "variance.fig_ratio_to_mean",
         {"table": "variance_rows", "aggregation": "aggregation"},
         "Each bar is a baseline's variance divided by the mean baseline's at the same N (log "
-        "scale); bars below the line at 1 beat the group mean. rloo/mean = (N/(N−1))² by "
-        "construction (the mean baseline shrinks the gradient by (N−1)/N).",
+        "scale), its error bar the 95 % interval the verdicts read; bars below the line at 1 "
+        "beat the group mean, a bar whose interval reaches across the line does not settle it. "
+        "rloo/mean = (N/(N−1))² by construction (the mean baseline shrinks the gradient by "
+        "(N−1)/N). The title names the score mode.",
         modes=MODES,
     ),
     FigureEntry(
@@ -216,9 +221,13 @@ FIGURES = (
         "dynamics.fig_live_otb",
         {"table": "table", "runs": "live_runs"},
         "The OTB diagnostics the trainer logged at every step (docs/live.md) beside its "
-        "gradient norm: mean realized energy, its median spread within a group, and OTB's "
-        "variance proxy over the mean baseline's (below the dashed line at 1 OTB would cut the "
-        "step's variance). A dotted vertical line marks a detected collapse.",
+        "gradient norm, each panel titled with the metric in words and the key it is logged "
+        "under: mean realized energy, its median spread within a group, and OTB's variance "
+        "proxy over the mean baseline's, the ratio the dashboard shows (below the dashed line "
+        "at 1 OTB would cut the step's variance). A panel with no value to draw says why. "
+        "Under the knee controller the gradient norm is logged where an update closed: its "
+        "line runs across the other steps, a dot at each logged one. A dotted vertical line "
+        "marks a detected collapse.",
         in_set=False,
         drawn_when="live_runs",
     ),
@@ -226,13 +235,17 @@ FIGURES = (
         "pooled_noise_scale",
         "dynamics",
         "dynamics.fig_pooled_noise_scale",
-        {"budget": "budget"},
-        "The gradient noise scale B (prompts per step at the knee) pooled over the split steps "
-        "a trainer logged so far (a window of the latest; docs/noise-scale.md), per "
+        {"budget": "budget", "table": "table"},
+        "The gradient noise scale B (prompts an update at the knee) pooled over the split "
+        "steps a trainer logged so far (a window of the latest; docs/noise-scale.md), per "
         "estimator its 95 % band and, where |G|² is resolved from 0, the knee B as filled dots "
         "on a line; where it is not, B is no estimate and only its lower bound is drawn, a "
-        "hollow dot (the band runs off the top). The dashed line is the run's P: where it sits "
-        "under the band, the run trains below its knee.",
+        "hollow dot (the band runs off the top), or a hollow triangle at the top where |G|² is "
+        "at most 0 over its whole interval (no signal measurable, no bound); a grey tick marks "
+        "a step pooled from one split step, which has no interval yet. The dashed line is P, "
+        "the prompts a step sampled; under the knee controller the solid line is the prompts "
+        "of the update each step's batch belonged to, as applied. Where the prompts an update "
+        "takes sit under the band, the run trains below its knee.",
         in_set=False,
     ),
     FigureEntry(
@@ -240,7 +253,8 @@ FIGURES = (
         "dynamics",
         "dynamics.fig_score_vs_tokens",
         {"table": "table", "runs": "runs", "target": "target"},
-        "Score against the running total of sampled tokens: a run further left reaches a "
+        "Score against the running total of sampled tokens, each run labelled by its baseline "
+        "and N ('baseline not logged' where its log names none): a run further left reaches a "
         "score with fewer tokens (a larger N costs tokens per step). With --target, the dotted "
         "line is the target and a dot marks where each run first reaches it.",
     ),
@@ -264,8 +278,10 @@ FIGURES = (
         "dynamics.fig_steps_vs_tokens",
         {"arms": "arms", "target": "target"},
         "Optimizer updates against tokens sampled to reach the --target score, every arm on "
-        "one plot (log axes): open dots the runs that reached it, the filled dot the arm's mean "
-        "over them with 95 % t intervals on both axes. A larger batch moves an arm down (fewer "
+        "one plot (log axes): hollow markers the runs that reached it, the filled one the arm's "
+        "mean over them with 95 % t intervals on both axes, a marker per arm, each arm's points "
+        "a little apart in updates so that arms at one point stay visible. A larger batch moves "
+        "an arm down (fewer "
         "sequential updates) and right (more tokens); with the knee controller several "
         "generation batches make one update. A bar that runs off an axis: its lower end is 0.",
         in_set=False,

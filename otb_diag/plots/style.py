@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import matplotlib as mpl
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
@@ -85,25 +86,52 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     return paths
 
 
+DODGE = 0.05  # log2 units between neighbouring series' points at one x
+
+
+def dodged(values, k: int, count: int) -> np.ndarray:
+    """`values` (`[n]`, on a log axis) of series `k` of `count`, shifted by `DODGE` log2 units
+    per series about their place, so that series with equal values (mean and rloo share their
+    knee: rloo's advantages are mean's times N/(N−1), which the noise scale does not see; two
+    arms that reached a target at one point) stay visible side by side."""
+    return np.asarray(values, dtype=float) * 2.0 ** ((k - (count - 1) / 2) * DODGE)
+
+
 PLAIN_DECADES = 3  # wider log ranges keep matplotlib's 10^n ticks (1-2-5 would thin to none)
 
 
 def plain_log_ticks(axis) -> None:
     """Log-axis ticks at 1, 2, 5 × 10^n written plainly (0.05, 0.1, 0.2), so a range narrower
     than a decade still gets labels, the view widened to the ticks on either side of the data
-    (a lowest point of 593 under a first tick of 1,000 could not be read); over more than
+    (a lowest point of 593 under a first tick of 1,000 could not be read); where that leaves
+    fewer than `FEW_TICKS` labels in view (2,000 to 5,000 was labelled at its two ends only),
+    the next denser multiples of `DENSER` (2,000, 3,000, 4,000, 5,000); over more than
     `PLAIN_DECADES` decades, matplotlib's own."""
     low, high = axis.get_view_interval()
     if low > 0 and math.log10(high) - math.log10(low) > PLAIN_DECADES:
         return
+    subs = DENSER[0]
     if low > 0:  # the limits set, not autoscaled again by what is drawn later
+        low, high = tick_at_or_below(low), tick_at_or_above(high)
         set_lim = axis.axes.set_ylim if axis is axis.axes.yaxis else axis.axes.set_xlim
-        set_lim(tick_at_or_below(low), tick_at_or_above(high))
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        set_lim(low, high)
+        for subs in DENSER:  # the first with enough ticks in view
+            ticks = LogLocator(subs=subs).tick_values(low, high)
+            if sum(low <= t <= high for t in ticks) >= FEW_TICKS:
+                break
+    axis.set_major_locator(LogLocator(subs=subs))
     axis.set_major_formatter(FormatStrFormatter("%g"))
     axis.set_minor_formatter(NullFormatter())
 
 
+FEW_TICKS = 3
+# Tick multiples of 10^n, sparser first: 1-2-5, every whole one, every half one (1,000 to 2,000
+# gets 1,000, 1,500, 2,000).
+DENSER = (
+    (1.0, 2.0, 5.0),
+    tuple(float(k) for k in range(1, 10)),
+    tuple(k / 2 for k in range(2, 20)),
+)
 _PLAIN_TICKS = (1.0, 2.0, 5.0, 10.0)
 
 

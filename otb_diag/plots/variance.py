@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from otb_diag.maths.estimators.registry import variant_of
 from otb_diag.maths.variance.fidelity import correlations
-from otb_diag.plots.style import STYLE, baseline_color, new_figure, plain_log_ticks
+from otb_diag.plots.style import STYLE, baseline_color, dodged, new_figure, plain_log_ticks
 
 LINESTYLES = {"loo": "--", "true": ":", "seqnorm-true": (0, (3, 1, 1, 1, 1, 1))}
 HATCHES = {"loo": "//", "true": "..", "seqnorm-true": "xx"}
@@ -46,35 +46,58 @@ def _rows(table: pd.DataFrame, aggregation: str) -> pd.DataFrame:
     return rows
 
 
+def _setting(rows: pd.DataFrame, aggregation: str) -> str:
+    """A title's parenthesis: the score mode the rows were measured in (the proxy's and the
+    head's figures once shared one title) and the aggregation: "head mode, token-sum"."""
+    modes = rows["mode"].dropna().unique() if "mode" in rows else []
+    return (f"{modes[0]} mode, " if len(modes) == 1 else "") + aggregation
+
+
+def _bars(
+    point: np.ndarray, low: np.ndarray, high: np.ndarray, top: float = math.inf
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bar below, bar above, `drawn`), each `[n]`, for `errorbar` from the interval
+    `[low, high]` of each `point`: `low` clipped at 0 (a log axis draws the bar to its floor),
+    an open `high` at `top` (kept above the point). A row whose interval is NaN or does not
+    hold its point gets no bars (`drawn` False), never a negative one, which matplotlib
+    refuses."""
+    low = np.clip(low, 0, None)
+    high = np.where(np.isposinf(high), np.maximum(top, point), high)
+    with np.errstate(invalid="ignore"):  # NaN compares False, inf − inf is NaN: not drawn
+        drawn = (low <= point) & (point <= high) & np.isfinite(point) & np.isfinite(high)
+        return np.where(drawn, point - low, 0.0), np.where(drawn, high - point, 0.0), drawn
+
+
 def fig_variance_vs_group_size(
     table: pd.DataFrame, aggregation: str = "token-sum", mark: tuple[str, int] | None = ("otb", 4)
 ) -> Figure:
-    """Variance tr Cov(ĝ) against group size N (log–log), one line per baseline with its bootstrap
-    95 % interval as a band. `mark = (baseline, N)`: the equivalent-N read-off, a dotted line
-    across from that baseline's variance at N to the `mean` curve and down to N′ (an arrow to
-    the right edge when N′ is beyond the measured N).
+    """Variance tr Cov(ĝ) against group size N (log–log), one line per baseline, its 95 %
+    interval `[ci_low, ci_high]` as error bars (`variance-compare` hands the intervals its
+    verdicts read, `pipelines/variance/evidence.py:mode_intervals`: the bootstrap over draws
+    widened for the random projection of the scores, wide in head mode; a band over draws alone
+    drew head mode far surer than its "not resolved"), each baseline's points shifted a little
+    about N (`style.dodged`) so that the bars do not hide one another. `mark = (baseline, N)`:
+    the equivalent-N read-off, a dotted line across from that baseline's variance at N to the
+    `mean` curve and down to N′ (an arrow to the right edge when N′ is beyond the measured N).
 
     `table`: columns aggregation, baseline, group_size, variance, ci_low, ci_high,
-    equivalent_mean_group_size."""
+    equivalent_mean_group_size, and `mode` (named in the title) where it has it."""
     rows = _rows(table, aggregation)
     sizes = sorted(rows["group_size"].unique())
+    labels = list(dict.fromkeys(rows["baseline"]))
     fig, ax = new_figure(height_in=2.8)
     with mpl.rc_context(STYLE):
-        for label, curve in rows.groupby("baseline", sort=False):
+        for k, (label, curve) in enumerate(rows.groupby("baseline", sort=False)):
             curve = curve.sort_values("group_size")
-            color = baseline_color(label)
-            ax.plot(
-                curve["group_size"],
-                curve["variance"],
-                color=color,
+            y = curve["variance"].to_numpy(dtype=float)
+            ends = (curve[c].to_numpy(dtype=float) for c in ("ci_low", "ci_high"))
+            below, above, _ = _bars(y, *ends)
+            ax.errorbar(
+                dodged(curve["group_size"], k, len(labels)), y, yerr=[below, above],
+                color=baseline_color(label),
                 linestyle=LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-"),
-                marker="o",
-                markersize=2.5,
-                label=label,
-            )
-            ax.fill_between(
-                curve["group_size"], curve["ci_low"], curve["ci_high"], color=color, alpha=0.15
-            )
+                marker="o", markersize=2.5, capsize=1.2, elinewidth=0.7, label=label,
+            )  # fmt: skip
         ax.set_xscale("log", base=2)
         _log_y(ax, rows["variance"])
         ax.set_xticks(sizes, [str(n) for n in sizes])
@@ -83,8 +106,9 @@ def fig_variance_vs_group_size(
             _mark_equivalent(ax, rows, *mark)
         ax.set_xlabel("group size N (responses per prompt)")
         ax.set_ylabel(r"variance $\mathrm{tr}\,\mathrm{Cov}(\hat g)$")
-        ax.set_title(f"Gradient variance vs. group size ({aggregation})")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.set_title(f"Gradient variance vs. group size ({_setting(rows, aggregation)})")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
+                  title="bars: 95 % intervals", title_fontsize=6)  # fmt: skip
     return fig
 
 
@@ -117,20 +141,28 @@ def _mark_equivalent(ax, rows: pd.DataFrame, baseline: str, n: int) -> None:
 
 
 def _grouped_bars(ax, rows: pd.DataFrame, by: str, groups: list, value: str) -> None:
-    """One bar per baseline inside each group `rows[by] == g` (g in `groups`), log y axis."""
+    """One bar per baseline inside each group `rows[by] == g` (g in `groups`), log y axis;
+    with `<value>_low` and `<value>_high` columns, each bar's 95 % interval as an error bar."""
     labels = list(dict.fromkeys(rows["baseline"]))
     width = 0.8 / len(labels)
+    ends = [f"{value}_low", f"{value}_high"]
     for k, label in enumerate(labels):
-        values = rows[rows["baseline"] == label].set_index(by)[value]
+        values = rows[rows["baseline"] == label].set_index(by).reindex(groups)
+        height = values[value].to_numpy(dtype=float)
+        interval = None
+        if all(c in values for c in ends):
+            interval = _bars(height, *(values[c].to_numpy(dtype=float) for c in ends))[:2]
         ax.bar(
             np.arange(len(groups)) + (k - (len(labels) - 1) / 2) * width,
-            values.reindex(groups).to_numpy(),
+            height,
             width=width,
             color=baseline_color(label),
             hatch=HATCHES.get(variant_of(label), ""),
             edgecolor="white",
             linewidth=0.3,
             label=label,
+            yerr=interval,
+            error_kw={"elinewidth": 0.7, "capsize": 1.2, "ecolor": "0.2"},
         )
     _log_y(ax, rows[value])
     ax.set_xticks(np.arange(len(groups)), [str(g) for g in groups])
@@ -139,9 +171,12 @@ def _grouped_bars(ax, rows: pd.DataFrame, by: str, groups: list, value: str) -> 
 
 def fig_ratio_to_mean(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
     """Variance relative to the `mean` baseline at the same N: bars grouped by N (log scale; the
-    line at 1 is the mean baseline itself, below it is better).
+    line at 1 is the mean baseline itself, below it is better), each with its 95 % interval
+    where the table has one (`ratio_to_mean_low`, `_high`: what `variance-compare`'s verdicts
+    read, `pipelines/variance/evidence.py:mode_intervals`).
 
-    `table`: columns aggregation, baseline, group_size, ratio_to_mean."""
+    `table`: columns aggregation, baseline, group_size, ratio_to_mean, and `mode` (named in
+    the title) where it has it."""
     rows = _rows(table, aggregation)
     rows = rows[rows["baseline"] != "mean"]
     sizes = sorted(rows["group_size"].unique())
@@ -151,7 +186,7 @@ def fig_ratio_to_mean(table: pd.DataFrame, aggregation: str = "token-sum") -> Fi
         ax.axhline(1.0, color="0.3", linewidth=0.8)
         ax.set_xlabel("group size N (responses per prompt)")
         ax.set_ylabel("variance / variance of mean baseline")
-        ax.set_title(f"Variance relative to the group mean ({aggregation})")
+        ax.set_title(f"Variance relative to the group mean ({_setting(rows, aggregation)})")
     return fig
 
 
@@ -207,7 +242,7 @@ def fig_proxy_fidelity(tokens: pd.DataFrame) -> Figure:
 
 def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figure:
     """Tokens per step at the knee, `B·N·L̄`, against group size N (log–log), one line per
-    baseline, each baseline's points shifted a little about N (`_dodged`: equal knees stay
+    baseline, each baseline's points shifted a little about N (`style.dodged`: equal knees stay
     visible). Where `|G|²` is resolved from 0: a filled point with its 95 % interval (an
     interval open above ends at the top of the axes). Elsewhere no knee is claimed, only a
     lower bound: a hollow ▲ at the interval's low end ("at least this many tokens").
@@ -227,15 +262,19 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
             style = LINESTYLES.get(variant_of(label), "-." if variant_of(label) else "-")
             resolved = curve[curve["grad_sq_resolved"].astype(bool)]
             bound = curve[~curve["grad_sq_resolved"].astype(bool)]
-            y, below, above, drawn = _error_bars(resolved, top)
+            y = resolved["noise_scale_tokens"].to_numpy(dtype=float)
+            ends = (
+                resolved[f"noise_scale_tokens_{e}"].to_numpy(dtype=float) for e in ("low", "high")
+            )
+            below, above, drawn = _bars(y, *ends, top=top)
             undrawn |= not drawn.all()
             ax.errorbar(
-                _dodged(resolved["group_size"], k, len(labels)), y, yerr=[below, above],
+                dodged(resolved["group_size"], k, len(labels)), y, yerr=[below, above],
                 color=color, linestyle=style, marker="o", markersize=2.5, capsize=1.5,
                 label=label if len(resolved) else None,
             )  # fmt: skip
             ax.plot(
-                _dodged(bound["group_size"], k, len(labels)), bound["noise_scale_tokens_low"],
+                dodged(bound["group_size"], k, len(labels)), bound["noise_scale_tokens_low"],
                 linestyle=":", linewidth=0.8, marker="^", markersize=3.5,
                 markerfacecolor="none", color=color,
                 label=f"{label} (≥)" if len(bound) else None,
@@ -246,7 +285,7 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
         ax.minorticks_off()
         ax.set_xlabel("group size N (responses per prompt)")
         ax.set_ylabel(r"tokens per step at the knee $B\,N\,\bar L$")
-        ax.set_title(f"Cost of a step at the noise scale ({aggregation})")
+        ax.set_title(f"Cost of a step at the noise scale ({_setting(rows, aggregation)})")
         notes = []
         if not rows["grad_sq_resolved"].astype(bool).all():
             notes.append("(≥): |G|² not resolved,\nknee at least there")
@@ -259,35 +298,9 @@ def fig_knee_tokens(table: pd.DataFrame, aggregation: str = "token-sum") -> Figu
     return fig
 
 
-DODGE = 0.05  # log2 units between neighbouring baselines' points at one N
-
-
-def _dodged(sizes: pd.Series, k: int, count: int) -> np.ndarray:
-    """The x of baseline `k` of `count` at each N, shifted by `DODGE` per baseline about N on
-    the log2 axis, so that baselines with equal values (mean and rloo share their knee: rloo's
-    advantages are mean's times N/(N−1), which the noise scale does not see) stay visible."""
-    return sizes.to_numpy(dtype=float) * 2.0 ** ((k - (count - 1) / 2) * DODGE)
-
-
 def _axis_top(rows: pd.DataFrame) -> float:
     """Where an interval open above ends: twice the largest finite interval end (1 when none;
-    `_error_bars` keeps it above the point)."""
+    `_bars` keeps it above the point)."""
     ends = rows[["noise_scale_tokens_low", "noise_scale_tokens_high"]].to_numpy(dtype=float)
     finite = ends[np.isfinite(ends)]
     return float(finite.max()) * 2 if finite.size else 1.0
-
-
-def _error_bars(
-    resolved: pd.DataFrame, top: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(`y`, bar below, bar above, `drawn`) for `errorbar`, each `[n]`: the interval `[low, high]`
-    of `noise_scale_tokens` with `low` clipped at 0 and an open `high` at `top`. A row whose
-    interval is NaN or does not contain `y` gets no bars (`drawn` False), never a negative one,
-    which matplotlib refuses."""
-    y = resolved["noise_scale_tokens"].to_numpy(dtype=float)
-    low = np.clip(resolved["noise_scale_tokens_low"].to_numpy(dtype=float), 0, None)
-    high = resolved["noise_scale_tokens_high"].to_numpy(dtype=float)
-    high = np.where(np.isposinf(high), np.maximum(top, y), high)
-    with np.errstate(invalid="ignore"):  # NaN compares False, inf − inf is NaN: not drawn
-        drawn = (low <= y) & (y <= high) & np.isfinite(y) & np.isfinite(high)
-        return y, np.where(drawn, y - low, 0.0), np.where(drawn, high - y, 0.0), drawn

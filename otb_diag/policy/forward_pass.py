@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import TokenStats, _stats_in_place
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.placement import host_batch, input_device, to_device
 from otb_diag.runtime.memory import available_memory, rows_that_fit
 
@@ -75,11 +76,21 @@ def output_layer(model: nn.Module) -> tuple[Tensor, Tensor | None, float, float 
     The logits are `c · tanh((U (s·h) + b) / c)` (no tanh when c is None). s folds the final
     logit scaling some architectures apply (Cohere `logit_scale`, Granite and MiniCPM3
     `logits_scaling`) into the hidden state, exact because their heads have no bias; c is Gemma-2's
-    `final_logit_softcapping`.
+    `final_logit_softcapping`. A PEFT wrapper's causal LM is read (`causal_lm`); an adapter on
+    the output layer itself is refused (the logits are rebuilt from the layer's weight alone).
     """
+    model = causal_lm(model)
     head = model.get_output_embeddings()
     if head is None or not isinstance(getattr(head, "weight", None), Tensor):
         raise InputError(f"{type(model).__name__} has no output embedding with a weight matrix")
+    if isinstance(getattr(head, "base_layer", None), nn.Module):  # a PEFT tuner layer
+        raise InputError(
+            f"{type(model).__name__}: a PEFT adapter adapts the output layer "
+            f"({type(head).__name__}), whose logits otb-diag rebuilds from the layer's weight "
+            "alone.",
+            hint="Leave the output layer out of the adapter's target_modules (or list it in "
+            "modules_to_save, which trains a whole copy of it).",
+        )
     config = model.config
     scale = 1.0
     if getattr(config, "logit_scale", None) is not None:
@@ -190,8 +201,10 @@ def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | N
     """Final hidden states `[B, L, d]` of the backbone (`model.base_model`), the LM head not run.
 
     Positions are passed explicitly as `0 … L−1`, which is right for right-padded rows. The ids
-    and the mask go to the backbone's input device first (no copy where they are there).
+    and the mask go to the backbone's input device first (no copy where they are there). A PEFT
+    wrapper's causal LM runs (`causal_lm`: its adapter active).
     """
+    model = causal_lm(model)
     device = input_device(model)
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
@@ -242,7 +255,9 @@ def check_output_layer(model: nn.Module, n_tokens: int = 8) -> None:
     switch off): half precision rounds the logits to ~3 significant digits (a default `attach`
     under `GRPOTrainer(bf16=True)` once failed here by 0.035 against the fp32 tolerance and
     switched the live diagnostics off). A caller's own autocast is switched off around the probe.
+    A PEFT wrapper's causal LM is checked (`causal_lm`).
     """
+    model = causal_lm(model)
     if model.base_model is model:
         raise InputError(f"{type(model).__name__} has no separate backbone; pass a *ForCausalLM")
     key = _head_key(model)
@@ -314,7 +329,7 @@ def stats_plan(model: nn.Module, free_bytes: float | None = None) -> tuple[int, 
     """`(chunk_size, batch_tokens)` of the statistics pass on `model`'s device (`stats_layout`):
     `STATS_CHUNK` and `BATCH_TOKENS` off CUDA unless `free_bytes` is given; on CUDA planned from
     `free_bytes` (default: what the device has free now)."""
-    weight = output_layer(model)[0]
+    weight = output_layer(causal_lm(model))[0]
     if weight.device.type != "cuda" and free_bytes is None:
         return STATS_CHUNK, BATCH_TOKENS
     free = available_memory(weight.device) if free_bytes is None else free_bytes
@@ -367,7 +382,9 @@ def response_token_stats(
     The tensors may come on any devices: the mask, the starts and the temperatures are moved
     once to the ids' device, where they are checked and indexed (the CPU for `checkpoint_stats`,
     so nothing here waits for the model's device), then queued to the model's device.
+    A PEFT-wrapped model runs as its causal LM (`causal_lm`).
     """
+    model = causal_lm(model)
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise InputError("input_ids and attention_mask must both be [B, L]")
     if chunk_size < 1:
@@ -451,8 +468,10 @@ def stats_for_sequences(
     temperature: one float or one per sequence. chunk_size, batch_tokens: `stats_plan`'s unless
     given.
     progress: called with the number of response tokens of each finished batch.
-    Returns, in input order, one `TokenStats [T_i]` per response, on the CPU.
+    Returns, in input order, one `TokenStats [T_i]` per response, on the CPU. A PEFT-wrapped
+    model runs as its causal LM (`causal_lm`).
     """
+    model = causal_lm(model)
     if len(prompts) != len(responses):
         raise InputError(f"{len(prompts)} prompts but {len(responses)} responses")
     taus = torch.as_tensor(temperature, dtype=torch.float32).cpu().expand(len(prompts))
@@ -479,7 +498,9 @@ def checkpoint_stats(
     unless given).
 
     `progress(n)` is called with the number of response tokens of each finished model batch.
-    The batch's tensors may be on any device (read on the host: `placement.host_batch`)."""
+    The batch's tensors may be on any device (read on the host: `placement.host_batch`); a
+    PEFT-wrapped model runs as its causal LM (`causal_lm`)."""
+    model = causal_lm(model)
     batch = host_batch(batch)
     rows = batch.response_ids.tolist()  # the inputs' ids, read once; the statistics stay tensors
     responses = [ids[:n] for ids, n in zip(rows, batch.length.tolist(), strict=True)]

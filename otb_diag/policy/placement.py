@@ -16,12 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 
 
 def input_device(model: nn.Module) -> torch.device:
     """Where `model` reads its input ids: its input embedding's device (the first device of a
-    model that accelerate spread over several, whose hooks move the rest)."""
-    return model.get_input_embeddings().weight.device
+    model that accelerate spread over several, whose hooks move the rest; a PEFT wrapper's
+    causal LM's, `causal_lm`)."""
+    return causal_lm(model).get_input_embeddings().weight.device
 
 
 def to_device(x: Tensor, device: torch.device) -> Tensor:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.maths.energy.token_stats import stats_from_logits
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.noise import Noise
 from otb_diag.policy.sampling_options import Sampling as Sampling  # re-exported
 
@@ -106,10 +107,12 @@ def sample_batch(
 
     prompts: B token-id lists, left-padded here to `[B, P]` with `pad_id` and masked.
     Responses end at the first id in `eos_ids` (kept, as trainers keep it) or after
-    `sampling.max_new_tokens` tokens (`truncated`).
+    `sampling.max_new_tokens` tokens (`truncated`). A PEFT wrapper samples as its causal LM
+    (`causal_lm`: its adapter active).
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
+    model = causal_lm(model)
     device = model.get_output_embeddings().weight.device
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])

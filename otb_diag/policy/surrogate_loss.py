@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from otb_diag.maths.aggregation import aggregation_weights
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import pad_batch
 from otb_diag.policy.placement import host_batch, input_device, to_device
 
@@ -51,9 +52,10 @@ def surrogate_loss(
 
     A and c are constants of the sampled batch, so `∇L = −Σ c A ∇log π = −ĝ`: a descent step on
     L is an ascent step along the policy-gradient estimate ĝ of docs/theory.md §3, and ‖∇L‖ = ‖ĝ‖.
-    The batch and the advantages may be on any device; the loss is on the model's logits'.
+    The batch and the advantages may be on any device; the loss is on the model's logits'. A
+    PEFT wrapper runs as its causal LM (`causal_lm`: its adapter active, and trained).
     """
     batch = host_batch(batch)
-    logp = _response_logprobs(model, batch)  # [B, T]
+    logp = _response_logprobs(causal_lm(model), batch)  # [B, T]
     c = aggregation_weights(aggregation, batch.mask).to(logp.device)  # [B, T], 0 off the mask
     return -(c * advantages.to(logp.device) * logp).sum()

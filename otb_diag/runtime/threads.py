@@ -57,8 +57,7 @@ def parse_threads(text: str) -> int | None:
         count = 0
     if count < 1:
         raise InputError(
-            f"threads must be a positive integer or auto, got '{text}'",
-            field="threads",
+            f"--threads: must be a whole number from 1 up, or auto, got '{text}'",
             hint="(auto: one thread for a small model, every core for a large one)",
         )
     return count

@@ -160,3 +160,72 @@ def test_show_prints_nothing_for_a_rank_that_holds_no_result(
     show(None, as_json=True)
     show(None, as_json=False, out="x")
     assert capsys.readouterr().out == ""
+
+
+def test_an_error_inside_a_progress_bar_is_printed_on_its_own_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command stopped by bad input while its bar is drawn: the bar is closed (its line
+    ended) before the error, which starts its own line; a note said meanwhile goes above the
+    bar, never into its line."""
+    import typer
+    from otb_diag.cli.common import friendly_errors, note
+    from tqdm.auto import tqdm
+
+    from otb_diag.errors import InputError
+
+    @friendly_errors
+    def stops_halfway() -> None:
+        bar = tqdm(total=10, desc="variance")
+        bar.update(3)
+        note("--device auto: using cpu")
+        raise InputError("--draws: must be at least 2, got 0")
+
+    with pytest.raises(typer.Exit) as stopped:
+        stops_halfway()
+    assert stopped.value.exit_code == 2
+    lines = [part for line in capsys.readouterr().err.split("\n") for part in line.split("\r")]
+    said = [line for line in lines if "otb-diag: error:" in line or "--device auto" in line]
+    assert said == [
+        "--device auto: using cpu",
+        "otb-diag: error: --draws: must be at least 2, got 0",
+    ]
+    assert not tqdm._instances  # the bar was closed
+
+
+def test_a_hint_follows_its_message_as_a_sentence() -> None:
+    from otb_diag.errors import InputError
+
+    err = InputError("this prompt has none", field="answer", hint="Name the column.")
+    assert str(err) == "field 'answer': this prompt has none. Name the column."
+    assert str(InputError("holds a partial run (.sample-parts/)", hint="Pass --resume.")) == (
+        "holds a partial run (.sample-parts/). Pass --resume."
+    )
+    assert str(InputError("ends here.", hint="Next.")) == "ends here. Next."
+
+
+def test_ctrl_c_on_rollouts_sample_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while sampling (after two batches were written): one paragraph, what was kept and
+    the command that finishes it, exit 130 (128 + SIGINT, the shells' convention)."""
+    from otb_diag.pipelines.sample import recipe
+
+    out = tmp_path / "pools"
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        (out / recipe.PARTS).mkdir(parents=True)
+        for k in range(2):
+            (out / recipe.PARTS / f"part-{k:06d}.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "run_recipe", interrupted)
+    prompts = write(tmp_path / "p.jsonl", [{"prompt": "C:1=", "answer": "1"}])
+    args = ["rollouts", "sample", "--prompts", str(prompts), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130
+    assert result.stderr.splitlines()[-1] == (
+        f"otb-diag: interrupted (Ctrl-C). 2 finished batches of responses kept in "
+        f"{out / recipe.PARTS}/: run the same command with --resume to sample only the rest "
+        "(the pools are exactly those of an uninterrupted run)."
+    )

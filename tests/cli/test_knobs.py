@@ -8,6 +8,7 @@ import dataclasses
 import math
 import re
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -243,3 +244,121 @@ def test_train_with_no_options_trains_the_scenarios_settings(
     result = runner.invoke(app, ["train", "--scenario", scenario, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen["settings"] == rl_training.scenario_settings(scenario)
+
+
+# Every option that takes a value, a value it refuses and the words of the refusal (after
+# "otb-diag: error: "); options shared by several commands are refused alike by each. A knob
+# added without an entry here (or in FREE) fails `test_every_knob_has_a_bad_value`.
+BAD = {
+    "--scenario": ("nope", "--scenario: must be one of default, long, got 'nope'"),
+    "--baselines": ("none,mean,nope", "unknown baseline 'nope'; known baselines: none, mean"),
+    "--temperature": ("0", "--temperature: must be above 0, got 0.0"),
+    "--batch-tokens": ("0", "--batch-tokens: must be at least 1, got 0"),
+    "--chunk-size": ("0", "--chunk-size: must be at least 1, got 0"),
+    "--threads": ("0", "--threads: must be a whole number from 1 up, or auto, got '0'"),
+    "--group": (" ", "--group: must name something, got an empty name"),
+    "--device": ("tpu", "unknown device 'tpu'. Use auto, cpu, cuda, cuda:N or mps."),
+    "--dtype": ("float8", "--dtype: must be one of auto, float32, bfloat16, float16, got 'float8'"),
+    "--device-map": ("tpu:0", "unknown device 'tpu:0' in --device-map 'tpu:0'"),
+    "--steps": ("5-2", "--steps: the range '5-2' ends before it starts"),
+    "--reward-column": (" ", "--reward-column: must name something, got an empty name"),
+    "--trainer-baseline": ("nope", "unknown baseline 'nope'"),
+    "--mode": ("fulll", "--mode: must be one of proxy, head, full, got 'fulll'"),
+    "--aggregations": ("nope", "unknown aggregation 'nope'; known aggregations:"),
+    "--group-sizes": ("4,-2", "--group-sizes: must be at least 2, got -2"),
+    "--draws": ("0", "--draws: must be at least 2, got 0 (a variance needs two draws)"),
+    "--bootstrap": ("0", "--bootstrap: must be at least 1, got 0"),
+    "--sketch-dim": ("0", "--sketch-dim: must be at least 1, got 0"),
+    "--seed": ("-1", "--seed: must be a whole number from 0 to 2^63 - 1, got -1"),
+    "--engine": ("fwd", "--engine: must be one of auto, jvp, vjp, got 'fwd'"),
+    "--params": ("(", "--params: is not a regular expression"),
+    "--directions-per-block": ("0", "--directions-per-block: must be at least 1, got 0"),
+    "--budget": ("0s", "--budget: must be above 0, got 0.0"),
+    "--prompts-per-step": ("0", "--prompts-per-step: must be at least 1, got 0"),
+    "--current-n": ("0", "--current-n: must be at least 1, got 0"),
+    "--jobs": ("0", "--jobs: must be at least 1, got 0"),
+    "--label": (" ", "--label: must name something, got an empty name"),
+    "--target": ("nan", "--target: must be a finite score, got nan"),
+    "--window": ("4", "--window: must be at least 5, got 4"),
+    "--threshold": ("-1", "--threshold: must be at least 0, got -1.0"),
+    "--persist": ("0", "--persist: must be at least 1, got 0"),
+    "--lead-threshold": ("-1", "--lead-threshold: must be at least 0, got -1.0"),
+    "--lead-horizon": ("0", "--lead-horizon: must be at least 1, got 0"),
+    "--smooth": ("0", "--smooth: must be at least 1, got 0"),
+    "--baseline": ("nope", "unknown baseline 'nope'"),
+    "--aggregation": ("nope", "unknown aggregation 'nope'"),
+    "--group-size": ("0", "--group-size: must be at least 1, got 0"),
+    "--updates": ("0", "--updates: must be at least 1, got 0"),
+    "--lr": ("0", "--lr: must be above 0, got 0.0"),
+    "--max-grad-norm": ("-1", "--max-grad-norm: must be at least 0, got -1.0"),
+    "--max-new-tokens": ("0", "--max-new-tokens: must be at least 1, got 0"),
+    "--save-every": ("-1", "--save-every: must be at least 0, got -1"),
+    "--n": ("0", "--n: must be at least 1, got 0"),
+    "--top-k": ("-1", "--top-k: must be at least 0, got -1"),
+    "--top-p": ("0", "--top-p: must lie in (0, 1], got 0.0"),
+    "--verifier": ("nope", "unknown verifier 'nope'"),
+    "--prompt-column": (" ", "--prompt-column: must name something, got an empty name"),
+    "--answer-column": (" ", "--answer-column: must name something, got an empty name"),
+}
+# Options that take any value of their type: paths, which the command reads (or writes) and
+# whose errors name the file (tests/io/, tests/pipelines/); flags (True or False) need none.
+FREE = {"--ckpt", "--rollouts", "--out", "--golden", "--current", "--junit", "--tolerances",
+        "--log", "--prompts", "--file", "--run-dirs"}  # fmt: skip
+# What a command needs on its command line besides the option refused (`{d}`: a folder).
+REQUIRED = {
+    "rollouts sample": ["--prompts", "{d}/prompts.jsonl", "--out", "{d}/out"],
+    "lab build": ["--out", "{d}/out"],
+    "dynamics": ["--log", "{d}/metrics.jsonl", "--out", "{d}/out"],
+    "regress": ["--golden", "{d}/golden.json", "--current", "{d}/out"],
+    "report": ["{d}/runs", "--out", "{d}/out"],
+    "rollouts inspect": [],
+}
+
+
+def _walk() -> list[tuple[str, str]]:
+    """(command, flag) of every knob field refused in BAD, each field once: a field shared by
+    several commands (`Inputs.scenario`, `LoadOptions.dtype`) is one declaration, one check."""
+    seen, walk = set(), []
+    for name, cmd in COMMANDS:
+        for option in cmd.options():
+            if option.flag in BAD and id(option.field) not in seen:
+                seen.add(id(option.field))
+                walk.append((name, option.flag))
+    return walk
+
+
+WALK = _walk()
+
+
+def test_every_knob_has_a_bad_value() -> None:
+    """Every option that takes a value is walked below with one it refuses, or takes any value
+    of its type (a path); a new knob comes with its refusal."""
+    flags = {o.flag for _, cmd in COMMANDS for o in cmd.options() if o.hint is not bool}
+    assert flags - FREE == set(BAD), "give the new option a bad value in BAD (or FREE)"
+    assert not FREE & set(BAD)
+
+
+@pytest.mark.parametrize(("name", "flag"), WALK, ids=[f"{n} {f}" for n, f in WALK])
+def test_a_bad_value_stops_the_command_before_any_work(
+    name: str, flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`otb-diag <command> <flag> <bad value>`: exit 2, one `otb-diag: error:` line on its own
+    (no progress bar on it), the refusal's words, and no work: the recipe shell never opened
+    its session (where every command reads its files and runs its model) and --out is not
+    there. Each knob's check runs when its settings are built; a registry's names and the
+    device, at the top of the entry point."""
+    from otb_diag.pipelines import shell
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{name} {flag}: work started before the bad value was refused")
+
+    monkeypatch.setattr(shell, "session", no_work)
+    value, message = BAD[flag]
+    extra = [arg.format(d=tmp_path) for arg in REQUIRED.get(name, ["--out", "{d}/out"])]
+    result = runner.invoke(app, [*name.split(), *extra, flag, value])
+    errors = [line for line in result.stderr.splitlines() if "otb-diag: error:" in line]
+    assert result.exit_code == 2, result.output + result.stderr
+    assert len(errors) == 1 and errors[0].startswith("otb-diag: error: "), result.stderr
+    assert message in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -43,7 +43,8 @@ def test_model_commands_enter_on_their_threads(monkeypatch: pytest.MonkeyPatch) 
             assert ("--threads auto: 1 torch thread" in result.stderr) is not extra, name
         assert torch.get_num_threads() == before
     bad = CliRunner().invoke(app, ["train", "--threads", "0"])
-    assert bad.exit_code == 2 and "field 'threads': threads must be a positive integer or auto" in bad.stderr
+    said = "--threads: must be a whole number from 1 up, or auto, got '0'"
+    assert bad.exit_code == 2 and said in bad.stderr, bad.stderr
 
 
 def test_the_console_script_calms_the_waits_first(monkeypatch: pytest.MonkeyPatch) -> None:

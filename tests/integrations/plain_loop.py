@@ -10,10 +10,16 @@ Each group is sampled by its own `generate` call, seeded by its step and prompt,
 not depend on the process that samples it: the sharded run's steps are the one-process run's.
 The loss is `Σ_i Σ_t −A_i log π(y_it) / (B · MAX_NEW)` over the B rows of the process (a
 constant length, so that FSDP's mean over the processes of their gradients is the gradient of
-the one-process loss over all rows: `seq-mean-token-sum-norm`)."""
+the one-process loss over all rows: `seq-mean-token-sum-norm`).
+
+The split's scores come from one extra forward on the main process (`token_scores`), or, with
+`from_loss`, from each process's own loss forward (`split_capture.py:HiddenCatch`, as TRL's
+adapter forms them: under FSDP2 with the output layer gathered for the scoring), handed over
+with the rows."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +31,7 @@ from trl_toy import correct
 from otb_diag.integrations.core.generation_stats import GenerationStats
 from otb_diag.integrations.core.live_core import LiveCore
 from otb_diag.integrations.core.step_metrics import round_off_clamped
+from otb_diag.integrations.trl.split_capture import HiddenCatch
 from otb_diag.maths.response_batch import ResponseBatch
 from otb_diag.policy.scores.token_scores import token_scores
 
@@ -43,6 +50,7 @@ class Group:
     logprobs: Tensor  # [N, C] of the sampling policy (`GenerationStats`)
     sum_pi2: Tensor  # [N, C]
     reward: Tensor  # [N]
+    scores: Tensor | None = None  # [N, C, k] the split's, from this process's loss forward
 
     @property
     def advantage(self) -> Tensor:
@@ -91,9 +99,10 @@ def sample_group(
 
 
 def padded(tensors: Sequence[Tensor]) -> Tensor:
-    """`[n_g, C_g]` tensors one after the other, right-padded with 0 to the widest."""
+    """`[n_g, C_g, ...]` tensors one after the other, right-padded with 0 to the widest C."""
     width = max(x.shape[1] for x in tensors)
-    return torch.cat([nn.functional.pad(x, (0, width - x.shape[1])) for x in tensors])
+    pads = [(0, 0) * (x.dim() - 2) + (0, width - x.shape[1]) for x in tensors]  # dim 1 only
+    return torch.cat([nn.functional.pad(x, pad) for x, pad in zip(tensors, pads, strict=True)])
 
 
 def step_batch(prompts: Sequence[str], groups: Sequence[Group], step: int, tau: float):
@@ -110,13 +119,19 @@ def step_batch(prompts: Sequence[str], groups: Sequence[Group], step: int, tau: 
     )  # fmt: skip
 
 
-def group_loss(model: nn.Module, g: Group, tau: float) -> Tensor:
-    """`Σ_i Σ_t −A_i log π(y_it)` over the group's response tokens (∇ = −Σ A ∇log π)."""
+def group_loss(
+    model: nn.Module, g: Group, tau: float, catch: HiddenCatch | None, k: int | None
+) -> Tensor:
+    """`Σ_i Σ_t −A_i log π(y_it)` over the group's response tokens (∇ = −Σ A ∇log π); with
+    `catch`, the group's split scores of dimension `k` from this forward (`g.scores`)."""
     prompt = len(g.prompt_ids)
     sequences = torch.cat([torch.tensor([g.prompt_ids] * N), g.response_ids], 1)
-    logits = model(sequences).logits[:, prompt - 1 : -1] / tau  # causal: 0s after <end> unseen
-    token_logp = logits.log_softmax(-1).gather(-1, g.response_ids[..., None])[..., 0]
+    with catch.catching(True) if catch else contextlib.nullcontext([]) as hidden:
+        logits = model(sequences).logits[:, prompt - 1 : -1] / tau  # causal: 0s after <end>
+    token_logp = logits.log_softmax(-1).gather(-1, g.response_ids[..., None])[..., 0]  # [N, C]
     valid = torch.arange(g.response_ids.shape[1]) < g.length[:, None]
+    if catch is not None and k is not None:  # every process: a collective under FSDP2
+        g.scores = catch.scores(hidden, g.response_ids, tau, k, token_logp.detach(), valid)
     return -(g.advantage[:, None] * token_logp * valid).sum()
 
 
@@ -138,35 +153,44 @@ def plain_loop(
     tau: float,
     *,
     split_k: int | None = None,
+    from_loss: bool = False,
     lr: float = 0.1,
 ) -> list[Step]:
     """One step for each prompt list of `steps`, process r of W (`core.place`) sampling and
     training prompts r, r + W, …; the main process measures each whole step by `core` (the split
-    from head-mode scores of dimension `split_k`, one process only) and returns what it
-    logged. With the knee controller (`core.controller`), a step samples the first of its
+    from head-mode scores of dimension `split_k`: of an extra forward on the main process, one
+    process only, or with `from_loss` of every process's loss forward, as sharded) and returns
+    what it logged. With the knee controller (`core.controller`), a step samples the first of its
     prompts that the controller decided (`prompts_per_step`): the loop varies its batch
     directly, where TRL's gate accumulates batches."""
     caught = GenerationStats(model, tau)  # log p and Σπ² of the sampling forwards
+    catch = HiddenCatch(model, sharded=True) if split_k is not None and from_loss else None
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     rank, world = core.place.rank, core.place.world_size
     logged = []
     for step, offered in enumerate(steps, 1):
         prompts = offered[: prompts_per_step(core)]
+        if core.controller is not None:  # this step's update: its batch, as sampled
+            core.controller.applying(len(prompts))
         mine = [
             sample_group(model, tokenizer, caught, prompts[i], tau, 1000 * step + i, world > 1)
             for i in range(rank, len(prompts), world)
         ]
+        # the loss forwards, before the step's scores: the weights that sampled the batch
+        losses = [group_loss(model, g, tau, catch, split_k) for g in mine]
         shares = core.gather(step, mine.copy) if core.enabled else None  # [W][groups]
         if shares is not None and core.place.is_main:
             every = [shares[i % world][i // world] for i in range(len(prompts))]  # prompt order
             batch = step_batch(prompts, every, step, tau)
             scores = None
-            if split_k is not None:  # the split's scores: the weights that sampled the batch
+            if catch is not None:  # [B, T, k], zero past each response
+                scores = padded([g.scores for g in every]) * batch.valid[..., None]
+            elif split_k is not None:
                 model.eval()
                 scores = token_scores(model, batch, "head", split_k, 0).proj
                 model.train()
             core.submit(batch, step, scores)  # measured beside the backward pass
-        loss = sum(group_loss(model, g, tau) for g in mine) / (N * len(mine) * MAX_NEW)
+        loss = sum(losses) / (N * len(mine) * MAX_NEW)
         optimizer.zero_grad()
         loss.backward()  # under FSDP: the mean over the processes, reduce-scattered
         norm = nn.utils.clip_grad_norm_(model.parameters(), 1e9)

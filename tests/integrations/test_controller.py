@@ -14,6 +14,7 @@ import synthetic_knee as truth
 
 from otb_diag.errors import InputError
 from otb_diag.integrations.core.controller import (
+    DECIDED,
     POOL,
     PROMPTS,
     UPDATES,
@@ -83,26 +84,35 @@ def test_the_controller_reads_its_estimators_record_and_logs_its_batch() -> None
     controller = KneeController(RULE, "grpo")
     logged = [controller.feed({}) for _ in range(2)] + [controller.feed(record) for _ in range(3)]
     assert controller.records == 3 and controller.prompts == 8 and controller.batches == 2
-    assert logged[-1] == {"otb/" + PROMPTS: 8.0, "otb/" + UPDATES: 0.0}
+    # decided 8, while the update in progress (no adapter opened another) takes the base 4
+    assert logged[-1] == {"otb/" + PROMPTS: 4.0, "otb/" + DECIDED: 8.0, "otb/" + UPDATES: 0.0}
     controller.updated()
-    assert controller.feed({})["otb/" + UPDATES] == 1.0
+    controller.applying(8)
+    assert controller.feed({}) == {
+        "otb/" + PROMPTS: 8.0, "otb/" + DECIDED: 8.0, "otb/" + UPDATES: 1.0
+    }  # fmt: skip
 
 
 def test_the_runs_last_update_closes_on_its_last_batch() -> None:
     """The TRL gate (`trl/update_gate.py`) takes the controller's k at each update's end, cut to
     the batches left: 10 batches under k = 4 are updates of 1, 4, 4 and 1 (the last cut from 4),
-    none left in `.grad` unapplied at the end; the controller still logs its own decision."""
+    none left in `.grad` unapplied at the end; each batch logs the prompts of the update it
+    trains in, as applied (the last update's 1 batch, not the decided 4), beside the decision."""
     controller = KneeController(RULE, "grpo")
     controller.prompts = 4 * RULE.base  # decided k = 4 from the first update's end on
     trainer = SimpleNamespace(state=SimpleNamespace(max_steps=10, global_step=0))
     gate = UpdateGate(trainer, controller, Dist())
-    closing = []
+    closing, logged = [], []
     for step in range(1, 11):
         trainer.state.global_step = step  # TRL counts the batch before `on_step_end`
         closing.append(gate.closing)
+        logged.append(controller.feed({}))  # the step's metrics come before its end
         gate.step_end()
     assert [s for s, c in zip(range(1, 11), closing, strict=True) if c] == [1, 5, 9, 10]
     assert controller.updates == 4 and controller.batches == 4
+    applied = [m["otb/" + PROMPTS] / RULE.base for m in logged]
+    assert applied == [1, 4, 4, 4, 4, 4, 4, 4, 4, 1]  # k of each step's update, as applied
+    assert {m["otb/" + DECIDED] for m in logged} == {4 * RULE.base}
 
 
 def test_bad_settings_are_refused() -> None:

@@ -20,7 +20,7 @@ import torch
 from accelerate.utils import DistributedType
 from launch import torchrun
 
-from otb_diag.integrations.trl.ddp_noise import _register
+from otb_diag.integrations.trl.ddp_noise import WITHOUT_DDP, _register
 from otb_diag.maths.noise.two_batch import two_batch_noise
 
 PLAIN_DDP = """
@@ -227,6 +227,7 @@ def test_several_processes_without_ddp_get_one_warning_and_no_hook(kind) -> None
     with pytest.warns(RuntimeWarning, match=f"needs DDP; this run is {kind.value}") as caught:
         assert _register(trainer_without_ddp(2, kind)) is None
     assert len(caught) == 1
+    assert WITHOUT_DDP[kind.value] in str(caught[0].message)  # why, for this engine
 
 
 def test_one_process_gets_no_hook_and_no_warning() -> None:

@@ -131,3 +131,39 @@ def test_without_caught_stats_otb_training_takes_one_forward(
     first, second = (e[energy] for e in runs["caught"]), (e[energy] for e in runs["forward"])
     for (a, b), rel in zip(zip(first, second, strict=True), (1e-6, 1e-3), strict=True):
         assert a == pytest.approx(b, rel=rel)
+
+
+@pytest.mark.external  # runs TRL's trainer
+def test_under_sharding_every_process_stops_where_one_caught_no_stats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ZeRO-3 or FSDP the fallback's forward would be a collective that one process ran
+    alone: the processes agree first whether each caught its stats, so a process whose own
+    stats fit stops too, with the reason, where another's `generate` gave none, and no process
+    runs the forward (on one process here: the other's flag played by `Dist.all_gather`)."""
+    from trl_toy import toy_trainer
+
+    from otb_diag.integrations.trl import advantages as swap_module
+    from otb_diag.integrations.trl import attach
+    from otb_diag.integrations.trl.support import ZERO3
+    from otb_diag.runtime.torchrun import Dist
+
+    trainer = toy_trainer(tmp_path, 1, per_step=4)
+    live = attach(trainer, split_every=None, advantages="otb")
+    live.sharded = ZERO3  # as `support.py:sharding` names a ZeRO-3 trainer
+    own, taken = [], GenerationStats.taken
+    monkeypatch.setattr(GenerationStats, "taken", lambda self: own.append(taken(self)) or own[-1])
+    monkeypatch.setattr(Dist, "all_gather", lambda self, fits: [fits, False])  # process 1's
+
+    def forward(*_: object) -> None:
+        raise AssertionError("a no-grad forward of one process's rows under sharding")
+
+    monkeypatch.setattr(swap_module, "no_grad_stats", forward)
+    with pytest.raises(swap_module.AdvantageSwapError) as stopped:
+        trainer.train()
+    assert own[0] is not None and own[0][0].shape[0] == 4  # this process's stats fit
+    said = str(stopped.value)
+    assert "under DeepSpeed ZeRO-3 otb-diag reads the energy" in said
+    assert "process(es) 1 did not generate their 4 rows in one generate call" in said
+    assert "every process stops here. Attach without advantages=" in said
+    assert "Configuration: TRL" in said and "otb-diag's fault" not in said

@@ -57,7 +57,8 @@ def test_the_plain_loop_varies_its_batch_from_the_controllers_rule(
 ) -> None:
     """The same decision rule as TRL's gate, realised by the loop sampling that many prompts:
     a rule that decides 2 base batches once it pooled 2 records makes steps 1-2 sample 2
-    prompts and steps 3-4 four, each step logging the decision."""
+    prompts and steps 3-4 four, each step logging the prompts it trained on (its update's)
+    and, beside them, the decision (taken at step 2's end, applied from step 3)."""
 
     def scheduled(self: KneeRule, knee: object, current: int, records: int) -> int:
         return 2 * self.base if records >= 2 else current
@@ -75,5 +76,6 @@ def test_the_plain_loop_varies_its_batch_from_the_controllers_rule(
     tokenizer = AutoTokenizer.from_pretrained(default_checkpoint())
     logged = plain_loop(model, tokenizer, core, [PROMPTS[:4]] * 4, TAU, split_k=K)
     assert [s.metrics["otb/split/prompts"] for s in logged] == [2, 2, 4, 4]
-    assert [s.metrics["otb/controller/prompts_per_update"] for s in logged] == [2, 4, 4, 4]
+    assert [s.metrics["otb/controller/prompts_per_update"] for s in logged] == [2, 2, 4, 4]
+    assert [s.metrics["otb/controller/decided_prompts"] for s in logged] == [2, 4, 4, 4]
     assert [s.metrics["otb/controller/updates"] for s in logged] == [1, 2, 3, 4]

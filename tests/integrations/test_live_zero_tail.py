@@ -106,19 +106,19 @@ def test_the_live_figure_draws_otb_over_mean_with_and_without_the_zero_tail() ->
             "grad_norm": 1.0 + steps,
             "baseline": "grpo",
             "group_size": 4,
-            "otb/otb_over_mean/token_total_power": with_tail,
-            "otb/otb_over_mean/without_zero_tail/token_total_power": without,
+            "otb/otb_over_mean/proxy2_total_power": with_tail,
+            "otb/otb_over_mean/without_zero_tail/proxy2_total_power": without,
         }
     )
     runs = [SimpleNamespace(run="trl", collapse_step=None)]
     fig = fig_live_otb(table, runs)
     (column,) = LIVE_WITHOUT_TAIL
-    panel = fig.axes[1 + [c for c, _ in LIVE_PANELS].index(column)]
+    panel = fig.axes[1 + [p.key for p in LIVE_PANELS].index(column)]
     (line,) = [x for x in panel.get_lines() if len(x.get_xdata()) == len(steps)]
     np.testing.assert_array_equal(line.get_ydata(), with_tail)
     (crosses,) = [x for x in panel.get_lines() if x.get_marker() == "x"]
     np.testing.assert_array_equal(crosses.get_xydata(), [[2, 0.5], [3, 0.3], [5, 0.21]])
-    note = panel.get_title(loc="right").replace("\n", " ")
+    (note,) = [t.get_text().replace("\n", " ") for t in panel.texts]
     assert "×: without verl's zero tail (3 step(s) it moves)" in note
     assert "gaps: 1 step(s) with equal rewards in every group (no ratio)" in note
     assert "dashed" not in panel.get_ylabel()

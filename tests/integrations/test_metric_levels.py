@@ -118,24 +118,31 @@ def test_attach_refuses_an_unknown_baseline_a_level_and_a_second_call(tmp_path: 
         attach(trainer)
 
 
-@pytest.mark.parametrize("sharding", ["FSDP", "DeepSpeed ZeRO-3"])
-def test_the_split_on_a_sharded_trainer_is_refused_with_what_is_missing(
+@pytest.mark.parametrize("sharding", ["FSDP1", "DeepSpeed ZeRO-3"])
+def test_attach_on_a_sharded_trainer_takes_the_split_or_says_what_is_missing(
     sharding: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Set as accelerate sets them for `fsdp=` / a ZeRO-3 config (not runnable on the CPU:
-    accelerate ignores `fsdp` with `use_cpu`)."""
+    """Set as accelerate sets them for `fsdp=` (version 1) / a ZeRO-3 config (not runnable on
+    the CPU: accelerate ignores `fsdp` with `use_cpu`; ZeRO-3 trains in
+    tests/integrations/test_trl_sharded.py): an extra forward is refused under either, FSDP1's
+    split too; ZeRO-3's default split is taken."""
     from types import SimpleNamespace
 
     trainer = toy_trainer(tmp_path / "run", 1)
-    if sharding == "FSDP":
+    if sharding == "FSDP1":
         trainer.is_fsdp_enabled = True
     else:
         plugin = property(lambda _: SimpleNamespace(zero_stage=3))
         monkeypatch.setattr(type(trainer.accelerator.state), "deepspeed_plugin", plugin)
-    with pytest.raises(InputError, match=f"where {sharding} holds only a shard") as caught:
-        attach(trainer)  # the default splits every 10th step
-    assert "split_every=None" in str(caught.value.hint)
-    attach(trainer, split_every=None)  # the rest is taken
+    with pytest.raises(InputError, match=f"under {sharding} every forward is a collective"):
+        attach(trainer, split_every=None, extra_forward=True)
+    if sharding == "FSDP1":
+        with pytest.raises(InputError, match="runs FSDP1, whose flat parameters") as caught:
+            attach(trainer)  # the default splits every 10th step
+        assert "split_every=None" in str(caught.value.hint)
+        attach(trainer, split_every=None)  # the rest is taken
+    else:
+        assert attach(trainer).hidden.sharded  # the split, its layer gathered for the scoring
 
 
 def test_attach_after_training_says_when_it_starts(tmp_path: Path) -> None:

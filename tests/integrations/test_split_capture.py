@@ -1,8 +1,11 @@
 """The split's head-mode scores from a loss forward's caught hidden states
 (`integrations/trl/split_capture.py`) equal `token_scores`' from its own extra forward, to float32
 round-off: on a plain GPT-2 (absolute positions), one with a biased head, and Gemma-2 with its
-logit soft-cap; the hook catches nothing outside `catching()` or without grad. The same scores
-inside a real TRL step: tests/integrations/test_trl_live.py (`test_the_split_...`)."""
+logit soft-cap; the hook catches nothing outside `catching()` or without grad. Sharded, the
+output layer is checked against the loss forward's own log p instead of a probe forward. The
+same scores inside a real TRL step: tests/integrations/test_trl_live.py (`test_the_split_...`);
+under DeepSpeed ZeRO-3 and FSDP2, with the layer gathered for the scoring:
+tests/integrations/test_trl_sharded.py and test_live_sharded.py."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from tiny import soft_capped_gemma2
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from otb_diag.errors import InputError
 from otb_diag.integrations.core.step_metrics import split_scores
 from otb_diag.integrations.trl.split_capture import HiddenCatch
 from otb_diag.maths.response_batch import ResponseBatch
@@ -91,3 +95,38 @@ def test_the_hook_catches_only_grad_enabled_forwards_inside_catching() -> None:
         out = model(input_ids=ids, output_hidden_states=True)
     assert len(on) == 1
     torch.testing.assert_close(on[0], out.hidden_states[-1], rtol=0, atol=0)
+
+
+def loss_logprobs(model: nn.Module, b: ResponseBatch, temperature: float) -> torch.Tensor:
+    """`[m, C]` the completion tokens' log p at `temperature` from the model's own logits, as
+    TRL's fused head returns them with the loss."""
+    ids = torch.cat([torch.tensor(PROMPTS), b.response_ids], dim=1)
+    c = b.response_ids.shape[1]
+    logits = model(input_ids=ids).logits[:, -c - 1 : -1] / temperature  # [m, C, V]
+    return logits.log_softmax(-1).gather(-1, b.response_ids[..., None])[..., 0].detach()
+
+
+@pytest.mark.parametrize("make", [lambda: gpt2(True), gemma2])
+def test_a_sharded_catch_checks_its_layer_against_the_loss_forwards_log_p(make) -> None:
+    """The scores are the unsharded catch's (no sharding here: the gather does nothing); the
+    layer is checked against the log p of the forward that trained, not a probe forward; a log
+    p its layer does not give, or none, is refused; the check runs on the first call only."""
+    model, b, temperature = make(), batch(0.7), 0.7
+    plain = HiddenCatch(model)  # checked by the probe forward
+    reference = plain.scores(loss_forward(plain, b, 3), b.response_ids, temperature, K)
+    logprobs = loss_logprobs(model, b, temperature)
+    with pytest.raises(InputError, match="differ from the loss's own by"):
+        HiddenCatch(model, sharded=True).scores(
+            loss_forward(HiddenCatch(model), b, 3), b.response_ids, temperature, K,
+            logprobs + 0.01 * b.valid, b.valid,
+        )  # fmt: skip
+    with pytest.raises(InputError, match="this forward gave none"):
+        HiddenCatch(model, sharded=True).scores(
+            loss_forward(HiddenCatch(model), b, 3), b.response_ids, temperature, K
+        )
+    sharded = HiddenCatch(model, sharded=True)
+    caught = loss_forward(sharded, b, chunk=2)
+    ours = sharded.scores(caught, b.response_ids, temperature, K, logprobs, b.valid)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6 * float(reference.abs().max()))
+    again = sharded.scores(caught, b.response_ids, temperature, K)  # checked once: none needed
+    torch.testing.assert_close(again, ours, rtol=0, atol=0)

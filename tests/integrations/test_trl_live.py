@@ -393,10 +393,12 @@ def test_rloo_logs_every_step_and_its_advantages_are_the_registrys_rloo(
     assert mixed  # the audit against `mean` was put to the test
 
 
-def test_rloo_with_a_kl_penalty_is_not_audited(tmp_path: Path) -> None:
-    """RLOOConfig's default β = 0.05 subtracts β·KL from the rewards TRL forms its advantages
-    of, a KL attach does not see: no audit rather than a false alarm."""
-    assert attach(toy_trainer(tmp_path / "run", 1, rloo=True)).audited is None
+def test_rloo_normalising_its_advantages_is_not_audited(tmp_path: Path) -> None:
+    """RLOOConfig's `normalize_advantages=True` standardises the advantages over the batch, no
+    registry estimator: no audit rather than a false alarm (its default β = 0.05, whose KL
+    shapes the rewards, is audited: tests/integrations/test_trl_configurations.py)."""
+    trainer = toy_trainer(tmp_path / "run", 1, rloo=True, normalize_advantages=True)
+    assert attach(trainer).audited is None
 
 
 def test_a_process_group_that_fails_to_gather_switches_off(

@@ -7,12 +7,13 @@ gate cannot do is refused."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from launch import torchrun
+from controller_torchrun import STEPS, gated
 from transformers import TrainerCallback
 from trl_toy import toy_trainer
 
@@ -86,9 +87,12 @@ def test_the_controllers_decisions_are_realised_and_logged(
 ) -> None:
     """A rule that decides 2 base batches from its second record on: step 1 is an update of
     one batch, then every update takes two (steps 2-3 and 4-5 are one update each, as the
-    decision of step 1 is known at its end); each step logs the prompts decided so far. The
-    record it reads is the knee of the estimator that trains: TRL's GRPO, or OTB once
-    `advantages="otb"` swaps it in (it read GRPO's, no longer pooled, and never decided)."""
+    decision of step 1 is known at its end); each step logs the prompts of the update it
+    trains in, as applied, and the decision beside them. The record it reads is the knee of
+    the estimator that trains: TRL's GRPO, or OTB once `advantages="otb"` swaps it in (it
+    read GRPO's, no longer pooled, and never decided). The gated optimizer step keeps torch's
+    scheduler mark: no warning that it was overridden (issue 53), nor any other of torch's
+    scheduler's."""
 
     def scheduled(self: Any, knee: Any, current: int, records: int) -> int:
         return 2 * self.base if records >= 1 else current
@@ -118,15 +122,21 @@ def test_the_controllers_decisions_are_realised_and_logged(
     watched: list[int] = []  # the steps whose grad_norm the collapse watch took
     add = live.core.add_grad_norm
     live.core.add_grad_norm = lambda step, value: (watched.append(step), add(step, value))
-    trainer.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    scheduler = [str(w.message) for w in caught if "lr_scheduler" in str(w.message)]
+    assert not scheduler and not [w for w in caught if "overridden" in str(w.message)]
     base = live.core.controller.rule.base
     assert base == 2  # 8 completions in groups of 4
     assert steps == [1, 3, 5] and optimizer_steps == 3
     normed = [e["step"] for e in trainer.state.log_history if "grad_norm" in e]
     assert normed == steps  # TRL logs the applied updates' norms, not the partial sums between
     assert watched == steps  # and the collapse watch reads those
-    logged = [e["otb/controller/prompts_per_update"] for e in trainer.state.log_history[:-1]]
-    assert logged == [4.0] * 5  # the decision, from the first record on
+    history = trainer.state.log_history[:-1]
+    applied = [e["otb/controller/prompts_per_update"] for e in history]
+    assert applied == [2.0, 4.0, 4.0, 4.0, 4.0]  # step 1's update of one batch, then of two
+    assert [e["otb/controller/decided_prompts"] for e in history] == [4.0] * 5  # from record 1
     assert live.core.controller.updates == 3
 
 
@@ -144,22 +154,27 @@ def test_the_gate_refuses_what_it_cannot_drive(tmp_path: Path) -> None:
 
 
 @pytest.mark.torchrun
-def test_two_processes_apply_the_main_processs_decision_together(tmp_path: Path) -> None:
+def test_two_processes_apply_the_main_processs_decision_together(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """2 gloo processes, groups straddling them: each applies the main process's decision at
     the same update boundary (k = 1 for steps 1 and 2, whose end decides 2 batches; then
     updates of steps 3-4 and 5-6), their parameters stay equal, and the main process logs the
-    decision."""
-    result = torchrun(2, tmp_path, 6, script=Path(__file__).with_name("controller_torchrun.py"))
+    decision. (The launch is shared with test_trl_sharded.py, which sets ZeRO-3's beside it.)"""
+    tmp_path, result = gated(tmp_path_factory)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "switched off" not in result.stderr, result.stderr[-3000:]
     histories = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert histories[0] == histories[1]
     # after each step's end: the k of the next batch's update and its index in it
+    assert len(histories[0]) == STEPS
     assert [(h["batches"], h["index"]) for h in histories[0]] == [
         (1, 0), (2, 0), (2, 1), (2, 0), (2, 1), (2, 0)
     ]  # fmt: skip
     sums = [h["sum"] for h in histories[0]]  # equal in both processes, as the histories are
     assert sums[1] == sums[2] != sums[3] == sums[4] != sums[5]  # no step at steps 3 and 5
     log = json.loads((tmp_path / "log_history.json").read_text())
-    decided = [e["otb/controller/prompts_per_update"] for e in log if "loss" in e]
-    assert decided == [3.0, 6.0, 6.0, 6.0, 6.0, 6.0]  # base: 12 rows in groups of 4
+    steps = [e for e in log if "loss" in e]
+    applied = [e["otb/controller/prompts_per_update"] for e in steps]
+    assert applied == [3.0, 3.0, 6.0, 6.0, 6.0, 6.0]  # base: 12 rows in groups of 4
+    assert [e["otb/controller/decided_prompts"] for e in steps] == [3.0] + [6.0] * 5

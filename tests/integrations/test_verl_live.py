@@ -368,12 +368,14 @@ def dynamics_of(lines: list[str], tmp_path: Path) -> tuple[dict, Path]:
 def test_the_budget_tracker_decides_the_prompts_an_update_takes() -> None:
     """verl's tracker holds the same knee controller as TRL's `attach`: it logs its decision
     and gives it to the caller (docs/live.md says how verl applies it); it needs the prompts a
-    step samples, which it decides in multiples of."""
+    step samples, which it decides in multiples of. It applies nothing itself, so the update a
+    step trains in is, as far as it knows, the configured batch."""
     with pytest.raises(InputError, match="needs prompts_per_step"):
         BudgetTracker(controller="knee")
     tracker = BudgetTracker(controller="knee", prompts_per_step=GROUPS, metrics="default")
     assert tracker.prompts_per_update is None  # nothing seen yet
     scores = torch.randn(GROUPS * N, T, 5, generator=torch.Generator().manual_seed(3))
     out = tracker(verl_shaped(seed=3), 1, scores=scores)
-    assert out["otb/controller/prompts_per_update"] == GROUPS == tracker.prompts_per_update
+    assert out["otb/controller/decided_prompts"] == GROUPS == tracker.prompts_per_update
+    assert out["otb/controller/prompts_per_update"] == GROUPS
     assert tracker.core.controller.rule.most == 8 * GROUPS

@@ -41,13 +41,15 @@ def toy_trainer(
     ckpt: Path | None = None,
     rloo: bool = False,
     prompts: list[str] | None = None,
+    peft_config: Any = None,
     **config: Any,
 ) -> Any:
     """A constructed GRPOTrainer (an RLOOTrainer with `rloo`) writing to `out` (`per_step`
     completions a process and micro-step, groups of `GENERATIONS`, seed 0) on `ckpt` (default:
     the embedded checkpoint; another must use its tokenizer, as bench/bench_live.py's larger
-    random-weight bodies do) and `prompts` (default `PROMPTS`, six tokens each); `config`
-    overrides GRPOConfig (RLOOConfig) fields."""
+    random-weight bodies do) and `prompts` (default `PROMPTS`, six tokens each), a PEFT adapter
+    trained on it when `peft_config` is given (`peft.LoraConfig(...)`); `config` overrides
+    GRPOConfig (RLOOConfig) fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
@@ -77,4 +79,5 @@ def toy_trainer(
         args=config_class(**settings),
         train_dataset=Dataset.from_dict({"prompt": prompts or PROMPTS}),
         processing_class=tokenizer,
+        peft_config=peft_config,
     )

@@ -70,7 +70,9 @@ def test_the_embedded_defaults_head_claim_is_not_resolved() -> None:
     (head,) = [c for c in result.paper_claim if c.mode == "head"]
     assert head.equivalent_high_range == "beyond"
     assert head.verdict == "not resolved"
-    assert "(95 % interval ≤ 2.0 to > 16)" in head.text
+    assert "(95 % interval ≤ 2.0 to ∞, its upper end past N = 16, the largest N measured)" in (
+        head.text
+    )
     assert head.text.endswith(
         "N = 4 ≈ N = 32 at equal variance: not resolved (N′ up to 16 can "
         "be measured here; N′ ≥ 32 needs N = 32 measured, pools of M ≥ 64)"

@@ -148,7 +148,10 @@ def test_rewards_without_signal_are_said_first(run_dir: Path, rollouts: Path, tm
     assert result is not None
     text = result.format()
     assert text.startswith("no signal: each of the 3 groups has equal rewards within it")
-    assert "proxies below are all 0 and compare nothing" in text.splitlines()[0]
+    # every reward 0: every row is 0, none's too, and the sentence names the others
+    others = [name for name in result.proxies if name != "none"]
+    assert all(row.is_zero() for row in result.proxy_rows().values())
+    assert f"the proxies of {', '.join(others[:-1])} and {others[-1]} below are 0" in text
     assert "zero tail" not in text
     assert "NaN" not in (tmp_path / "out" / "summary.json").read_text()
     assert result.energy.groups_with_mixed_rewards == 0

@@ -53,7 +53,7 @@ def test_energy_splits_otbs_proxy_at_the_zero_tail_and_counts_the_empty_response
     assert "6 tokens in the tail" in text and result.energy.zero_tail_tokens == 6
     assert result.totals.empty_responses == 1
     assert result.totals.groups_with_empty_responses == ["mixed"]
-    assert "1 responses with no generated token" in text and ": mixed" in text
+    assert "1 response with no generated token" in text and ": mixed" in text
 
     groups = pd.read_csv(out / "groups.csv").set_index("group")
     assert groups["size"].tolist() == [4, 4, 4]

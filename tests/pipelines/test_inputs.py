@@ -11,7 +11,7 @@ from tiny import save_checkpoint
 from typer.testing import CliRunner
 
 from otb_diag.errors import InputError
-from otb_diag.io.scenarios import default_checkpoint, default_rollouts
+from otb_diag.io.scenarios import default_checkpoint
 from otb_diag.pipelines import rl_training
 from otb_diag.pipelines.energy.recipe import EnergySettings, run_energy
 from otb_diag.pipelines.inputs import EnergyInputs, Inputs
@@ -87,15 +87,17 @@ def test_model_free_energy_says_it_ignores_the_checkpoint(templated: Path, tmp_p
     assert "--model-free given: ignoring --ckpt" in cli.stderr
 
 
-def test_variance_names_the_default_rollouts_then_checks_settings_before_the_checkpoint(
-    tmp_path: Path,
-) -> None:
-    """The settings are checked before the scenario's checkpoint is looked up (so no note about
-    it), after the rollouts are: the order the CLI always had."""
+def test_variance_checks_its_settings_before_looking_up_a_default(tmp_path: Path) -> None:
+    """A bad value stops before anything: when the settings are built (a knob's own check), or
+    at the top of the entry point (a name its registry lacks), before the scenario's rollouts
+    and checkpoint are looked up, so no note about them."""
+    with pytest.raises(InputError, match="--mode: must be one of proxy, head, full, got 'nope'"):
+        VarianceSettings(modes=("nope",))
     said: list[str] = []
-    with pytest.raises(InputError, match="unknown mode"):
-        run_variance(Inputs(), tmp_path, VarianceSettings(modes=("nope",)), say=said.append)
-    assert said == [f"no --rollouts given: using the embedded default {default_rollouts()}"]
+    settings = VarianceSettings(baselines=("none", "mean", "nope"))
+    with pytest.raises(InputError, match="unknown baseline 'nope'"):
+        run_variance(Inputs(), tmp_path, settings, say=said.append)
+    assert said == []
 
 
 def test_train_starts_from_the_one_checkpoint_or_the_scenarios(
@@ -126,5 +128,5 @@ def test_train_and_figures_refuse_the_files_they_do_not_read(tmp_path: Path) -> 
 def test_lab_build_refuses_an_unknown_scenario_before_building(tmp_path: Path) -> None:
     result = runner.invoke(app, ["lab", "build", "--out", str(tmp_path), "--scenario", "nope"])
     assert result.exit_code == 2
-    assert "unknown scenario 'nope'; choose one of default, long" in result.stderr
+    assert "--scenario: must be one of default, long, got 'nope'" in result.stderr
     assert not any(tmp_path.iterdir())

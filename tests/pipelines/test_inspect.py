@@ -207,7 +207,7 @@ def test_the_entry_point_says_its_defaults_and_the_rows_that_do_not_round_trip(
     said: list[str] = []
     result = run_inspect(Inputs(rollouts=path), say=said.append)
     assert result is not None and result.rows == bad + 1
-    assert said[0].startswith("no checkpoint given: using the embedded default")
+    assert said[0].startswith("no --ckpt given: using the embedded default")
     assert len(result.round_trip_issues) == bad
     assert "line 2, field 'response'" in result.round_trip_issues[0]
     trips = [line for line in said if line.startswith("round trip")]

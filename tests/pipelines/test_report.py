@@ -275,3 +275,39 @@ def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     non_white = (pixels < 0.9).any(-1).mean()
     assert pixels.std() > 0.05 and non_white > 0.02, (pixels.std(), non_white)
     assert np.unique(pixels.reshape(-1, 3), axis=0).shape[0] > 50  # text and figure colours
+
+
+def test_the_live_table_says_why_its_negative_values_are_negative() -> None:
+    """The live table's metrics logged below 0 (unbiased ‖G‖² and SNR of a step that resolves no
+    signal) are named beside the table with why; a table with none below 0 has no such note."""
+    from otb_diag.dynamics.detection_rule import DetectionRule
+    from otb_diag.pipelines.report.sections import Run, _live_table
+    from otb_diag.pipelines.results.dynamics import DynamicsResult, DynamicsRun
+
+    def live(name: str, otb: dict[str, float]) -> DynamicsRun:
+        return DynamicsRun(
+            *(name, f"/{name}.jsonl", "trl", "grpo", 4, 20, 1, 20, 0.5, None, None, None, None),
+            *("proxy2_total_power", None, False, None),
+            otb=otb,
+            otb_steps=dict.fromkeys(otb, 20),
+        )
+
+    runs = [
+        live("a", {"otb/split/grpo/grad_sq": -0.037, "otb/split/grpo/snr": -0.113,
+                   "otb/split/grpo/within": 0.5}),
+        live("b", {"otb/split/grpo/grad_sq": 0.02, "otb/split/grpo/snr": 0.3,
+                   "otb/split/grpo/within": 0.4}),
+    ]  # fmt: skip
+
+    def table(rows: list[DynamicsRun]) -> str:
+        result = DynamicsResult(DetectionRule(), None, rows, "/o")
+        return html.unescape(_live_table(Run(Path("d"), "dynamics", result, "d", Path("."))))
+
+    text = table(runs)
+    assert "-0.037" in text and "-0.113" in text
+    assert (
+        "otb/split/grpo/grad_sq, otb/split/grpo/snr: unbiased estimates, a measured spread less "
+        "its noise" in text
+    )
+    assert "within:" not in text and "below 0" in text
+    assert "below 0" not in table(runs[1:])

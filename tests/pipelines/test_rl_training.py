@@ -16,6 +16,7 @@ from otb_diag.io.checkpoint import load_checkpoint
 from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.to_batch import make_batch
 from otb_diag.io.scenarios import default_checkpoint
+from otb_diag.io.training_logs import read_training_log
 from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.registry import get_baseline
 from otb_diag.maths.noise.budget_stream import STEP_SHAPE
@@ -128,6 +129,15 @@ def test_metrics_have_every_documented_key(seed0: tuple[Path, list[dict]]) -> No
         for r in load_rollouts(out / "rollouts" / f"step-{s}.jsonl").responses
     ]
     assert metrics[-1]["tokens_sampled"] == sum(lengths)  # cumulative over both steps
+
+
+def test_the_log_names_its_baseline_and_group_size(seed0: tuple[Path, list[dict]]) -> None:
+    """Every line records the run's baseline and N, so that `dynamics` names the run by them
+    (its score-against-tokens legend read "?, N=4" beside a verdict "under otb at N = 4")."""
+    out, metrics = seed0
+    assert {(m["baseline"], m["group_size"]) for m in metrics} == {("otb", 4)}
+    frame = read_training_log(out / "metrics.jsonl").frame
+    assert set(frame["baseline"]) == {"otb"} and set(frame["group_size"]) == {4.0}
 
 
 def test_the_logged_split_is_the_sampling_policys(seed0: tuple[Path, list[dict]]) -> None:

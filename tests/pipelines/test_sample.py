@@ -229,6 +229,29 @@ def test_cli_writes_pools_that_inspect_reads_with_top_k_flagged(tmp_path: Path) 
     assert json.loads(inspect.stdout)["rows"] == 12
 
 
+def test_groups_of_one_are_said_at_sampling_and_at_reading(ckpt, tmp_path: Path) -> None:
+    """`--n 1` samples groups of one, where a group baseline has nothing to compare: a warning
+    when sampling, and again when the pools are read (`rollouts inspect`, as `energy` and
+    `variance-compare` read them)."""
+    from otb_diag.pipelines.inputs import Inputs
+    from otb_diag.pipelines.inspect.recipe import run_inspect
+
+    prompts = write_prompts(tmp_path / "p.jsonl")
+    settings = SampleSettings(n=1, sampling=Sampling(max_new_tokens=4), verifier="exact")
+    said: list[str] = []
+    out = tmp_path / "pools"
+    run_sample(SampleInputs(prompts, ckpt.path), out, settings, progress=False, say=said.append)
+    warning = (
+        "warning: every one of the 3 groups holds one response: with groups of one every group "
+        "baseline (mean, rloo, otb, ...) is 0 and equals none, so the rewards give no group "
+        "baseline signal; sample pools of 2 or more responses per prompt (rollouts sample --n)"
+    )
+    assert warning in said
+    read: list[str] = []
+    run_inspect(Inputs(ckpt=[ckpt.path], rollouts=out), say=read.append)
+    assert read == [warning]
+
+
 def _bad(tmp_path: Path, rows: list[dict] | None, *extra: str, parts: bool = False) -> str:
     prompts = write_prompts(tmp_path / "p.jsonl", rows if rows is not None else PROMPTS)
     out = tmp_path / "pools"
@@ -274,7 +297,7 @@ def test_bad_input_is_one_paragraph_naming_where_and_nothing_is_written(tmp_path
     )
     assert "line 2, field 'prompt'" in long and "context" in long
     zero = _bad(tmp_path, None, "--n", "0")
-    assert "field 'n'" in zero
+    assert "--n: must be at least 1, got 0" in zero
 
 
 def test_a_verifier_that_raises_names_prompt_and_response_and_writes_nothing(

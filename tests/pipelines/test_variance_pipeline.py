@@ -82,12 +82,12 @@ def run(inputs, out: Path, *extra: str):
 @pytest.mark.slow  # runs a command end to end (a real run: seconds)
 def test_all_modes_write_tables_and_figures(inputs, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run(inputs, out, "--mode", "proxy,head,full", "--group-sizes", "2,4,8")
+    result = run(inputs, out, "--mode", "proxy,head,full", "--group-sizes", "2,4")
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "variance.csv")
     assert list(table.columns[: len(COLUMNS)]) == COLUMNS
     assert set(table["mode"]) == {"proxy", "head", "full"}
-    assert sorted(table["group_size"].unique()) == [2, 4]  # capped at M/2 = 4
+    assert sorted(table["group_size"].unique()) == [2, 4]  # at most M/2 = 4 (8 is refused)
     full = table[table["mode"] == "full"]
     assert {"otb-true", "optseq-true", "optseq-seqnorm-true"} <= set(full["baseline"])
     assert "otb-seqnorm-true" not in set(full["baseline"])  # OTB takes per-token norms only
@@ -216,12 +216,6 @@ def test_partial_signal_is_said_as_a_share(inputs, tmp_path: Path) -> None:
     assert summary["signal"] == {"groups": 3, "groups_with_signal": 2}
 
 
-def test_bad_mode_is_a_clear_error(inputs, tmp_path: Path) -> None:
-    result = run(inputs, tmp_path / "o", "--mode", "exact")
-    assert result.exit_code == 2
-    assert "field 'mode'" in result.stderr and "proxy, head, full" in result.stderr
-
-
 def test_rloo_and_none_are_unbiased_on_the_embedded_default() -> None:
     """The issue's check on real data: rloo's (and trivially none's) |bias_z| stays small."""
     from otb_diag.io.batches import checkpoint_batch
@@ -294,7 +288,8 @@ def test_the_embedded_defaults_head_claim_is_not_resolved() -> None:
     assert (v.token_savings_low, v.token_savings_high) == (-1.0, 0.75)
     assert v.text == (
         "at equal gradient variance, OTB at N = 4 matches mean at N′ = 10.4 (95 % interval ≤ 2.0 "
-        "to > 16), 62 % fewer sampled tokens (95 % interval ≤ −100 % to ≥ 75 %); > 65 % fewer "
+        "to ∞, its upper end past N = 16, the largest N measured), 62 % fewer sampled tokens "
+        "(95 % interval ≤ −100 % to 100 %); > 65 % fewer "
         "tokens at equal variance: not resolved (the interval reaches 65 %; "
         f"{PAPER_READING}); N = 4 ≈ N = 32 at equal variance: not resolved (N′ up to 16 can be "
         "measured here; N′ ≥ 32 needs N = 32 measured, pools of M ≥ 64)"
@@ -311,7 +306,7 @@ def test_an_interval_below_the_claim_does_not_hold() -> None:
     assert (v.saving_verdict, v.verdict) == ("not resolved", "does not hold")
     assert v.text.startswith(
         "at equal gradient variance, OTB at N = 4 matches mean at N′ = 8.9 (95 % interval 5.9 to "
-        "11.7), 55 % fewer sampled tokens (95 % interval 32 % to 66 %);"
+        "11.7), 55 % fewer sampled tokens (95 % interval 32 % to 65 %);"
     )
     assert v.text.endswith("N = 4 ≈ N = 32 at equal variance: does not hold (the interval lies "
                            "below N′ = 32)")  # fmt: skip
@@ -339,7 +334,7 @@ def test_an_interval_above_the_claim_holds() -> None:
         "92 %)" in v.text  # fmt: skip
     beyond = claim_row(4, math.inf, "beyond", sizes=(2, 64))
     v = claim_verdict("full", beyond, 64)
-    assert v.verdict == "holds" and "matches mean at N′ > 64 (95 % interval > 64 to > 64)" \
+    assert v.verdict == "holds" and "matches mean at N′ > 64 (95 % interval > 64 to ∞, its" \
         in v.text and "at least 94 % fewer sampled tokens" in v.text  # fmt: skip
 
 

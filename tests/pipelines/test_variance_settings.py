@@ -1,5 +1,5 @@
-"""`VarianceSettings.check`: the API refuses what the CLI refuses, with the same error, before
-anything is read or written."""
+"""`VarianceSettings`' checks: the API refuses what the CLI refuses, with the same error, before
+anything is read or written (every command's knobs: tests/cli/test_bad_values.py)."""
 
 from pathlib import Path
 
@@ -17,11 +17,11 @@ from otb_diag.pipelines.variance.recipe import VarianceSettings
     [
         (
             {"modes": ("proxy", "nope")},
-            r"unknown mode\(s\) \['nope'\]; choose from proxy, head, full",
+            r"--mode: must be one of proxy, head, full, got 'nope' \(in proxy,nope\)",
         ),
-        ({"modes": ()}, r"unknown mode\(s\) \[\]"),
-        ({"engine": "fwd"}, "unknown engine 'fwd'; choose auto, jvp, vjp"),
-        ({"budget_s": 0.0}, "budget must be positive"),
+        ({"modes": ()}, "--mode: names nothing"),
+        ({"engine": "fwd"}, "--engine: must be one of auto, jvp, vjp, got 'fwd'"),
+        ({"budget_s": 0.0}, "--budget: must be above 0, got 0.0"),
     ],
 )
 def test_api_refuses_bad_settings_before_reading(
@@ -41,9 +41,9 @@ def test_good_settings_pass() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mode", "nope"], "unknown mode(s) ['nope']"),
-        (["--engine", "fwd"], "unknown engine 'fwd'"),
-        (["--budget", "0s"], "budget must be positive"),
+        (["--mode", "nope"], "--mode: must be one of proxy, head, full, got 'nope'"),
+        (["--engine", "fwd"], "--engine: must be one of auto, jvp, vjp, got 'fwd'"),
+        (["--budget", "0s"], "--budget: must be above 0, got 0.0"),
     ],
 )
 def test_cli_gives_the_library_error(tmp_path: Path, args: list[str], message: str) -> None:

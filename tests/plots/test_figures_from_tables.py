@@ -15,15 +15,49 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
+from matplotlib.container import BarContainer
 
+from otb_diag.integrations.core.metric_levels import HEADLINE
+from otb_diag.pipelines.variance.evidence import mode_intervals
 from otb_diag.plots import dynamics as plots_dynamics
 from otb_diag.plots import energy as plots_energy
 from otb_diag.plots import variance as plots_variance
-from otb_diag.plots.style import FAIL_COLOR, PASS_COLOR, baseline_color, save_figure
+from otb_diag.plots.style import FAIL_COLOR, PASS_COLOR, baseline_color, dodged, save_figure
 
 
 def legend_labels(ax) -> list[str]:
     return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def drawn_lines(ax) -> list:
+    """The lines of `ax` that hold data (a figure adds empty ones: no lone point to mark)."""
+    return [x for x in ax.get_lines() if len(x.get_xdata())]
+
+
+def visible_points(ax) -> set[tuple[float, float]]:
+    """Every (x, y) a reader sees on `ax`'s lines: all finite points of a line with a marker,
+    and on a line without one, the finite points with a finite neighbour (a segment reaches
+    them); a point with neither is not seen."""
+    seen = set()
+    for line in ax.get_lines():
+        x = np.asarray(line.get_xdata(), dtype=float)
+        y = np.asarray(line.get_ydata(), dtype=float)
+        finite = np.isfinite(x) & np.isfinite(y)
+        if line.get_marker() in ("None", "", " ", None):
+            if line.get_linestyle() in ("None", "", " "):
+                continue
+            finite &= np.r_[False, finite[:-1]] | np.r_[finite[1:], False]
+        seen |= {(float(a), float(b)) for a, b in zip(x[finite], y[finite], strict=True)}
+    return seen
+
+
+def unseen(points: pd.DataFrame, x: str, y: str, ax) -> list[tuple[float, float]]:
+    """The rows of `points` (columns `x`, `y`, finite values) that `ax` does not show."""
+    seen = visible_points(ax)
+    rows = points[np.isfinite(points[x]) & np.isfinite(points[y])]
+    return [
+        (a, b) for a, b in zip(rows[x], rows[y], strict=True) if (float(a), float(b)) not in seen
+    ]
 
 
 def bar_heights(ax) -> np.ndarray:
@@ -107,24 +141,66 @@ def variance(runs: Path) -> pd.DataFrame:
     return pd.read_csv(runs / "variance" / "variance.csv")
 
 
+SKETCH_DIM = 32  # the `runs` fixture's --sketch-dim (tests/small_runs.py)
+
+
+def verdict_rows(variance: pd.DataFrame, mode: str, aggregation: str) -> pd.DataFrame:
+    """One mode's rows of one aggregation with the intervals its verdicts read, as
+    `variance-compare` hands them to its figures (`evidence.mode_intervals`)."""
+    rows = variance[(variance["mode"] == mode) & (variance["aggregation"] == aggregation)]
+    return mode_intervals(rows, mode, SKETCH_DIM)
+
+
+def bar_ends(container) -> np.ndarray:
+    """An errorbar container's vertical bars as `[n, 2]` (low, high) ends, in drawing order."""
+    (bars,) = container.lines[2]
+    return np.array([[seg[0, 1], seg[1, 1]] for seg in bars.get_segments()])
+
+
 @pytest.mark.parametrize("mode", ["proxy", "full"])
 def test_variance_vs_n_draws_each_baselines_variance_and_interval(variance, mode) -> None:
-    table = variance[variance["mode"] == mode]
-    ax = plots_variance.fig_variance_vs_group_size(table).axes[0]
-    rows = table[table["aggregation"] == "token-sum"]
+    """Each baseline's variance at each N (its points a little apart about N, in the
+    baselines' order) with the interval the verdicts read as its bars; the title names the
+    mode."""
+    rows = verdict_rows(variance, mode, "token-sum")
+    ax = plots_variance.fig_variance_vs_group_size(rows).axes[0]
     baselines = list(dict.fromkeys(rows["baseline"]))
     assert legend_labels(ax) == baselines
-    lines = {line.get_label(): line for line in ax.get_lines()}
+    containers = {c.get_label(): c for c in ax.containers}
+    previous = None
     for baseline in baselines:
         curve = rows[rows["baseline"] == baseline].sort_values("group_size")
-        line = lines[baseline]
-        np.testing.assert_allclose(line.get_xdata(), curve["group_size"])
+        line = containers[baseline].lines[0]
+        x = np.asarray(line.get_xdata(), dtype=float)
+        np.testing.assert_allclose(np.log2(x), np.log2(curve["group_size"]), atol=0.2)
+        assert previous is None or (x > previous).all()  # apart, in order
+        previous = x
         np.testing.assert_allclose(line.get_ydata(), curve["variance"])
+        np.testing.assert_allclose(bar_ends(containers[baseline]), curve[["ci_low", "ci_high"]])
         assert to_hex(line.get_color()) == to_hex(baseline_color(baseline))
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4"]
-    assert ax.get_title() == "Gradient variance vs. group size (token-sum)"
+    assert ax.get_title() == f"Gradient variance vs. group size ({mode} mode, token-sum)"
     assert ax.get_xlabel() == "group size N (responses per prompt)"
+
+
+def test_head_modes_figures_draw_the_intervals_of_their_verdict(variance) -> None:
+    """The intervals the verdicts read are wider than the bootstrap over draws alone (the
+    seeded projection of the scores, issue 53: head mode's bands drew 0.339 surer than its
+    "[0.0395, 2.9], not resolved"): the variance figure draws those, and the ratio figure
+    each bar's interval, OTB's at N = 4 that of the verdict's table."""
+    rows = verdict_rows(variance, "full", "token-sum")
+    draws_only = variance[(variance["mode"] == "full") & (variance["aggregation"] == "token-sum")]
+    assert (rows["ci_high"] - rows["ci_low"] > draws_only["ci_high"] - draws_only["ci_low"]).all()
+    ax = plots_variance.fig_ratio_to_mean(rows).axes[0]
+    bars = rows[rows["baseline"] != "mean"]
+    baselines = list(dict.fromkeys(bars["baseline"]))
+    expected = pd.concat([bars[bars["baseline"] == b].sort_values("group_size") for b in baselines])
+    bar_groups = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert all(c.errorbar is not None for c in bar_groups)  # every bar carries its interval
+    drawn = np.concatenate([bar_ends(c.errorbar) for c in bar_groups])
+    np.testing.assert_allclose(drawn, expected[["ratio_to_mean_low", "ratio_to_mean_high"]])
+    assert ax.get_title() == "Variance relative to the group mean (full mode, token-sum)"
 
 
 def test_ratio_to_mean_bars_are_the_tables_ratios(variance) -> None:
@@ -137,7 +213,7 @@ def test_ratio_to_mean_bars_are_the_tables_ratios(variance) -> None:
         [rows[rows["baseline"] == b].sort_values("group_size")["ratio_to_mean"] for b in baselines]
     )
     np.testing.assert_allclose(bar_heights(ax), expected)
-    assert ax.get_title() == "Variance relative to the group mean (seq-mean-token-mean)"
+    assert ax.get_title() == "Variance relative to the group mean (full mode, seq-mean-token-mean)"
     assert [line.get_ydata()[0] for line in ax.get_lines()] == [1.0]
 
 
@@ -250,7 +326,7 @@ def test_score_vs_tokens_draws_each_run_and_the_target() -> None:
         (line,) = [x for x in ax.get_lines() if x.get_label() == label]
         np.testing.assert_allclose(line.get_xdata(), rows["tokens_sampled"])
         np.testing.assert_allclose(line.get_ydata(), rows["score"])
-    reached = [x for x in ax.get_lines() if x.get_marker() == "o"]
+    reached = [x for x in drawn_lines(ax) if x.get_marker() == "o"]
     assert [(x.get_xdata()[0], x.get_ydata()[0]) for x in reached] == [(5000.0, 0.5)]
     assert ax.get_title() == "Score against tokens sampled (target 0.5)"
 
@@ -263,7 +339,7 @@ def test_eleven_seeds_of_one_identity_draw_eleven_different_lines() -> None:
     seeds = pd.concat([one.assign(run=f"otb N=4#{k}") for k in range(11)], ignore_index=True)
     marks = [SimpleNamespace(**{**vars(runs[0]), "run": f"otb N=4#{k}"}) for k in range(11)]
     ax = plots_dynamics.fig_score_vs_tokens(seeds, marks, target=None).axes[0]
-    looks = {(to_hex(x.get_color()), x.get_linestyle()) for x in ax.get_lines()}
+    looks = {(to_hex(x.get_color()), x.get_linestyle()) for x in drawn_lines(ax)}
     assert len(looks) == 11
 
 
@@ -278,6 +354,13 @@ def pooled_rows(run: str, steps: list[int], resolved: list[bool], b: list[float]
     })  # fmt: skip
 
 
+def logged_steps(budget: pd.DataFrame, **columns: list[float]) -> pd.DataFrame:
+    """dynamics.csv's rows of `budget`'s runs at its steps: P = 8 prompts a step
+    (`otb/split/prompts`) and any other `columns` (one value a step)."""
+    rows = budget[["run", "step"]].drop_duplicates().reset_index(drop=True)
+    return rows.assign(**{"otb/split/prompts": 8.0}, **columns)
+
+
 def test_pooled_noise_scale_draws_knees_where_resolved_and_bounds_where_not() -> None:
     """Step 1 (|G|² = 1e-13: B = 1e13, no interval) draws nothing and sets no limit; step 2,
     unresolved, a hollow dot at its lower bound; steps 3-4, resolved, filled dots at B on the
@@ -286,26 +369,62 @@ def test_pooled_noise_scale_draws_knees_where_resolved_and_bounds_where_not() ->
     inf = math.inf
     rows = pooled_rows("a", [1, 2, 3, 4], [False, False, True, True], [1e13, 500.0, 40.0, 45.0],
                        [-inf, 20.0, 25.0, 30.0], [inf, inf, 90.0, 80.0])  # fmt: skip
-    ax = plots_dynamics.fig_pooled_noise_scale(rows).axes[0]
-    lines = [x for x in ax.get_lines() if len(x.get_ydata())]
+    ax = plots_dynamics.fig_pooled_noise_scale(rows, logged_steps(rows)).axes[0]
+    lines = drawn_lines(ax)
     assert max(np.nanmax(np.asarray(x.get_ydata(), dtype=float)) for x in lines) < 1e3
     assert ax.get_ylim()[1] < 1e3
-    (line,) = [x for x in lines if x.get_linestyle() == "-" and x.get_marker() == "None"]
+    grpo = to_hex(baseline_color("grpo"))
+    (line,) = [x for x in lines if x.get_linestyle() == "-" and to_hex(x.get_color()) == grpo
+               and x.get_marker() == "None"]  # fmt: skip
     np.testing.assert_allclose(line.get_ydata(), [np.nan, np.nan, 40.0, 45.0])
     (filled,) = [x for x in lines if x.get_marker() == "o" and x.get_markerfacecolor() != "white"]
-    (hollow,) = [x for x in lines if x.get_markerfacecolor() == "white"]
+    (hollow,) = [x for x in lines if x.get_marker() == "o" and x.get_markerfacecolor() == "white"]
     np.testing.assert_allclose(filled.get_xydata(), [[3, 40.0], [4, 45.0]])
     np.testing.assert_allclose(hollow.get_xydata(), [[2, 20.0]])
+    (first,) = [x for x in lines if x.get_marker() == "|"]  # one split step: no interval
+    assert first.get_xdata().tolist() == [1.0]
     assert legend_labels(ax) == [
-        "grpo", "the run's P = 8", "shaded: B's 95 % interval", "knee B (|G|² resolved)",
-        "knee ≥ this (|G|² not resolved)",
+        "grpo: B's 95 % interval", "P, the run's prompts a step = 8", "knee B (|G|² resolved)",
+        "knee ≥ this (|G|² not resolved)", "one split step: no interval yet",
     ]  # fmt: skip
-    (band,) = [h for h in ax.get_legend().legend_handles if h.get_label() == "grpo"]
-    assert to_hex(band.get_facecolor()) == to_hex(baseline_color("grpo"))  # a patch: the band
+    (swatch,) = [h for h in ax.get_legend().legend_handles if h.get_label().startswith("grpo")]
+    (band,) = ax.collections  # fill_between: the band
+    assert to_hex(swatch.get_facecolor(), keep_alpha=True) == to_hex(
+        band.get_facecolor()[0], keep_alpha=True
+    )  # the legend's swatch is the band's colour (it was grey)
     bounds = rows.assign(resolved=0.0)
-    ax = plots_dynamics.fig_pooled_noise_scale(bounds).axes[0]
+    ax = plots_dynamics.fig_pooled_noise_scale(bounds, logged_steps(bounds)).axes[0]
     assert "knee B (|G|² resolved)" not in legend_labels(ax)
-    assert legend_labels(ax)[-1] == "knee ≥ this (|G|² not resolved)"
+    assert legend_labels(ax)[-2] == "knee ≥ this (|G|² not resolved)"
+
+
+def test_pooled_noise_scale_marks_a_step_with_no_signal_and_the_prompts_of_each_update() -> None:
+    """A step whose |G|² is ≤ 0 over its whole interval (B's low end infinite: no knee, no
+    bound) is a hollow ▲ at the top, where it left a gap; under the knee controller the prompts
+    of each step's update, as applied, are a line at every step, beside P a step (issue 53:
+    the figure drew "the run's P = 2" alone, its updates taking 16)."""
+    inf = math.inf
+    rows = pooled_rows("knee", [1, 2, 3, 4, 5], [False] * 5, [inf] * 5,
+                       [0.0, 20.0, 30.0, inf, 25.0], [inf] * 5)  # fmt: skip
+    applied = [2.0, 2.0, 4.0, 4.0, 16.0]
+    steps = logged_steps(rows, **{"otb/controller/prompts_per_update": applied})
+    steps["otb/split/prompts"] = 2.0
+    ax = plots_dynamics.fig_pooled_noise_scale(rows, steps).axes[0]
+    lines = drawn_lines(ax)
+    (top,) = [x for x in lines if x.get_marker() == "^"]
+    assert top.get_xdata().tolist() == [4.0]
+    assert top.get_ydata()[0] == pytest.approx(ax.get_ylim()[1])
+    (update,) = [x for x in lines if x.get_drawstyle() == "steps-mid" and x.get_linestyle() == "-"]
+    np.testing.assert_array_equal(update.get_xydata(), np.c_[[1, 2, 3, 4, 5], applied])
+    (sampled,) = [
+        x for x in lines if x.get_drawstyle() == "steps-mid" and x.get_linestyle() == "--"
+    ]
+    assert set(sampled.get_ydata()) == {2.0}
+    labels = legend_labels(ax)
+    assert "P, prompts a step sampled = 2" in labels
+    assert "prompts an update took\n(knee controller, as applied)" in labels
+    assert "no signal measurable\n(|G|² ≤ 0 over its interval)" in labels
+    assert ax.get_ylim()[0] < 2.0 < 16.0 < ax.get_ylim()[1]  # the prompts within the axes
 
 
 def shown_ticks(ax) -> list[float]:
@@ -324,7 +443,7 @@ def test_the_step_axes_tick_whole_steps() -> None:
                 plots_dynamics.fig2_variance_and_grad_norm(two, calm)):  # fmt: skip
         assert shown_ticks(fig.axes[-1]) == [1.0, 2.0]
     one = pooled_rows("one", [5], [False], [12.0], [-math.inf], [math.inf])
-    ax = plots_dynamics.fig_pooled_noise_scale(one).axes[0]
+    ax = plots_dynamics.fig_pooled_noise_scale(one, logged_steps(one)).axes[0]
     assert shown_ticks(ax) == [5.0]
     assert "no knee and no bound yet" in " ".join(t.get_text() for t in ax.texts)
 
@@ -336,7 +455,7 @@ def test_a_pooled_panels_step_ticks_clear_the_next_title() -> None:
     budget = pd.concat([pooled_rows("one", [1], [False], [9.0], [-inf], [inf]),
                         pooled_rows("two", [1, 2], [False, True], [9.0, 9.0], [-inf, 5.0],
                                     [inf, 20.0])])  # fmt: skip
-    fig = plots_dynamics.fig_pooled_noise_scale(budget)
+    fig = plots_dynamics.fig_pooled_noise_scale(budget, logged_steps(budget))
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
@@ -372,9 +491,9 @@ BOUNDS = st.one_of(
 )  # fmt: skip
 @pytest.mark.slow  # renders whole figures to PNG and PDF (seconds)
 def test_figures_with_intervals_draw_any_bounds(rows) -> None:
-    """A figure never fails a command: the knee figure and the variance figure draw arbitrary
-    finite, infinite and NaN points and bounds (matplotlib refuses a negative error bar), and
-    every bar drawn contains its point."""
+    """A figure never fails a command: the knee figure, the variance figure and the ratio
+    figure draw arbitrary finite, infinite and NaN points and bounds (matplotlib refuses a
+    negative error bar), and every bar drawn contains its point."""
     table = pd.DataFrame(
         [
             {
@@ -384,20 +503,30 @@ def test_figures_with_intervals_draw_any_bounds(rows) -> None:
                 "noise_scale_tokens_high": high,
                 "variance": y, "ci_low": low, "ci_high": high,
                 "equivalent_mean_group_size": high,
+                "ratio_to_mean": y, "ratio_to_mean_low": low, "ratio_to_mean_high": high,
             }
             for i, (resolved, y, low, high, n) in enumerate(rows)
         ]
     )  # fmt: skip
-    fig = plots_variance.fig_knee_tokens(table)
-    fig.canvas.draw()
-    for container in fig.axes[0].containers:  # errorbar: (line, caps, bars)
-        (bars,) = container.lines[2]
-        points = container.lines[0].get_ydata()
-        for seg, point in zip(bars.get_segments(), points, strict=True):
-            if np.isfinite(point):
-                assert seg[0, 1] <= point <= seg[1, 1]
-    with np.errstate(all="ignore"):  # numpy's own warnings on inf − inf in the variance bands
-        plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4)).canvas.draw()
+    with np.errstate(all="ignore"):  # numpy's own warnings on inf − inf
+        knee = plots_variance.fig_knee_tokens(table)
+        spread = plots_variance.fig_variance_vs_group_size(table, mark=("otb", 4))
+        one_a_bar = table.drop_duplicates("group_size")  # one bar a group
+        ratio = plots_variance.fig_ratio_to_mean(one_a_bar.assign(baseline="otb"))
+    for fig in (knee, spread, ratio):
+        fig.canvas.draw()
+        for container in fig.axes[0].containers:  # errorbar: (line, caps, bars)
+            if isinstance(container, BarContainer):  # bars: their heights, their errorbar's
+                points = [patch.get_height() for patch in container.patches]
+                (bars,) = container.errorbar.lines[2]
+            elif container.lines[0] is None:  # a bar chart's errorbar, read with its bars
+                continue
+            else:
+                points = container.lines[0].get_ydata()
+                (bars,) = container.lines[2]
+            for seg, point in zip(bars.get_segments(), points, strict=True):
+                if np.isfinite(point):
+                    assert seg[0, 1] <= point <= seg[1, 1]
 
 
 @pytest.mark.parametrize("span", [1e0, 1e8])
@@ -557,16 +686,178 @@ def test_steps_vs_tokens_draws_each_arms_mean_runs_and_intervals() -> None:
     ]
     fig = plots_dynamics.fig_steps_vs_tokens(arms, 0.5)
     ax = fig.axes[0]
-    means = [c.lines[0].get_xydata()[0].tolist() for c in ax.containers]
-    assert means == [[2000.0, 60.0], [8000.0, 20.0]]
+    apart = [dodged([1.0], k, len(arms))[0] for k in range(len(arms))]  # each arm's factor
+    means = np.array([c.lines[0].get_xydata()[0] for c in ax.containers])
+    np.testing.assert_allclose(means, [[2000.0, 60.0 * apart[0]], [8000.0, 20.0 * apart[1]]])
     bars = ax.containers[0].lines[2]  # the x bar, then the y bar
-    assert [seg.tolist() for seg in bars[0].get_segments()] == [[[1000.0, 60.0], [3000.0, 60.0]]]
-    assert [seg.tolist() for seg in bars[1].get_segments()] == [[[2000.0, 30.0], [2000.0, 90.0]]]
-    dots = [line.get_xydata().tolist() for line in ax.lines if line.get_markerfacecolor() == "none"]
-    assert [[1000.0, 40.0], [3000.0, 80.0]] in dots and [[8000.0, 20.0]] in dots
+    np.testing.assert_allclose(bars[0].get_segments()[0], [[1000.0, 60.0 * apart[0]],
+                                                         [3000.0, 60.0 * apart[0]]])  # fmt: skip
+    np.testing.assert_allclose(bars[1].get_segments()[0], [[2000.0, 30.0 * apart[0]],
+                                                         [2000.0, 90.0 * apart[0]]])  # fmt: skip
+    dots = {line.get_marker(): line.get_xydata() for line in drawn_lines(ax)
+            if line.get_markerfacecolor() == "none"}  # fmt: skip
+    np.testing.assert_allclose(dots["o"], [[1000.0, 40.0 * apart[0]], [3000.0, 80.0 * apart[0]]])
+    np.testing.assert_allclose(dots["s"], [[8000.0, 20.0 * apart[1]]])  # the second arm's marker
     assert legend_labels(ax) == ["grpo P=4 (2/2 reached)", "grpo P=16 (1/2 reached)"]
     assert ax.get_xscale() == ax.get_yscale() == "log"
     untold = plots_dynamics.fig_steps_vs_tokens(arms, None).axes[0]
     assert "no --target" in untold.texts[0].get_text()
     nobody = plots_dynamics.fig_steps_vs_tokens(arms[2:], 0.5).axes[0]
     assert "no arm reached the score 0.5" in nobody.texts[0].get_text()
+
+
+@pytest.mark.renders  # reads the rendered figure
+def test_two_arms_at_one_point_both_show_and_the_log_axes_are_labelled() -> None:
+    """Two arms that reached the target at the same tokens and updates (one dot hid the other):
+    each keeps its own marker, a little apart; a narrow range (2,000 to 5,000 tokens, 20 to 40
+    updates) is labelled at three or more ticks on each axis, not at its two ends."""
+
+    def arm(name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            arm=name, baseline=name.split()[0], group_size=4, runs=[f"{name}#0", f"{name}#1"],
+            reached=2, tokens_to_target=[2100.0, 4800.0], updates_to_target=[22, 38],
+            tokens_to_target_mean=3450.0, updates_to_target_mean=30.0,
+            tokens_to_target_low=2500.0, tokens_to_target_high=4400.0,
+            updates_to_target_low=25.0, updates_to_target_high=35.0,
+        )  # fmt: skip
+
+    fig = plots_dynamics.fig_steps_vs_tokens([arm("grpo P=4"), arm("otb P=4")], 0.5)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    ax = fig.axes[0]
+    first, second = (c.lines[0] for c in ax.containers)
+    assert first.get_marker() != second.get_marker()
+    assert first.get_xydata()[0, 1] != second.get_xydata()[0, 1]  # apart in updates
+    for axis, (low, high) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        ticks = axis.get_majorticklabels()
+        shown = [t for t in ticks if t.get_text() and low <= t.get_position()[axis is ax.yaxis]
+                 <= high]  # fmt: skip
+        assert len(shown) >= 3, [t.get_text() for t in shown]
+
+
+# --- dynamics: every point drawn, panels that name what they draw, no "?" ---------------------
+
+
+def gappy_table() -> tuple[pd.DataFrame, list[SimpleNamespace]]:
+    """A knee controller's run as dynamics.csv holds it: `grad_norm` only where an update
+    closed (steps 1, 2, 4 and, alone after a gap, 9: issue 53's undrawn last norm), a score and
+    the live metrics at every step, OTB/mean missing at step 3 (equal rewards); and a run whose
+    log names neither its baseline nor its group size."""
+    steps = np.arange(1, 10)
+    grad = np.full(9, np.nan)
+    grad[[0, 1, 3, 8]] = [2.0, 3.0, 2.5, 3.335]
+    knee = pd.DataFrame({
+        "run": "knee", "step": steps, "grad_norm": grad, "score": np.linspace(0.2, 0.6, 9),
+        "variance_proxy": np.linspace(1.0, 2.0, 9), "tokens_sampled": 100.0 * steps,
+        "baseline": "grpo", "group_size": 4.0,
+        "otb/energy/sequence_mean": np.linspace(0.3, 0.5, 9),
+        "otb/otb_over_mean/proxy2_total_power": [0.4, 0.5, np.nan, 0.6, 0.3, 0.2, 0.7, 0.5, 0.4],
+        "otb/controller/prompts_per_update": [2, 2, 4, 4, 16, 16, 16, 16, 14],
+    })  # fmt: skip
+    bare = pd.DataFrame({
+        "run": "bare", "step": steps, "grad_norm": 1.0 + 0.1 * steps, "score": 0.3,
+        "variance_proxy": np.nan, "tokens_sampled": 80.0 * steps, "baseline": None,
+        "group_size": np.nan,
+    })  # fmt: skip
+    runs = [SimpleNamespace(run=r, collapse_step=None, warning_step=None, tokens_to_target=None,
+                            variance_proxy_kind="proxy2") for r in ("knee", "bare")]  # fmt: skip
+    return pd.concat([knee, bare], ignore_index=True), runs
+
+
+def test_every_point_of_the_table_is_drawn() -> None:
+    """Each run's every logged grad_norm (a lone one too, step 9 after a gap), score and
+    variance proxy is seen on the figures that draw it: on a line beside a neighbour or as a
+    dot; and a panel bridging the steps that logged no norm marks the ones that did."""
+    table, runs = gappy_table()
+    top, bottom = plots_dynamics.fig1_grad_norm_and_score(table, runs).axes
+    proxy, norms = plots_dynamics.fig2_variance_and_grad_norm(table, runs).axes
+    live = plots_dynamics.fig_live_otb(table, runs).axes
+    tokens = plots_dynamics.fig_score_vs_tokens(table, runs, target=None).axes[0]
+    arms = [SimpleNamespace(arm=r, baseline=None, group_size=None, runs=[r], collapse_steps=[None],
+                            reached=0, tokens_to_target=[None], tokens_to_target_mean=None,
+                            tokens_to_target_low=None, tokens_to_target_high=None)
+            for r in ("knee", "bare")]  # fmt: skip
+    compared = plots_dynamics.fig_baseline_comparison(
+        table.assign(score_smoothed=np.nan), arms, {"knee": "knee", "bare": "bare"}, None
+    ).axes
+    for ax, x, y in ((top, "step", "grad_norm"), (norms, "step", "grad_norm"),
+                     (live[0], "step", "grad_norm"), (bottom, "step", "score"),
+                     (proxy, "step", "variance_proxy"), (tokens, "tokens_sampled", "score"),
+                     (compared[0], "tokens_sampled", "score"),
+                     (compared[1], "tokens_sampled", "grad_norm"),
+                     (live[1], "step", "otb/energy/sequence_mean"),
+                     (live[3], "step", "otb/otb_over_mean/proxy2_total_power")):  # fmt: skip
+        for run, rows in table.groupby("run"):
+            if y in rows:
+                assert not unseen(rows, x, y, ax), (ax.get_ylabel(), run, unseen(rows, x, y, ax))
+    assert (9.0, 3.335) in visible_points(top)
+
+
+def test_the_live_panels_name_what_they_draw_and_draw_the_dashboards_key() -> None:
+    """Every panel's title gives the metric in words and its key; the OTB/mean panel draws the
+    key the dashboard shows (`metric_levels.HEADLINE`'s, issue 53: the figure drew
+    token_total_power's ratio, 0.108 at a step where the dashboard showed proxy2's 0.395), and
+    every panel's key is the dashboard's where the dashboard has one of its quantity."""
+    headline = {"otb/" + k for k in HEADLINE if "{own}" not in k}
+    ratio = [k for k in headline if k.startswith("otb/otb_over_mean/") and "zero_tail" not in k]
+    panels = {p.key: p for p in plots_dynamics.LIVE_PANELS}
+    assert ratio and ratio[0] in panels  # the dashboard's OTB/mean
+    assert "otb/energy/sequence_mean" in headline and "otb/energy/sequence_mean" in panels
+    assert set(panels) - headline == {"otb/energy/group_cv_median"}  # the full record's only
+    assert not any(k.startswith("otb/energy/group_cv") for k in headline)
+    table, runs = gappy_table()
+    axes = plots_dynamics.fig_live_otb(table, runs).axes
+    assert axes[0].get_title(loc="left").endswith("\ngrad_norm")
+    for ax, panel in zip(axes[1:], plots_dynamics.LIVE_PANELS, strict=True):
+        assert ax.get_title(loc="left") == f"{panel.words}\n{panel.key}"
+
+
+def test_an_empty_live_panel_says_why() -> None:
+    """`otb-diag train`'s log has the split and none of the panels' metrics (issue 53: three
+    empty panels, one saying "no positive energy logged", two nothing): each names the key it
+    has no value of, whether the column is absent or NaN at every step; a log axis whose
+    values are none positive says that."""
+    table, runs = gappy_table()
+    bare = table[table["run"] == "bare"]
+    own = bare.drop(columns=[c for c in bare if c.startswith("otb/")])  # its log alone
+    for demo in (own, bare):  # alone; beside the knee run's, its columns NaN
+        axes = plots_dynamics.fig_live_otb(demo, runs[1:]).axes
+        for ax, panel in zip(axes[1:], plots_dynamics.LIVE_PANELS, strict=True):
+            (said,) = [t.get_text() for t in ax.texts if panel.key in t.get_text()]
+            assert said.startswith(f"no value of {panel.key} in the log")
+    zero = bare.assign(**{"otb/energy/sequence_mean": 0.0})
+    axes = plots_dynamics.fig_live_otb(zero, runs[1:]).axes
+    assert "no positive otb/energy/sequence_mean logged" in [t.get_text() for t in axes[1].texts]
+
+
+def test_no_legend_holds_a_question_mark() -> None:
+    """A log that names no baseline nor group size reads "baseline not logged, N not logged"
+    in the score-against-tokens legend (it read "?, N=4"); no dynamics figure's legend holds a
+    "?"."""
+    table, runs = gappy_table()
+    figures = [
+        plots_dynamics.fig1_grad_norm_and_score(table, runs),
+        plots_dynamics.fig2_variance_and_grad_norm(table, runs),
+        plots_dynamics.fig_live_otb(table, runs),
+        plots_dynamics.fig_score_vs_tokens(table, runs, target=None),
+    ]
+    legends = [t for fig in figures for ax in fig.axes if ax.get_legend()
+               for t in legend_labels(ax)]  # fmt: skip
+    assert legends and not [t for t in legends if "?" in t]
+    assert legend_labels(figures[-1].axes[0]) == ["grpo, N=4", "baseline not logged, N not logged"]
+
+
+@pytest.mark.renders  # reads the rendered figure
+def test_fig3s_legend_covers_no_bar(energy) -> None:
+    """The legend sits off the bars (inside the axes it covered the tallest, bar 7)."""
+    sequences, _, group = energy
+    tall = sequences.copy()
+    rows = tall["group"] == group
+    tall.loc[rows, "energy"] = tall.loc[rows, "energy"].max()  # every bar at the top
+    fig = plots_energy.fig3_sequence_energy(tall, group)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not [p for p in ax.patches if p.get_window_extent(renderer).overlaps(legend)]

@@ -93,7 +93,7 @@ def test_parse_threads(text: str, count: int | None) -> None:
 
 @pytest.mark.parametrize("text", ["0", "-2", "two", "", "1.5"])
 def test_parse_threads_refuses(text: str) -> None:
-    with pytest.raises(InputError, match="threads must be a positive integer or auto"):
+    with pytest.raises(InputError, match="--threads: must be a whole number from 1 up, or auto"):
         parse_threads(text)
 
 

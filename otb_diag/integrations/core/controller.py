@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from otb_diag.errors import InputError
+from otb_diag.io.training_logs import CONTROLLER_DECIDED as DECIDED
 from otb_diag.io.training_logs import CONTROLLER_PROMPTS as PROMPTS
 from otb_diag.io.training_logs import CONTROLLER_UPDATES as UPDATES
 from otb_diag.io.training_logs import OTB_PREFIX as PREFIX
@@ -138,14 +139,25 @@ class KneeRule:
 
 class KneeController:
     """The rule's state over a run, fed each step's every metric by the live core (`feed`):
-    the prompts of the current update and the records pooled so far. `prompts` is what the
-    next update should take; `batches` is it in generation batches of P₀ prompts."""
+    the prompts it decided and the records pooled so far. `prompts` is what the next update
+    to open should take; `batches` is it in generation batches of P₀ prompts; `applied` is
+    what the update the current batch belongs to takes, as the adapter realised it
+    (`applying`).
+
+    The two differ: a decision is taken at a step's end, an update opens only after the last
+    one closed, and a later decision may replace an earlier one before any update took it (a
+    TRL run decided 8 prompts at step 4 and 16 at step 5, inside an update of 4: the next
+    update took 16, and no update ever took 8). So each step logs both: `PROMPTS`, the
+    prompts of the update its batch trains in (what happened), and `DECIDED`."""
 
     def __init__(self, rule: KneeRule, estimator: str, prefix: str = PREFIX) -> None:
         self.rule = rule
         self.estimator = estimator  # whose pooled knee it reads: the trainer's own
         self.prefix = prefix
         self.prompts = rule.base
+        # The first update takes the base batch; an adapter that realises the decisions says
+        # what each later one takes (`applying`), one that does not (verl's tracker) leaves it.
+        self.applied = rule.base
         self.records = 0
         self.updates = 0  # optimizer updates done, counted by the adapter (`updated`)
 
@@ -154,13 +166,23 @@ class KneeController:
         return self.prompts // self.rule.base
 
     def feed(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Read the step's pooled record, if any, and decide; the step's `PROMPTS` and
-        `UPDATES` metrics."""
+        """Read the step's pooled record, if any, and decide; the step's `PROMPTS` (the
+        prompts of the update its batch belongs to: fed at the step's end, before the adapter
+        opens the next update), `DECIDED` and `UPDATES` metrics."""
         knee = Knee.from_metrics(metrics, self.estimator, self.prefix)
         if knee is not None:
             self.records += 1
             self.prompts = self.rule.decide(knee, self.prompts, self.records)
-        return {self.prefix + PROMPTS: float(self.prompts), self.prefix + UPDATES: self.updates}
+        return {
+            self.prefix + PROMPTS: float(self.applied),
+            self.prefix + DECIDED: float(self.prompts),
+            self.prefix + UPDATES: self.updates,
+        }
+
+    def applying(self, prompts: int) -> None:
+        """The adapter opens an update of `prompts` prompts (the decision it took, cut where
+        the run ends first): the batches from now on, until it closes, belong to it."""
+        self.applied = prompts
 
     def updated(self) -> None:
         """One optimizer update done."""

@@ -33,14 +33,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import no_autocast
 
 
 class GenerationStats:
-    """Installed on `model` (a transformers causal LM): wraps its `generate` and hooks its
-    forward. After each `generate` call, `taken()` gives `(log p [B, C], Σπ² [B, C])` of the C
-    tokens it generated for its B rows, at temperature `temperature`; None when the call could
-    not be read (no `logits` in the output, beam search, several tokens a decoding step)."""
+    """Installed on `model` (a transformers causal LM, or a PEFT wrapper of one): wraps its
+    `generate` and hooks the forward of its causal LM (`policy/causal_lm.py:causal_lm`: a
+    wrapper's `generate` hands the decoding to the causal LM inside it, whose forwards run).
+    After each `generate` call, `taken()` gives `(log p [B, C], Σπ² [B, C])` of the C tokens it
+    generated for its B rows, at temperature `temperature`; None when the call could not be
+    read (no `logits` in the output, beam search, several tokens a decoding step)."""
 
     def __init__(self, model: nn.Module, temperature: float) -> None:
         self.tau = float(temperature)
@@ -48,7 +51,7 @@ class GenerationStats:
         self._prompt_width = 0  # the first forward's input: the tokens before the generated ones
         self._last: Tensor | None = None  # [B, V] log π of the latest step
         self._taken: tuple[Tensor, Tensor] | None = None
-        model.register_forward_hook(self._hook, with_kwargs=True)
+        causal_lm(model).register_forward_hook(self._hook, with_kwargs=True)
         generate = model.generate
 
         @functools.wraps(generate)

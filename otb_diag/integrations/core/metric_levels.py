@@ -18,14 +18,21 @@ from pathlib import Path
 
 from otb_diag.errors import InputError
 from otb_diag.io.trainers.trl import OTB_RECORD
-from otb_diag.io.training_logs import CONTROLLER_PROMPTS, CONTROLLER_UPDATES
+from otb_diag.io.training_logs import (
+    CONTROLLER_DECIDED,
+    CONTROLLER_PROMPTS,
+    CONTROLLER_UPDATES,
+    MEAN_ENERGY,
+    OTB_OVER_MEAN,
+    OTB_OVER_MEAN_WITHOUT_TAIL,
+)
 
 LEVELS = ("default", "all")
 # The answers a person reads, `{own}` the trainer's estimator (the one its advantages are, or
 # `otb` when it is not known), under the prefix `otb/`; the pooled ones exist on split steps.
 HEADLINE = (
-    "otb_over_mean/proxy2_total_power",  # OTB's variance proxy over the mean baseline's
-    "otb_over_mean/without_zero_tail/proxy2_total_power",  # the same without verl's zero tail
+    OTB_OVER_MEAN,  # OTB's variance proxy over the mean baseline's
+    OTB_OVER_MEAN_WITHOUT_TAIL,  # the same without verl's zero tail
     "budget/{own}/window/within_share",  # the share of the noise within prompts, pooled
     # the knee in prompts a step pooled over the run's split steps, with its interval (not one
     # step's, `split/<b>/one_step_noise_scale`, left to the full record)
@@ -41,8 +48,9 @@ HEADLINE = (
     "collapse/alarm",
     "collapse/warning",
     "groups/empty_responses",
-    "energy/sequence_mean",  # the realized energy W(τ) of a response, mean
-    CONTROLLER_PROMPTS,  # the knee controller's batch, where it runs
+    MEAN_ENERGY,  # the realized energy W(τ) of a response, mean
+    CONTROLLER_PROMPTS,  # the prompts of the update the step trains in (knee controller)
+    CONTROLLER_DECIDED,  # the controller's decision, which the next update to open takes
     CONTROLLER_UPDATES,  # its optimizer updates so far (TRL's step counts generation batches)
 )
 

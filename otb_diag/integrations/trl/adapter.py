@@ -30,7 +30,9 @@ the same hooks):
 - the within/between split (`split_every`): head-mode score vectors of the output layer from the
   hidden states of the loss's own forward, or (`extra_forward=True`) of one extra no-grad
   forward (`step_metrics.py:split_scores`), before the step's optimizer step, each process on
-  its own rows; TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`).
+  its own rows; TRL's `loss_type` names the aggregation (`LOSS_AGGREGATION`). Under DeepSpeed
+  ZeRO-3 or FSDP2 the output layer is gathered for the scoring, every process scoring at the
+  same micro-steps, and no extra forward is taken (`split_capture.py`).
 
 Nothing here changes a number the training computes: the extra fused-head field is computed
 beside `log_probs`, the row tag rides along the batch without touching the random stream, and
@@ -63,9 +65,11 @@ from otb_diag.integrations.trl.advantages import (
     EXTRA_FORWARD,
     AdvantageSwap,
     check_advantages,
+    check_swap,
     install_swap,
 )
 from otb_diag.integrations.trl.ddp_noise import install_ddp_noise
+from otb_diag.integrations.trl.kl_penalty import KlPenalty
 from otb_diag.integrations.trl.rows import (
     ROW_KEY,
     Pending,
@@ -84,16 +88,24 @@ from otb_diag.integrations.trl.support import (
     SUPPORTED,
     Supported,
     capture_fused,
+    check_split_tokens,
     check_trainer,
     fused_head,
     log_to_trl,
+    sharding,
     supported_trainer,
 )
 from otb_diag.integrations.trl.update_gate import UpdateGate, check_gate
-from otb_diag.maths.estimators.registry import trainer_baseline
+from otb_diag.policy.causal_lm import causal_lm
+from otb_diag.policy.forward_pass import output_layer
 from otb_diag.runtime.torchrun import Dist
 
 LIVE_ATTRIBUTE = "otb_diagnostics"  # the trainer's attribute holding what `attach` installed
+# Why a sharded policy takes no extra forward (support.py:check_trainer refuses asking for one)
+NO_EXTRA = (
+    "under sharding an extra forward of each process's own rows would not match the other "
+    "processes' collectives, so none is taken"
+)
 
 
 class LiveDiagnostics:
@@ -124,18 +136,20 @@ class LiveDiagnostics:
         self.params: Any = None  # the all-parameter estimate's callback (`_install`)
         self.swap: AdvantageSwap | None = None  # `attach(advantages=...)`: advantages.py
         self.gate: UpdateGate | None = None  # `attach(controller=...)`: update_gate.py
-        documented = all(getattr(trainer, k, None) == v for k, v in supported.documented.items())
-        audited = trainer_baseline(supported.registry) if documented else None
+        self.sharded = sharding(trainer)  # "DeepSpeed ZeRO-3", "FSDP2" (support.py) or None
+        # RLOOTrainer's rewards less β·KL: the rewards its advantages are formed from
+        self.kl = KlPenalty(trainer) if supported.kl_in_rewards and trainer.beta else None
+        audited = supported.audited(trainer)  # the registry estimator its settings make
         loss_type = getattr(trainer, "loss_type", "")
         accelerator = trainer.accelerator
         place = Dist(accelerator.process_index, accelerator.num_processes)
         controller = None
         if options.controller is not None:  # the knee of the estimator the trainer trains with
             rule = options.rule(check_gate(trainer))
-            controller = KneeController(rule, audited[0] if audited else "otb")
+            controller = KneeController(rule, audited[0] if audited else "otb")  # or the swap's
             self.gate = UpdateGate(trainer, controller, place)
         # The trainer-neutral core (live_core.py), its split under the trainer's own estimator
-        # (when its settings are the documented ones) and OTB; measured on the main process.
+        # (when its settings make a registry one) and OTB; measured on the main process.
         self.core = LiveCore(
             audited,
             options.baselines,
@@ -166,7 +180,8 @@ class LiveDiagnostics:
     # -- hooks -------------------------------------------------------------------------------
 
     def generate(self, original: Callable[..., dict[str, Any]], inputs: Any) -> dict[str, Any]:
-        output = original(inputs)
+        with self.kl.generating() if self.kl is not None else contextlib.nullcontext():
+            output = original(inputs)
         if self.enabled and self.trainer.model.training:
             self.core.guard(self.trainer.state.global_step + 1, self._start, output)
         return output
@@ -181,7 +196,8 @@ class LiveDiagnostics:
         live = self.enabled and self._pending is not None and rows is not None
         if live:
             self._captured = []
-        catch = live and self._pending.scores is not None and self.hidden is not None
+        # On every process alike at a split step (under sharding the scoring is a collective)
+        catch = live and self._pending.split and self.hidden is not None
         try:
             with self.hidden.catching(catch) if catch else contextlib.nullcontext([]) as hidden:
                 loss = original(model, inputs)
@@ -209,11 +225,14 @@ class LiveDiagnostics:
         # the swap's log p and Σπ² trained (a dump holds them), not the loss forward's
         from_loss = not (self.extra_forward or (self.swap and self.swap.needs_energy))
         p = self._pending = Pending.begin(self.trainer, step, output, from_loss)
-        n, c = p.logprobs.shape
-        p.rewards = local_rewards(self.trainer, self.rewards_per_func, n)
         logged = (step - 1) // self.every  # this step's rank among the logged steps
-        if self.split_every > 0 and logged % self.split_every == 0:
-            p.split, p.scores = True, p.logprobs.new_zeros(n, c, self.split_k)
+        # a split step on every process alike, before anything that can fail on one alone
+        p.split = self.split_every > 0 and logged % self.split_every == 0
+        n, c = p.logprobs.shape
+        penalty = self.kl.penalty(output["completion_mask"]) if self.kl is not None else None
+        p.rewards = local_rewards(self.trainer, self.rewards_per_func, n, penalty)
+        if p.split:
+            p.scores = p.logprobs.new_zeros(n, c, self.split_k)
 
     def _take(
         self, inputs: dict[str, Any], rows: Tensor, captured: list, hidden: list[Tensor]
@@ -236,19 +255,27 @@ class LiveDiagnostics:
     ) -> None:
         """The loss forward's log p and Σπ² of the micro-step's `rows`, and on split steps their
         scores from its hidden states."""
-        if p.scores is not None:
-            if hidden:  # the split's scores from the loss's own forward (split_capture.py)
-                try:
-                    p.scores[rows] = self.hidden.scores(
-                        hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k
-                    )
-                except Exception as e:  # noqa: BLE001  the split alone stops
+        c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
+        logprobs = torch.cat([lp for lp, _ in captured])[:, -c:] if captured else None
+        # Under sharding the scoring gathers the output layer: every process scores every
+        # caught micro-step of a split step, also one whose own split has dropped.
+        if hidden and (p.scores is not None or self.sharded):
+            try:  # the split's scores from the loss's own forward (split_capture.py)
+                scores = self.hidden.scores(
+                    hidden, inputs["completion_ids"], self.trainer.temperature, self.split_k,
+                    logprobs, inputs["completion_mask"],
+                )  # fmt: skip
+                if p.scores is not None:
+                    p.scores[rows] = scores
+            except Exception as e:  # noqa: BLE001  the split alone stops
+                if p.scores is not None:
                     self._drop_split(p, describe(e))
-            else:
-                p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
-        if captured and p.from_loss:
-            c = p.logprobs.shape[1]  # the fused head scores positions 1..; keep the completion's
-            p.logprobs[rows] = torch.cat([lp for lp, _ in captured])[:, -c:].float()
+        elif p.scores is not None and self.sharded:  # every process alike: no forward
+            self._drop_split(p, f"the loss forward's hidden states were not caught ({NO_EXTRA})")
+        elif p.scores is not None:
+            p.scores = None  # no hidden states caught: one extra forward in `_local_rows`
+        if logprobs is not None and p.from_loss:
+            p.logprobs[rows] = logprobs.float()
             p.sum_pi2[rows] = torch.cat([lq for _, lq in captured])[:, -c:].float().exp()
         else:
             p.from_loss = False  # this forward was not the fused one: one extra forward
@@ -270,11 +297,13 @@ class LiveDiagnostics:
         weights that sampled the batch: before the optimizer step, here."""
         rows = rows_of(p)
         rows.scores = p.scores.cpu() if p.scores is not None else None  # caught, or None
-        extra_split = p.split and p.scores is None
+        extra_split = p.split and p.scores is None and self.split_every > 0  # none caught
         if not p.from_loss or extra_split:
             own = step_batch(self.trainer, p.step, rows, grouped=False)  # the forward's input
             if not p.from_loss:  # those the advantages were computed from, else a forward
                 sampled = self.swap.sampled_stats(own) if self.swap is not None else None
+                if sampled is None and self.sharded:  # stopped here on every process alike
+                    raise InputError(f"the loss forward gave no log Σπ² ({NO_EXTRA})")
                 stats = sampled if sampled is not None else no_grad_stats(self.trainer, own)
                 rows.logprobs, rows.sum_pi2 = stats
                 own = step_batch(self.trainer, p.step, rows, grouped=False)
@@ -286,10 +315,11 @@ class LiveDiagnostics:
         return rows
 
     def _drop_split(self, p: Pending, what: str) -> None:
-        """The split's scores failed at `p`'s step: said once, the split off, the rest on."""
+        """The split's scores failed at `p`'s step: said once, the split off, the rest on (the
+        step stays a split step: `compute_loss` still catches, so the collectives match)."""
         split_dropped(p.step, what)
         self.split_every = 0
-        p.split, p.scores = False, None
+        p.scores = None
 
     def _submit(self, p: Pending, shares: list[Rows]) -> None:
         """The main process: the step's batch from every process's rows, measured on the core's
@@ -358,7 +388,7 @@ def attach(
     advantages         train with this registry baseline's token-level advantages in place of
                        the trainer's (`advantage_options` its options, e.g.
                        `{"handle_zero_tail": False}`), audited and dumped as the estimator that
-                       ran (`advantages.py`; each process's groups must be whole)
+                       ran (`advantages.py`)
 
     Under DDP, every step also logs the all-parameter two-batch estimate
     (`otb/split/params/...`, `ddp_noise.py`). With several processes (torchrun, accelerate
@@ -369,10 +399,16 @@ def attach(
     Raises `InputError`, before anything is changed, for a trainer it does not take, a TRL
     whose trainer lacks a hook, a bad option (`LiveOptions.checked`), a trainer `attach` was
     already called on, what `support.py:check_trainer` refuses (the split under a `loss_type`
-    it does not know, or on a trainer that shards its parameters), a dump directory that the
-    main process cannot write, a baseline option it does not take, or the controller on a
-    trainer it cannot gate (`update_gate.py:check_gate`). Warns when the trainer has already
-    trained (the diagnostics start with its next `train()`)."""
+    it does not know or under FSDP1, an extra forward on a trainer that shards its
+    parameters), a PEFT adapter its passes cannot run (`policy/causal_lm.py:causal_lm`), a dump
+    directory that the main process cannot write, a baseline option it does not take,
+    advantages a process cannot form from whole groups of its own or, under sharding, from
+    generate's forwards (`advantages.py:check_swap`), or the controller on a trainer it cannot
+    gate (`update_gate.py:check_gate`) or whose settings make its advantages no registry
+    estimator (`support.py:Supported.audited`: the controller reads that estimator's knee).
+    Warns when the trainer has already trained (the diagnostics start with its next `train()`).
+    During training, an error of the diagnostics switches them off and the training goes on;
+    one of the advantage swap stops it with one `advantages.py:AdvantageSwapError`."""
     supported = supported_trainer(trainer)
     if isinstance(getattr(trainer, LIVE_ATTRIBUTE, None), LiveDiagnostics):
         raise InputError(
@@ -384,10 +420,25 @@ def attach(
     options = LiveOptions(
         every, split_every, split_k, baselines, metrics, controller, most_prompts
     ).checked()
-    check_trainer(trainer, supported, options.split_every)
+    fused = fused_head()
+    check_trainer(trainer, supported, options.split_every, extra_forward or fused is None)
+    check_split_tokens(trainer, options.split_every)
     if options.controller is not None:
         check_gate(trainer)
+    model = causal_lm(policy(trainer))  # a PEFT adapter the passes cannot run is refused here
+    if options.split_every or advantages is not None:
+        output_layer(model)  # the split's, or the swap's forward's: refused here, not mid-run
     record = check_advantages(advantages, advantage_options) if advantages is not None else None
+    if options.controller is not None and record is None and supported.audited(trainer) is None:
+        raise InputError(
+            "controller='knee' reads the knee of the estimator the trainer trains with, and "
+            f"this {type(trainer).__name__}'s settings ({supported.describe(trainer)}) make its "
+            "advantages no registry estimator otb-diag knows.",
+            hint="Train with one it knows (GRPOTrainer: scale_rewards 'group', 'none' or "
+            "'batch' with multi_objective_aggregation='sum_then_normalize'; RLOOTrainer: "
+            "normalize_advantages=False), or with attach(advantages=...), or attach without "
+            "controller= for the diagnostics.",
+        )
     if record is not None and supported is not SUPPORTED["GRPOTrainer"]:
         raise InputError(
             f"attach(advantages=...) trains a trl.GRPOTrainer with a registry baseline; got a "
@@ -395,10 +446,11 @@ def attach(
             hint="Use a GRPOTrainer (with loss_type and num_generations as you need), or attach "
             "without advantages= for the diagnostics alone.",
         )
+    if record is not None:
+        check_swap(trainer, record, supported.audited(trainer))
     folder = None if dump_dir is None else Path(dump_dir)
     if folder is not None and trainer.accelerator.is_main_process:  # the one that writes it
         folder = check_dump_dir(folder)
-    fused = fused_head()
     live = LiveDiagnostics(trainer, supported, options, folder, extra_forward or fused is None)
     if record is not None:
         install_swap(trainer, live, record)  # W from generate's forwards (or its own)
@@ -415,10 +467,11 @@ def _install(trainer: Any, live: LiveDiagnostics, fused: Callable[..., None] | N
     trainer._generate_and_score_completions = lambda inputs: live.generate(generate, inputs)
     trainer._calculate_rewards = lambda *a: live.rewards(rewards, *a)
     trainer._compute_loss = lambda model, inputs: live.compute_loss(loss, model, inputs)
-    peft = hasattr(trainer.model, "peft_config")  # TRL patches the base model under PEFT
-    model = trainer.model.get_base_model() if peft else trainer.model
+    model = causal_lm(trainer.model)  # under PEFT, TRL patches the causal LM inside
     if live.split_every and not live.extra_forward:
-        live.hidden = HiddenCatch(model)
+        half = bool(trainer.args.bf16 or trainer.args.fp16)  # the head's precision, unless cast
+        half &= not getattr(trainer.args, "cast_lm_head_to_fp32", False)
+        live.hidden = HiddenCatch(model, sharded=live.sharded is not None, half=half)
     if fused is not None and not live.extra_forward:
         capture_fused(trainer, model, fused, live.capture)
 

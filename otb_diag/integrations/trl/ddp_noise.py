@@ -18,10 +18,9 @@ own prompts, which TRL's loss gives under sequence-level aggregation; under toke
 normalisation by the global token count the local gradient is a token-weighted mean, and the
 estimate is that of token-weighted prompts (docs/live.md).
 
-Not available where there is no DDP all-reduce of whole gradients: FSDP reduce-scatters
-parameter shards (no process holds `g_i` or `g_big` whole, and FSDP offers no DDP comm hook of
-the same kind), DeepSpeed ZeRO runs its own reduction inside its engine (no torch hook), and a
-single process has one batch size only; `attach` warns once where DDP is not found."""
+Not available where there is no DDP all-reduce of whole gradients (`attach` warns once, at
+the training's start, saying why: `WITHOUT_DDP`), and on a single process, which has one batch
+size only."""
 
 import warnings
 from collections.abc import Callable
@@ -37,6 +36,15 @@ from otb_diag.maths.noise.budget_stream import SPLIT
 from otb_diag.maths.noise.two_batch import two_batch_noise
 
 NAME = "params"  # logged as otb/split/params/<field>, beside the head-mode split's baselines
+# Why the estimate is not logged, by accelerate's `distributed_type` (docs/live.md)
+WITHOUT_DDP = {
+    "DEEPSPEED": "DeepSpeed's engine reduces each micro-step's gradients as its backward "
+    "produces them (ZeRO-3 reduce-scatters them into each process's partition and sums them "
+    "there over the micro-steps), so no process holds its own step's gradient to read",
+    "FSDP": "FSDP reduce-scatters each layer's gradients inside its backward, where no DDP "
+    "comm hook sees them; FSDP2's set_custom_reduce_scatter is where a process's step "
+    "gradient could be read, which otb-diag does not do yet",
+}
 
 
 def _squared(t: Tensor) -> Tensor:
@@ -145,11 +153,11 @@ def _register(trainer: Any) -> DdpNoise | None:
     kind = str(getattr(trainer.accelerator, "distributed_type", "NO")).split(".")[-1]
     if not isinstance(model, DistributedDataParallel):
         if trainer.accelerator.num_processes > 1:  # a single process has nothing to compare
+            why = WITHOUT_DDP.get(kind, "no DDP comm hook sees the gradients whole")
             warnings.warn(
                 f"otb-diag: the all-parameter noise scale (otb/split/params/...) needs DDP; "
-                f"this run is {kind} ({type(model).__name__}), so it is not logged "
-                "(docs/live.md: FSDP and DeepSpeed reduce gradients in shards or in their "
-                "own engine, where no DDP comm hook sees them whole).",
+                f"this run is {kind} ({type(model).__name__}), so it is not logged: {why} "
+                "(docs/live.md, 'Sharded policies').",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -151,11 +151,14 @@ def rows_of(p: Pending) -> Rows:
     )
 
 
-def local_rewards(t: Any, rewards_per_func: Tensor | None, n: int) -> Tensor:
+def local_rewards(
+    t: Any, rewards_per_func: Tensor | None, n: int, penalty: Tensor | None = None
+) -> Tensor:
     """This process's rewards `[n]` of trainer `t`, from every process's `rewards_per_func`
     `[B_all, F]` (TRL's `_calculate_rewards`) formed as TRL forms them: Σ_f weight_f · r_f, NaN
     rewards left out (`nansum`), NaN where every function returned None, clamped to
-    RLOOTrainer's `reward_clip_range` where it has one."""
+    RLOOTrainer's `reward_clip_range` where it has one, less its KL `penalty` `[n]` where it
+    has one (`kl_penalty.py`: `R − β·KL`)."""
     assert rewards_per_func is not None, "TRL scored no completion"
     start = t.accelerator.process_index * n  # TRL's `process_slice`
     per_func = rewards_per_func[start : start + n].float()  # [n, F]
@@ -165,6 +168,8 @@ def local_rewards(t: Any, rewards_per_func: Tensor | None, n: int) -> Tensor:
     clip = getattr(t, "reward_clip_range", None)
     if clip:
         rewards = rewards.clamp(min=clip[0], max=clip[1])
+    if penalty is not None:
+        rewards = rewards - penalty.to(rewards.device)
     return rewards.detach().cpu()
 
 

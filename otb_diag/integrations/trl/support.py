@@ -1,6 +1,7 @@
 """Which TRL trainers `attach` takes and what differs between them: the TRL versions tested,
-the hooks it wraps, the estimator and loss aggregation each trainer documents, whether the
-trainer shards its parameters, and whether TRL's fused head can give Σπ² (TRL 1.16,
+the hooks it wraps, the registry estimator each trainer's settings make its advantages and the
+loss aggregation, whether the trainer shards its parameters, whether it generates with one call
+of transformers' `generate`, and whether TRL's fused head can give Σπ² (TRL 1.16,
 `trl/trainer/grpo_trainer.py` and `rloo_trainer.py`)."""
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from typing import Any
 import torch
 
 from otb_diag.errors import InputError
+from otb_diag.maths.estimators.registry import trainer_baseline
 
 TESTED = ("1.16",)  # TRL minor versions whose GRPOTrainer and RLOOTrainer the tests run
 HOOKS = ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
 FUSED_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
-# TRL's documented estimator (registry: `grpo` with ε = 1e-4) holds under these settings only.
-TRL_DEFAULTS = {"scale_rewards": "group", "multi_objective_aggregation": "sum_then_normalize"}
+# GRPOTrainer's `scale_rewards` -> the `registry.trainer_baseline` name of the estimator its
+# advantages are, `(R − mean_group R) / (std + 1e-4)` with the std of the group (`grpo`), none
+# (`grpo-unscaled`) or of the batch (`grpo-batch`), each with TRL's ε and unbiased std
+# (`maths/estimators/baselines.py`).
+GRPO_SCALINGS = {"group": "trl", "none": "trl-none", "batch": "trl-batch"}
 # TRL's `loss_type` -> how its loss averages per-token terms (`maths/aggregation.py`), read off
 # `GRPOTrainer._compute_loss`: grpo and sapo average each sequence's tokens, then the
 # sequences; bnpo, dapo, cispo, vespo divide by the tokens of the batch; dr_grpo by B times a
@@ -39,25 +44,69 @@ LOSS_AGGREGATION = {
 }
 
 
+def grpo_estimator(trainer: Any) -> str | None:
+    """The `registry.trainer_baseline` name of a GRPOTrainer's advantages, by its
+    `scale_rewards` (`GRPO_SCALINGS`); None under `multi_objective_aggregation=
+    "normalize_then_sum"`, which normalises each reward function within its groups before the
+    sum: no baseline of the summed reward is that estimator."""
+    if getattr(trainer, "multi_objective_aggregation", None) != "sum_then_normalize":
+        return None
+    return GRPO_SCALINGS.get(getattr(trainer, "scale_rewards", None))
+
+
+def rloo_estimator(trainer: Any) -> str | None:
+    """The `registry.trainer_baseline` name of an RLOOTrainer's advantages: `trl-rloo`,
+    `R_i − mean_{j≠i} R_j` of the rewards it forms, its KL penalty `R − β·KL` included
+    (`rows.py:local_rewards`); None when it normalises the advantages over the batch."""
+    return None if getattr(trainer, "normalize_advantages", False) else "trl-rloo"
+
+
 @dataclass(frozen=True)
 class Supported:
     """A TRL trainer `attach` takes, and what differs between them."""
 
-    registry: str  # `registry.trainer_baseline` name of the estimator its documentation gives
-    documented: Mapping[str, Any]  # the settings under which its advantages are that estimator
+    estimator: Callable[[Any], str | None]  # its settings -> `registry.trainer_baseline` name
+    settings: tuple[str, ...]  # the settings `estimator` reads
     aggregation: str | None  # how its loss averages per-token terms; None: by its `loss_type`
+    kl_in_rewards: bool = False  # its `beta` shapes the rewards (RLOO), not the loss (GRPO)
+
+    def audited(self, trainer: Any) -> tuple[str, dict[str, Any]] | None:
+        """(registry name, options) of the estimator `trainer`'s advantages are under its
+        settings; None when the registry has none for them."""
+        name = self.estimator(trainer)
+        return None if name is None else trainer_baseline(name)
+
+    def describe(self, trainer: Any) -> str:
+        """`trainer`'s values of the settings its estimator depends on, for a message."""
+        return ", ".join(f"{name}={getattr(trainer, name, None)!r}" for name in self.settings)
 
 
-# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): A_i = R_i − mean_{j≠i} R_j (the
-# registry's `rloo`), unless its KL penalty (`beta`) shapes the rewards or it normalises the
-# advantages; its loss is −min(ρ_i A_i, clip(ρ_i) A_i) averaged over sequences, ρ_i the ratio of
-# the whole sequence (Σ_t log p), so its per-token terms are summed per sequence.
+# RLOOTrainer (TRL 1.16, `trl/trainer/rloo_trainer.py`): its loss is −min(ρ_i A_i, clip(ρ_i) A_i)
+# averaged over sequences, ρ_i the ratio of the whole sequence (Σ_t log p), so its per-token
+# terms are summed per sequence.
 SUPPORTED = {
-    "GRPOTrainer": Supported("trl", TRL_DEFAULTS, None),
+    "GRPOTrainer": Supported(
+        grpo_estimator, ("scale_rewards", "multi_objective_aggregation"), None
+    ),
     "RLOOTrainer": Supported(
-        "trl-rloo", {"beta": 0.0, "normalize_advantages": False}, "seq-mean-token-sum"
+        rloo_estimator, ("normalize_advantages",), "seq-mean-token-sum", kl_in_rewards=True
     ),
 }
+
+
+def check_split_tokens(trainer: Any, split_every: int) -> None:
+    """The split weighs every completion token as the loss's aggregation does; GRPOTrainer's
+    `top_entropy_quantile < 1` keeps only the high-entropy tokens in its loss, chosen inside its
+    loss forward, which the split cannot see: an `InputError` for the split there."""
+    quantile = getattr(trainer.args, "top_entropy_quantile", 1.0)
+    if split_every and quantile < 1.0:
+        raise InputError(
+            f"the within/between split weighs every completion token, and top_entropy_quantile="
+            f"{quantile:g} keeps only the highest-entropy tokens in the loss (chosen inside its "
+            "forward): the split would be that of another gradient.",
+            hint="attach(trainer, split_every=None) logs everything but the split (and the "
+            "knee pooled from it).",
+        )
 
 
 def supported_trainer(trainer: Any) -> Supported:
@@ -82,10 +131,14 @@ def supported_trainer(trainer: Any) -> Supported:
     return SUPPORTED[name]
 
 
-def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
+def check_trainer(
+    trainer: Any, supported: Supported, split_every: int, extra_forward: bool
+) -> None:
     """What `attach` refuses of a TRL trainer whose hooks it can wrap: the split (`split_every`
-    > 0) where the trainer shards its parameters or under a `loss_type` otb-diag does not know;
-    and what it warns of: a trainer that already trained, a TRL version the tests do not run."""
+    > 0) under a `loss_type` otb-diag does not know; on a trainer that shards its parameters,
+    the split under FSDP1, and any extra forward (`extra_forward`: asked for, or a TRL without
+    the fused head's Σπ²); and what it warns of: a trainer that already trained, a TRL version
+    the tests do not run."""
     import trl
 
     if trainer.state.global_step > 0:
@@ -96,14 +149,22 @@ def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
             stacklevel=3,
         )
     sharded = sharding(trainer)
-    if split_every and sharded is not None:
+    if split_every and sharded == FSDP1:
         raise InputError(
-            f"the within/between split recomputes the logits from the output layer's weight "
-            f"outside the forward pass, where {sharded} holds only a shard of it on each "
-            "process; otb-diag has no sharded path for the split of a TRL trainer yet.",
-            hint="attach(trainer, split_every=None) runs the other live diagnostics (their "
-            "log p and Σπ² come from inside the forward); `otb-diag variance-compare` on a "
-            "dumped step and its checkpoint gives the split offline.",
+            "the within/between split gathers the output layer's weight for its scores, which "
+            "otb-diag does under FSDP2 and DeepSpeed ZeRO-3; this trainer runs FSDP1, whose "
+            "flat parameters it does not gather.",
+            hint="Use FSDP2 (fsdp_config={'fsdp_version': 2}), or attach(trainer, "
+            "split_every=None) for the other live diagnostics.",
+        )
+    if sharded is not None and extra_forward:
+        raise InputError(
+            f"under {sharded} every forward is a collective that all processes run together, "
+            "and otb-diag's extra no-grad forward runs on each process's own rows (their "
+            "number of forwards differs): it would hang the training. Asked for by "
+            "extra_forward=True, or needed where TRL's fused head gives no log Σπ².",
+            hint="attach(trainer) without extra_forward, with TRL 1.16 (its fused head "
+            "gives log p and Σπ² from the loss's own forward).",
         )
     loss_type = getattr(trainer, "loss_type", None)
     if split_every and supported.aggregation is None and loss_type not in LOSS_AGGREGATION:
@@ -120,15 +181,37 @@ def check_trainer(trainer: Any, supported: Supported, split_every: int) -> None:
         )
 
 
+FSDP1, FSDP2, ZERO3 = "FSDP1", "FSDP2", "DeepSpeed ZeRO-3"  # what `sharding` names
+
+
 def sharding(trainer: Any) -> str | None:
-    """ "FSDP" or "DeepSpeed ZeRO-3" when `trainer` shards its parameters over the processes
+    """`FSDP1`, `FSDP2` or `ZERO3` when `trainer` shards its parameters over the processes
     (read off its accelerator's plugins, set before `train()` wraps the model), else None."""
     if getattr(trainer, "is_fsdp_enabled", False):
-        return "FSDP"
+        plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+        return FSDP2 if getattr(plugin, "fsdp_version", 1) == 2 else FSDP1
     plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
     if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
-        return "DeepSpeed ZeRO-3"
+        return ZERO3
     return None
+
+
+def generated_elsewhere(trainer: Any) -> str | None:
+    """The setting by which `trainer` (TRL 1.16's `_generate_single_turn` and `_generate`) does
+    not generate each process's batch with one call of transformers' `generate`, whose
+    forwards `generation_stats.py` reads (vLLM, continuous batching, a rollout function, tool
+    turns, beam search), for a message; None when it does."""
+    config = getattr(trainer, "generation_config", None)
+    settings = {
+        "use_vllm=True": getattr(trainer, "use_vllm", False),
+        "use_transformers_continuous_batching=True": getattr(
+            trainer, "use_transformers_continuous_batching", False
+        ),
+        "a rollout_func": getattr(trainer, "rollout_func", None) is not None,
+        "tools (each tool turn a generate call of its own)": bool(getattr(trainer, "tools", None)),
+        f"num_beams={getattr(config, 'num_beams', 1)}": (getattr(config, "num_beams", 1) or 1) > 1,
+    }
+    return next((name for name, taken in settings.items() if taken), None)
 
 
 def fused_head() -> Callable[..., None] | None:

@@ -14,23 +14,40 @@ counts them). The gate wraps, on the trainer's instances once `train()` has buil
     optimizer.step    only at the update's last batch
     scheduler.step    only then too: the learning-rate schedule counts updates
     model.zero_grad   only then: the gradients of the update's batches add up in `.grad`
+    DeepSpeed         its engine accumulates, clips, steps the optimizer and the schedule
+                      itself, inside `accelerator.backward` at the accumulation boundary that
+                      accelerate sets from the trainer's micro-step (`DeepSpeedEngineWrapper.
+                      backward`: `engine.set_gradient_accumulation_boundary`, then
+                      `engine.step()`); the gate passes that boundary on only at the update's
+                      last batch, so ZeRO-3 adds the k batches' reduced gradient partitions up
+                      and takes one step of their sum, clipped as one (the wrappers above are
+                      accelerate's no-ops there, or read the engine's norm)
 
 so an update of k batches is the update of one batch of k · P₀ prompts (tested against it).
+Each wrapper keeps what the wrapped function carries (`functools.wraps`): torch's learning-rate
+scheduler marks the `optimizer.step` it wrapped (`_wrapped_by_lr_sched`) and warns, at its first
+step, "Seems like `optimizer.step()` has been overridden after learning rate scheduler
+initialization" where the mark is gone; with it kept, the gated step still calls the marked one,
+which records for the scheduler that the optimizer stepped.
 k changes only between updates: at an update's last batch, every process takes the main
 process's decision (one collective of a small integer), so all processes apply the same one,
 cut to the batches left before `max_steps`: the run's last update closes on its last batch
 instead of leaving sampled batches in `.grad`, never applied (up to 7 of 8 batches of a k = 8
-update; the logged decision stays the controller's).
+update). The controller is told the prompts of each update opened (`KneeController.applying`),
+which every step of it logs as `otb/controller/prompts_per_update`; its decision is logged
+beside, as `otb/controller/decided_prompts`.
 
 What it cannot do, `check_gate` refuses: TRL's `num_iterations > 1` (a generation batch trained
 several times, its updates interleaved with the next batch's), a generation batch that is not
 one optimizer step (`steps_per_generation` ≠ `gradient_accumulation_steps`), fp16 (its loss
-scaler unscales the gradients at every step), and DeepSpeed, whose engine steps the optimizer
-and accumulates gradients itself.
+scaler unscales the gradients at every step), and DeepSpeed's ZeRO stages other than 3 (each
+reduces its gradients on its own schedule at the boundary; only ZeRO-3 is tested against DDP,
+tests/integrations/test_trl_sharded.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -66,11 +83,13 @@ def check_gate(trainer: Any) -> int:
             "scaled gradients would add to unscaled ones.",
             hint="Train in bf16 (bf16=True) or fp32 with the controller.",
         )
-    if getattr(trainer, "is_deepspeed_enabled", False):
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    stage = getattr(plugin, "zero_stage", None)
+    if getattr(trainer, "is_deepspeed_enabled", False) and stage != 3:
         raise InputError(
-            "controller='knee' gates the trainer's optimizer step, which DeepSpeed's engine "
-            "takes itself.",
-            hint="Attach without the controller under DeepSpeed.",
+            f"controller='knee' holds DeepSpeed's accumulation boundary for k generation "
+            f"batches, which is tested under ZeRO-3 only; this trainer runs ZeRO stage {stage}.",
+            hint="Use ZeRO-3 with the controller, or attach without it under this stage.",
         )
     return args.generation_batch_size // trainer.num_generations
 
@@ -102,7 +121,8 @@ class UpdateGate:
         return loss / self.batches if self.batches > 1 else loss
 
     def install(self) -> None:
-        """Wrap the trainer's optimizer, scheduler, clipping, logged norm and zero-grad (at
+        """Wrap the trainer's optimizer, scheduler, clipping, logged norm and zero-grad, and
+        under DeepSpeed the accumulation boundary accelerate hands its engine (at
         `on_train_begin`: `train()` builds them)."""
         t = self.trainer
         t._clip_grad_norm = self._gated(t._clip_grad_norm)
@@ -110,8 +130,17 @@ class UpdateGate:
         t.optimizer.step = self._gated(t.optimizer.step)
         t.lr_scheduler.step = self._gated(t.lr_scheduler.step)
         t.model_wrapped.zero_grad = self._gated(t.model_wrapped.zero_grad)
+        engine = getattr(t.accelerator, "deepspeed_engine_wrapped", None)  # set by `prepare`
+        if engine is not None:
+            backward = engine.backward
+
+            def held(loss: Tensor, sync_gradients: bool = True, **kwargs: Any) -> Any:
+                return backward(loss, sync_gradients=sync_gradients and self.closing, **kwargs)
+
+            engine.backward = held
 
     def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)  # keeps torch's scheduler mark on `optimizer.step` (docstring)
         def gated(*args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs) if self.closing else None
 
@@ -132,3 +161,4 @@ class UpdateGate:
         if left > 0:
             self.batches = min(self.batches, left)
         self.index = 0
+        self.controller.applying(self.batches * self.controller.rule.base)

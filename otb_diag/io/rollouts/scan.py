@@ -17,7 +17,6 @@ the problem. JSON Lines files and trainer dumps are always scanned by rows."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,41 +28,11 @@ from otb_diag.io.rollouts.readers import RolloutFile, Rollouts, open_rollouts
 from otb_diag.io.rollouts.records import PARQUET_BATCH_ROWS
 from otb_diag.io.rollouts.rows import KEYS, Response
 from otb_diag.io.rollouts.sources import expand_rollouts
+from otb_diag.knobs import StepRange, parse_steps
 
 # Called with `(file position, the file's Rollouts without responses, row)` for every kept row,
 # in set order, as the index pass reads it (one tuple: `list.append` collects them).
 OnRow = Callable[[tuple[int, Rollouts, Response]], None]
-
-
-@dataclass(frozen=True)
-class StepRange:
-    """Inclusive range of training steps `first..last` (`--steps A-B`, or `A` alone)."""
-
-    first: int
-    last: int
-
-    def __contains__(self, step: object) -> bool:
-        return isinstance(step, int) and self.first <= step <= self.last
-
-    def __str__(self) -> str:
-        return f"{self.first}-{self.last}"
-
-
-def parse_steps(text: str | None) -> StepRange | None:
-    """`"A-B"` or `"A"` as a `StepRange`; None for None. Bad text is an `InputError`."""
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
-    if match is None:
-        raise InputError(
-            f"expected a step range such as 100-200 (or one step, 150), got {text!r}",
-            field="--steps",
-        )
-    first = int(match[1])
-    last = int(match[2]) if match[2] is not None else first
-    if last < first:
-        raise InputError(f"the range {text!r} ends before it starts", field="--steps")
-    return StepRange(first, last)
 
 
 class FileScan(NamedTuple):

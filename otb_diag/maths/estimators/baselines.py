@@ -1,6 +1,7 @@
-"""Sequence-level baselines: none, mean (Dr.GRPO), grpo, rloo and the optimal sequence baseline
-(docs/theory.md §3). The token-level Optimal Token Baseline is in `otb.py`; the registry and
-what each entry declares in `registry.py`.
+"""Sequence-level baselines: none, mean (Dr.GRPO), grpo, TRL's two other scalings of it
+(grpo-unscaled, grpo-batch), rloo and the optimal sequence baseline (docs/theory.md §3). The
+token-level Optimal Token Baseline is in `otb.py`; the registry and what each entry declares in
+`registry.py`.
 
 Every baseline takes `returns` (reward-to-go `G_t` on every position, as `returns_to_go` gives
 them), `mask` (1 on policy-generated tokens), `group` (each row's group index in `0..K-1`) and
@@ -20,7 +21,7 @@ from torch import Tensor
 from otb_diag.errors import InputError
 from otb_diag.maths.energy.token_stats import cumulative_energy
 from otb_diag.maths.estimators.registry import SEQUENCE_NORM, TOKEN_NORMS, register_baseline
-from otb_diag.maths.groups import group_total, weighted_group_mean
+from otb_diag.maths.groups import block_size, group_total, weighted_group_mean
 
 
 def _sequence_return(returns: Tensor) -> Tensor:
@@ -89,6 +90,56 @@ def grpo_advantage(
     variance = group_total((r - mean) ** 2, group) / (size - 1).clamp_min(1)
     std = torch.where(size > 1, variance.sqrt(), 1.0)
     return ((r - mean) / (std + eps))[:, None] * mask
+
+
+def trl_group_mean(r: Tensor, group: Tensor) -> Tensor:
+    """`mean_{j ∈ group(i)} R_j` per row, `[B] -> [B]`, summed as TRL 1.16 sums it: `nanmean`
+    over the `[K, n]` view of consecutive groups of n (`groups.block_size`), its float32
+    order, so that the audit of a CPU trainer finds max |δ| = 0 (another order differs in the
+    last bit for groups of 16); segment sums for any other grouping. A group of one is its own
+    mean (TRL's convention: advantage 0; verl's `mean` gives it B = 0)."""
+    r = r.contiguous()  # `G_0` is a column of `[B, T]`: TRL reduces a contiguous vector
+    n = block_size(group)
+    if n is not None:
+        return torch.nanmean(r.view(-1, n), dim=1).repeat_interleave(n)
+    return group_total(r, group) / group_total(torch.ones_like(r), group)
+
+
+@register_baseline("grpo-unscaled", default=False, trainers={"trl-none": {}})
+def grpo_unscaled_advantage(
+    returns: Tensor, mask: Tensor, group: Tensor, energy: Tensor | None
+) -> Tensor:
+    """TRL's `scale_rewards="none"` (Dr. GRPO): `A_i = R_i − mean_group R`, no std, broadcast
+    over the generated tokens; the group mean summed as TRL sums it (`trl_group_mean`). The
+    registry's `mean` in exact arithmetic, but for a group of one, whose advantage is 0 here.
+    """
+    r = _sequence_return(returns)
+    return (r - trl_group_mean(r, group))[:, None] * mask
+
+
+@register_baseline("grpo-batch", default=False, trainers={"trl-batch": {"eps": 1e-4}})
+def grpo_batch_advantage(
+    returns: Tensor, mask: Tensor, group: Tensor, energy: Tensor | None, *, eps: float = 1e-4
+) -> Tensor:
+    """TRL's `scale_rewards="batch"`: `A_i = (R_i − mean_group R) / (std_batch R + ε)`, the
+    group's mean over the std of every reward of the batch (the rows given at once: the live
+    audit's step, TRL's generation batch; offline, one step at a time), broadcast over the
+    generated tokens.
+
+    TRL 1.16's conventions (`trl.trainer.utils.nanstd`): the std is unbiased,
+    `√(mean_j (R_j − R̄)² · n/(n − 1))` over the batch's n rows, computed in that order, and 0
+    for a batch of one row; ε = 1e-4; the group mean as `trl_group_mean` sums it.
+    """
+    r = _sequence_return(returns).contiguous()
+    std = torch.zeros(()) if r.numel() <= 1 else _trl_std(r)  # TRL's std of one reward: 0
+    return ((r - trl_group_mean(r, group)) / (std + eps))[:, None] * mask
+
+
+def _trl_std(r: Tensor) -> Tensor:
+    """The unbiased std of `r` `[n]`, n ≥ 2, in TRL 1.16's float32 order (`nanstd`)."""
+    variance = torch.nanmean((r - torch.nanmean(r)) ** 2)  # mean_j (R_j − R̄)²
+    count = (~torch.isnan(r)).sum()
+    return (variance * (count / (count - 1))).sqrt()  # Bessel: · n/(n − 1)
 
 
 @register_baseline("rloo", verl=("rloo",), trainers={"trl-rloo": {}})

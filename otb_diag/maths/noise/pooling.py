@@ -15,7 +15,8 @@ last K steps: `WindowPool`; `β^(S−s)` over all: `EmaPool`, McCandlish's movin
     ḡ       ± q · √(C_gg / n_eff)                 q = t_{0.975, n_eff − 1}
     r = 1/B = ḡ / t̄,  se_r² = (C_gg − 2 r C_gt + r² C_tt) / (n_eff t̄²)     (delta method)
     B ∈ [1 / (r + q se_r), 1 / (r − q se_r)]      open above (inf) where r − q se_r ≤ 0
-    within share = w̄ / t̄, its se the same delta method;  SNR(P̄) = P̄ / B;  knee B·N̄, B·N̄·L̄
+    within share = w̄ / t̄, its se the same delta method, both clipped to [0, 1] (`unit_share`)
+    SNR(P̄) = P̄ / B;  knee B·N̄, B·N̄·L̄
 
 `B`'s interval is the inverse of `1/B`'s, as `noise_scale.noise_estimates` takes it: `1/B`
 stays finite where `|G|²` crosses 0. `|G|²` is resolved when its interval lies above 0; until
@@ -186,8 +187,10 @@ def pooled_estimates(m: Moments) -> Pooled:
     b_high = 1 / inv_low if inv_low > 0 else math.inf
     if not math.isnan(b):  # the two forms of B differ by an ulp at se = 0: hold the estimate
         b_low, b_high = min(b_low, b), max(b_high, b)
-    share = float(point["within_share"][0]) if known else math.nan
-    share_ends = _ends(share, q * _ratio_se(cov, n_eff, x, _W, share))
+    raw_share = float(point["within_share"][0]) if known else math.nan
+    share, *share_ends = unit_share(
+        raw_share, *_ends(raw_share, q * _ratio_se(cov, n_eff, x, _W, raw_share))
+    )
     tokens = x[_N] * x[_L]  # a response's tokens times N: B · N̄ · L̄
     return Pooled(
         steps=m.steps,
@@ -218,10 +221,32 @@ def pooled_estimates(m: Moments) -> Pooled:
     )
 
 
+def unit_share(*values: float) -> tuple[float, ...]:
+    """A pooled within share and its interval's ends, each clipped to [0, 1] (NaN stays NaN).
+
+    The share's truth lies there: within and between are variances, so within / (within +
+    between) is in [0, 1]. Its estimate w̄ / t̄ need not be: t̄ pools `S_m`, the spread of the
+    prompts' means, which holds the within noise besides the between-prompt spread, and where
+    that spread is small next to the noise a sample of it falls below the within term (the
+    unbiased between-prompt estimate `S_m − within` below 0): on the toy run the pooled share
+    read 1.012. Clipping a point onto an interval that holds the truth never moves it away
+    from the truth, and an interval that held the truth still holds it, so the 95 % stands; a
+    share of 1 reads "no between-prompt spread measurable". The per-step share
+    (`split/<name>/within_share`, `step_split.py`) is logged unclipped, w / t as estimated, so
+    that the steps' values average without the clip's bias."""
+    return tuple(float(np.clip(v, 0.0, 1.0)) for v in values)
+
+
 def _se(cov: np.ndarray, n_eff: float, i: int, j: int, r: float) -> float:
-    """√((C_ii − 2 r C_ij + r² C_jj) / n_eff): the standard error of `x̄_i − r x̄_j`."""
+    """√((C_ii − 2 r C_ij + r² C_jj) / n_eff): the standard error of `x̄_i − r x̄_j`.
+
+    The form is the variance of `x_i − r x_j` over the steps, ≥ 0; where the steps' ratios
+    agree it is 0, and the three terms cancel to a round-off of either sign (a window of a
+    step with all-equal rewards, whose noise is 0, beside one with noise): held at 0, or the
+    interval would read unbounded by the sign of a round-off. NaN (one step) stays NaN."""
     with np.errstate(invalid="ignore"):
-        return float(np.sqrt((cov[i, i] - 2 * r * cov[i, j] + r * r * cov[j, j]) / n_eff))
+        form = cov[i, i] - 2 * r * cov[i, j] + r * r * cov[j, j]
+        return float(np.sqrt(np.maximum(form, 0.0) / n_eff))
 
 
 def _ratio_se(cov: np.ndarray, n_eff: float, mean: np.ndarray, i: int, r: float) -> float:

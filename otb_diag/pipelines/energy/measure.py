@@ -42,7 +42,9 @@ from otb_diag.maths.energy.token_stats import logged_stats
 from otb_diag.maths.estimators.advantages import Estimator
 from otb_diag.pipelines.energy.audit import AuditParts, audit_share
 from otb_diag.pipelines.energy.settings import EnergySettings
+from otb_diag.pipelines.inputs import Say, silent
 from otb_diag.pipelines.measure_knobs import planned
+from otb_diag.pipelines.results.schema import groups_of_one
 from otb_diag.plots import energy as plots
 from otb_diag.plots.figure_data import EnergyFigures
 from otb_diag.plots.registry import save_figures
@@ -106,14 +108,20 @@ def measure_and_write(
     out: Path,
     settings: EnergySettings,
     progress: bool,
+    say: Say = silent,
 ) -> Measured | None:
     """Measure every chunk under every checkpoint and write the tables and figures into `out`
     (the shell's staging folder). The chunks' groups are shared out by tokens
     (`otb_diag/runtime/sharded.py:shard`), each share measured where it lies and the shares
-    merged and written where the runtime gathers them; None where nothing was gathered."""
+    merged and written where the runtime gathers them; None where nothing was gathered. Groups
+    of one response are said through `say` once the rollouts are indexed."""
     started = time.perf_counter()
     rollouts = _load_rollouts(rollouts_path, checkpoints, settings)
     index, chunks = rollouts.index, rollouts.chunks
+    members = np.bincount(index.row_group, minlength=len(index.group_names))  # [groups]
+    warning = groups_of_one(int((members == 1).sum()), len(index.group_names))
+    if warning:
+        say(warning)
     sized = ([(g, int(index.group_tokens[g])) for g in chunk] for chunk in chunks)
     shards = shard(*sized, what=str(index.path))
     tir = index.tool_output if settings.tir is None else settings.tir
@@ -151,9 +159,7 @@ def measure_and_write(
         if not results:  # the shares were merged and written elsewhere
             return None
         t0 = time.perf_counter()
-        group, outputs = _write_outputs(
-            out, index, chunks, results, writer, settings, rollouts_path
-        )
+        group, outputs = _write_outputs(out, index, chunks, results, writer, settings)
         timings["write_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     clamped = index.clamped if index.clamped is not None else results[-1].clamped
@@ -174,7 +180,7 @@ def _load_rollouts(
         reward_columns=list(settings.reward_columns) if settings.reward_columns else None,
         chunk_tokens=CHUNK_TOKENS,
     )
-    _check_inputs(rollouts.index, checkpoints, settings.temperature)
+    _check_inputs(rollouts.index, checkpoints, settings.group)
     return rollouts
 
 
@@ -201,18 +207,10 @@ def _write_outputs(
     results: list[StepResult],
     writer: TokenWriter,
     settings: EnergySettings,
-    rollouts_path: Path,
 ) -> tuple[str, list[str]]:
     """Rank 0: close tokens.parquet, then the tables and figures of the figures' group (named,
     or picked); returns the group and the files written."""
     group = settings.group if settings.group is not None else pick_group(results[-1].groups)
-    if group not in set(results[-1].groups["group"]):
-        known_groups = ", ".join(list(results[-1].groups["group"])[:8])
-        raise InputError(
-            f"no group '{group}' in the rollouts (groups: {known_groups}, ...).",
-            path=rollouts_path,
-            field="group",
-        )
     writer.close()
     # The figure's group, from its chunk of the last step (the last len(chunks) written).
     position = index.group_names.index(group)
@@ -221,9 +219,17 @@ def _write_outputs(
     return group, ["tokens.parquet", *_write_tables(out, results, group, fig4_tokens)]
 
 
-def _check_inputs(index: RolloutIndex, checkpoints: list[Path], tau: float | None) -> None:
-    if tau is not None and tau <= 0:
-        raise InputError(f"temperature must be positive, got {tau}", field="temperature")
+def _check_inputs(index: RolloutIndex, checkpoints: list[Path], group: str | None) -> None:
+    """What the rollouts' index shows the run cannot do, before any chunk is measured: a --group
+    the rollouts lack, model-free rows without ids."""
+    if group is not None and group not in index.group_names:
+        known_groups = ", ".join(index.group_names[:8])
+        raise InputError(
+            f"no group '{group}' in the rollouts (groups: {known_groups}"
+            + (", ...)." if len(index.group_names) > 8 else ")."),
+            path=index.path,
+            field="group",
+        )
     if not checkpoints and not index.has_ids:
         raise InputError(
             "model-free mode needs token ids (prompt_ids, response_ids) on every row; "

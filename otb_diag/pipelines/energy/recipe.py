@@ -43,11 +43,12 @@ def run_energy(
     by a chunk, not by the file. Under torchrun every rank measures its share of each chunk's
     groups (balanced by tokens) and rank 0 alone writes, exactly the files of one process; the
     other ranks return None."""
+    settings.check()  # before a default file is looked up (each knob's when it was built)
     rollouts_path = inputs.rollouts_path(say)
     if inputs.model_free and inputs.ckpt:
         say("--model-free given: ignoring --ckpt")
     checkpoints = [] if inputs.model_free else inputs.checkpoint_dirs(say)
-    result = _measure(checkpoints, rollouts_path, out, settings, progress)
+    result = _measure(checkpoints, rollouts_path, out, settings, progress, say)
     untemplated = result.totals.prompts_without_chat_template if result is not None else 0
     if untemplated:
         say(
@@ -64,20 +65,20 @@ def _measure(
     out: Path,
     settings: EnergySettings,
     progress: bool,
+    say: Say,
 ) -> EnergyResult | None:
     """`run_energy` on resolved files (model-free when `checkpoints` is empty), in the recipe
     shell (`otb_diag/pipelines/shell.py:run_recipe`)."""
-    settings.check()
 
     def body(stage: Stage) -> EnergyResult | None:
         assert stage.into is not None  # energy writes a folder
         measured = measure_and_write(
-            checkpoints, rollouts_path, stage.into, settings, stage.progress
+            checkpoints, rollouts_path, stage.into, settings, stage.progress, stage.say
         )
         return None if measured is None else _result(measured, settings, out)
 
     load = settings.load if checkpoints else None  # model-free: no model, gloo on the CPU
-    return run_recipe(body, out=out, load=load, progress=progress)
+    return run_recipe(body, out=out, load=load, progress=progress, say=say)
 
 
 def _result(m: Measured, settings: EnergySettings, out: Path) -> EnergyResult:

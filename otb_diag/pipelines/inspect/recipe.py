@@ -36,6 +36,7 @@ from otb_diag.pipelines.inputs import (
 from otb_diag.pipelines.inspect.facts import FIELDS, RowFacts
 from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.results.inspect import InspectResult
+from otb_diag.pipelines.results.schema import groups_of_one
 from otb_diag.pipelines.shell import Stage, run_recipe
 
 __all__ = ["FIELDS", "run_inspect", "summarize"]  # FIELDS: where it was
@@ -76,14 +77,14 @@ def run_inspect(
     stops them too); they return None, and the output is one process's.
     """
     ckpt = one_checkpoint(inputs.ckpt, "inspect reads one tokenizer")
-    path = rollouts_or_default(inputs.rollouts, inputs.scenario, say, "rollouts file")
+    path = rollouts_or_default(inputs.rollouts, inputs.scenario, say)
     always_tokenizer = ckpt is not None or inputs.rollouts is None
 
     def inspect(stage: Stage) -> _Inspected:
         def tokenizer() -> tuple[TextTokenizer, int]:
             from otb_diag.io.checkpoint import load_tokenizer  # torch: only when rows need it
 
-            ckpt_dir = checkpoint_or_default(ckpt, inputs.scenario, stage.say, "checkpoint")
+            ckpt_dir = checkpoint_or_default(ckpt, inputs.scenario, stage.say)
             return load_tokenizer(ckpt_dir, trust_remote_code=settings.load.trust_remote_code)
 
         return _inspect(path, tokenizer, always_tokenizer, settings)
@@ -91,6 +92,9 @@ def run_inspect(
     found = run_recipe(inspect, every_rank=False, progress=False, say=say)
     if found is None:
         return None
+    warning = groups_of_one(len(found.summary.singleton_groups), found.summary.groups)
+    if warning:
+        say(warning)
     if found.untemplated:
         say(
             f"note: {found.untemplated} prompts were tokenized without the tokenizer's chat "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 
 
 def _default_tolerance() -> str:
@@ -16,7 +16,7 @@ def _default_tolerance() -> str:
 
 
 @dataclass(frozen=True)
-class RegressInputs:
+class RegressInputs(Checked):
     """What `otb-diag regress` compares: the golden file and the run (or runs) of now."""
 
     golden: Path = knob(help="Golden JSON file (written by --update).")
@@ -27,7 +27,7 @@ class RegressInputs:
 
 
 @dataclass(frozen=True)
-class RegressSettings:
+class RegressSettings(Checked):
     """Every knob of `otb-diag regress` beside its inputs: rewrite or compare, and how."""
 
     update: bool = knob(False, help="Rewrite the golden file from --current; print changes.")

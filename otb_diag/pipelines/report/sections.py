@@ -16,6 +16,8 @@ from otb_diag.pipelines.results.energy import EnergyResult
 from otb_diag.pipelines.results.read import Result
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.results.variance import (
+    HIGH,
+    LOW,
     PAPER_TOKEN_SAVING,
     VarianceResult,
     n_bound,
@@ -90,11 +92,11 @@ def variance_tables(run: Run) -> str:
                 h.otb_below_mean,
                 _number(h.otb_ratio_to_rloo, "{:.3f}"),
                 f"{n_bound(h.equivalent_mean_group_size, h.equivalent_range, max_n)} "
-                f"[{n_bound(h.equivalent_low, h.equivalent_low_range, max_n)}, "
-                f"{n_bound(h.equivalent_high, h.equivalent_high_range, max_n)}]",
+                f"[{n_bound(h.equivalent_low, h.equivalent_low_range, max_n, LOW)}, "
+                f"{n_bound(h.equivalent_high, h.equivalent_high_range, max_n, HIGH)}]",
                 f"{saving_bound(h.token_savings, h.equivalent_range)} "
-                f"[{saving_bound(h.token_savings_low, h.equivalent_low_range)}, "
-                f"{saving_bound(h.token_savings_high, h.equivalent_high_range)}]",
+                f"[{saving_bound(h.token_savings_low, h.equivalent_low_range, LOW)}, "
+                f"{saving_bound(h.token_savings_high, h.equivalent_high_range, HIGH)}]",
             )
             for h in result.headline
         ],
@@ -280,7 +282,23 @@ def _live_table(run: Run) -> str:
         "(— : not logged at that step; TRL leaves non-finite values out); meanings: docs/live.md"
     )
     header = ["metric", *(c for r in live for c in (r.run, "step"))]
-    return html.table(header, rows, caption=caption)
+    negative = [n for n in names if any(((r.otb or {}).get(n) or 0.0) < 0 for r in live)]
+    return html.table(header, rows, caption=caption) + (
+        html.definitions([("below 0", negative_note(negative))]) if negative else ""
+    )
+
+
+def negative_note(names: list[str]) -> str:
+    """Why the live `names` logged below 0 (docs/live.md, the split): `‖G‖²` is unbiased, the
+    squared norm of the mean gradient less the step's own noise, so on a step that resolves no
+    signal it comes out below 0, and so do the terms that carry it (the SNR, a between-prompt
+    spread whose noise correction exceeds it)."""
+    return (
+        f"{', '.join(names)}: unbiased estimates, a measured spread less its noise (‖G‖² is the "
+        "squared norm of the mean gradient less the step's own noise; the SNR is P·‖G‖²/total), "
+        "so they come out below 0 where the steps resolve no signal; read them as a trend over "
+        "steps (docs/live.md, 'The within/between split and the SNR')"
+    )
 
 
 def train_tables(run: Run) -> str:

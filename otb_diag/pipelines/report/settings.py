@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, knob
 
 
 @dataclass(frozen=True)
-class ReportInputs:
+class ReportInputs(Checked):
     """The runs to report (RUN_DIR, repeatable) and the golden file of `--golden`."""
 
     run_dirs: list[Path] = knob(

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from otb_diag.pipelines.energy.settings import EnergySettings
 from otb_diag.pipelines.results import schema
-from otb_diag.pipelines.results.schema import Distributed, RewardSignal, RunInputs
+from otb_diag.pipelines.results.schema import Distributed, RewardSignal, RunInputs, counted
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,43 @@ class EnergyResult(schema.Versioned):
     def model_free(self) -> bool:
         return self.mode == "model-free"
 
+    def proxy_rows(self) -> dict[str, ProxyRow]:
+        """The proxies' table as printed: each baseline's row, each value 0 where it is 0 to
+        `ZERO_RTOL` of its column's largest (`ProxyRow.cells`)."""
+        scales = [max(abs(p[c]) for p in self.proxies.values()) for c in PROXY_COLUMNS]
+        return {name: ProxyRow(name, p, scales) for name, p in self.proxies.items()}
+
+    def no_signal_sentence(self) -> str:
+        """Why no baseline can be told from another here, and what the proxies' table below
+        shows of it, read off its rows as printed (`proxy_rows`): which are 0, which equal
+        `none`'s, and which neither and why (verl's zero tail, else advantages that do not
+        vanish on equal rewards). With groups of one (as many groups as responses) every
+        group baseline is 0: its row is `none`'s."""
+        t, rows = self.totals, self.proxy_rows()
+        none = rows.get("none")
+        zero = [n for n, r in rows.items() if n != "none" and r.is_zero()]
+        like_none = [n for n, r in rows.items() if n not in ("none", *zero) and r == none]
+        other = [n for n in rows if n not in ("none", *zero, *like_none)]
+        if t.responses == t.groups:
+            lead = (
+                f"no signal: each of the {counted(t.groups, 'group')} holds one response, and "
+                "with groups of one every group baseline is 0"
+            )
+        else:
+            lead = (
+                f"no signal: each of the {counted(t.groups, 'group')} has equal rewards within "
+                "it, so no baseline can be told from another"
+            )
+        parts = []
+        if zero:
+            parts.append(f"the proxies of {_names(zero)} below are 0 and compare nothing")
+        if like_none:
+            parts.append(f"the proxies of {_names(like_none)} equal none's and compare nothing")
+        parts += [
+            f"{name}'s are neither 0 nor none's: {rows[name].why_not_zero()}" for name in other
+        ]
+        return f"{lead}: {'; '.join(parts)}. The energies need no reward and are measured"
+
     def format(self) -> str:
         """The short human summary `otb-diag energy` prints, first whether the rewards carry a
         signal when not every group's does (the energies need none; the baselines' proxies
@@ -106,13 +143,8 @@ class EnergyResult(schema.Versioned):
         e, t = self.energy, self.totals
         ckpts = self.inputs.checkpoint_paths
         signal = RewardSignal(t.groups, e.groups_with_mixed_rewards)
-        lead = signal.sentence()
+        lead = signal.sentence() if signal.carries_any else self.no_signal_sentence()
         lines = [] if lead is None else [f"{lead}."]
-        if not signal.carries_any:
-            lines[0] = lines[0][:-1] + (
-                ": the group baselines' proxies below are all 0 and compare nothing (the "
-                "energies need no reward and are measured)."
-            )
         lines += [
             f"rollouts     {self.inputs.rollouts_path}",
             "checkpoint   "
@@ -128,22 +160,20 @@ class EnergyResult(schema.Versioned):
             f"{e.groups_with_mixed_rewards} of {t.groups} have mixed rewards; "
             f"figures show group {self.figure_group}",
             "",
-            f"{'baseline':<10} {'proxy2_total_power':>19} {'token_total_power':>18} "
-            f"{'expected_a_squared':>19}",
+            f"{'baseline':<10}" + "".join(f"{c:>{len(c) + 2}}" for c in PROXY_COLUMNS),
         ]
-        for name, p in self.proxies.items():
-            lines.append(
-                f"{name:<10} {p['proxy2_total_power']:>19.4g} {p['token_total_power']:>18.4g} "
-                f"{p['expected_a_squared']:>19.4g}"
-            )
-        if signal.carries_any:  # else every part is 0
+        for name, row in self.proxy_rows().items():
+            cells = zip(row.cells(), PROXY_COLUMNS, strict=True)
+            lines.append(f"{name:<10}" + "".join(f"{v:>{len(c) + 2}}" for v, c in cells))
+        if signal.carries_any:  # else the sentence above says where OTB's proxies come from
             lines += _format_zero_tail(self.proxies, e, t.groups)
         if t.empty_responses:
             shown = ", ".join(t.groups_with_empty_responses[:5])
             more = len(t.groups_with_empty_responses) - 5
             lines.append(
-                f"empty        {t.empty_responses} responses with no generated token, kept in "
-                f"their groups (W = 0, A = 0): {shown}" + (f" (+{more} more)" if more > 0 else "")
+                f"empty        {counted(t.empty_responses, 'response')} with no generated "
+                f"token, kept in their groups (W = 0, A = 0): {shown}"
+                + (f" (+{more} more)" if more > 0 else "")
             )
         if self.advantage_audit:
             lines += ["", _format_audit(self.advantage_audit)]
@@ -152,6 +182,56 @@ class EnergyResult(schema.Versioned):
 
 
 ZERO_TAIL_SPLIT = ("proxy2_total_power", "token_total_power")  # printed with their tail part
+PROXY_COLUMNS = ("proxy2_total_power", "token_total_power", "expected_a_squared")  # the table's
+# A proxy within this share of its column's largest value (over the baselines) is 0: the
+# rounding of a group mean of equal rewards (float32, an ulp of R) squared stays far below it.
+ZERO_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    """One baseline's row of the proxies' table: its `proxies` and each printed column's
+    largest value over the baselines (`scales`), against which a value is 0. Two rows are
+    equal when they print alike (`cells`): the sentences say what the table shows."""
+
+    name: str
+    proxies: dict[str, float]
+    scales: list[float]
+
+    def values(self) -> list[float]:
+        return [self.proxies[c] for c in PROXY_COLUMNS]
+
+    def zero(self, value: float, scale: float) -> bool:
+        return abs(value) <= ZERO_RTOL * scale
+
+    def cells(self) -> list[str]:
+        """The row as printed: `.4g`, and 0 where the value is 0 (`zero`)."""
+        pairs = zip(self.values(), self.scales, strict=True)
+        return ["0" if self.zero(v, s) else f"{v:.4g}" for v, s in pairs]
+
+    def is_zero(self) -> bool:
+        return all(cell == "0" for cell in self.cells())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProxyRow) and self.cells() == other.cells()
+
+    def why_not_zero(self) -> str:
+        """Where a row that is not 0 on equal rewards comes from: all of it in verl's zero tail
+        (the columns split at the tail, `ZERO_TAIL_SPLIT`, equal their `zero_tail/` parts),
+        else its advantages, which need not vanish there."""
+        cells = " / ".join(self.cells())
+        split = [PROXY_COLUMNS.index(c) for c in ZERO_TAIL_SPLIT]
+        in_tail = all(f"zero_tail/{c}" in self.proxies for c in ZERO_TAIL_SPLIT) and all(
+            self.zero(self.values()[i] - self.proxies[f"zero_tail/{PROXY_COLUMNS[i]}"],
+                      self.scales[i])
+            for i in split
+        )  # fmt: skip
+        if in_tail:
+            return (
+                f"{cells}, all of it in verl's zero tail (a group's longest member keeps A = R "
+                "on its tokens beyond the second-longest; docs/theory.md, 'The zero tail')"
+            )
+        return f"{cells}; its advantages do not vanish on equal rewards"
 
 
 def zero_tail_note(otb: dict[str, float], mean: dict[str, float] | None) -> str | None:
@@ -183,7 +263,8 @@ def _format_zero_tail(
     parts = [f"{p} {otb[p]:.4g} = {t:.4g} tail + {otb[p] - t:.4g} rest" for p, t in tails.items()]
     equal = groups - e.groups_with_mixed_rewards
     lines = [
-        f"zero tail    OTB {'; '.join(parts)}; {e.zero_tail_tokens} tokens in the tail; "
+        f"zero tail    OTB {'; '.join(parts)}; {counted(e.zero_tail_tokens, 'token')} in the "
+        "tail; "
         f"{equal} of {groups} groups ({equal / max(groups, 1):.0%}) have all-equal rewards"
     ]
     note = zero_tail_note(otb, proxies.get("mean"))
@@ -206,3 +287,8 @@ def _format_audit(audit: AdvantageAudit | AuditSkipped) -> str:
         + f": max |Δ| {audit.max_abs_diff:.3g}, mean |Δ| {audit.mean_abs_diff:.3g} over "
         f"{audit.tokens} tokens of {audit.responses} responses: {verdict}"
     )
+
+
+def _names(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -146,6 +146,31 @@ class RewardSignal:
         )
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and the noun in its number, as the summaries write counts: "1 token", "6 tokens",
+    "2 batches" (`plural`, where adding an s is wrong)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def groups_of_one(singletons: int, groups: int) -> str | None:
+    """The warning where `singletons` of the `groups` hold one response (`rollouts sample
+    --n 1`): a group baseline is 0 there (nothing else in the group to compare with), so every
+    group baseline's advantages equal `none`'s, and the group's rewards give no baseline signal.
+    None when no group is of one."""
+    if not singletons:
+        return None
+    which = (
+        f"every one of the {groups:,} groups holds"
+        if singletons == groups
+        else f"{singletons:,} of the {groups:,} groups hold"
+    )
+    return (
+        f"warning: {which} one response: with groups of one every group baseline (mean, "
+        "rloo, otb, ...) is 0 and equals none, so the rewards give no group baseline signal; "
+        "sample pools of 2 or more responses per prompt (rollouts sample --n)"
+    )
+
+
 @dataclass(frozen=True)
 class Distributed:
     """The processes that ran a command: how many, and the tokens each measured or generated."""

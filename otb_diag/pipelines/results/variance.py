@@ -477,31 +477,88 @@ def percent(x: float) -> str:
     return f"{x:.0%}".replace("%", " %").replace("-", "−")
 
 
-def n_bound(value: float | None, where: str | None, max_n: int) -> str:
-    """An N′ (or an end of its interval) in words: a number; beyond the measured N, `> max N`;
-    below them, `≤` the smallest N (None: an infinite N′ as JSON holds it)."""
-    number = "∞" if value is None or math.isinf(value) else f"{value:.1f}"
+# Where an end of N′'s interval lies (`maths/variance/intervals.py:derived_intervals`): within
+# the measured N, "beyond" the largest (N′ = inf: the high end unbounded, the low end only
+# > max N) or "below" the smallest (a bound: at most that N). Each end is the number a verdict
+# reads (`n_end`, `saving_end`), and the words print that number (`n_bound`, `saving_bound`):
+# an interval and the verdict read off it say one thing.
+LOW, HIGH, POINT = "low", "high", "point"
+
+
+def _floored(x: float, digits: int) -> float:
+    """`x` rounded down to `digits` decimals (after float noise below 1e-6 of the last digit
+    is rounded off: 11.7 stays 11.7): an end as printed, so that the verdict, which reads it,
+    and the reader of the printed interval put it on the same side of a threshold (32, 65 %)."""
+    if not math.isfinite(x):
+        return x
+    return math.floor(round(x * 10**digits, 6)) / 10**digits
+
+
+def n_end(value: float | None, where: str | None, max_n: int, end: str) -> float:
+    """What an end (`LOW`, `HIGH`) of N′'s interval proves, the number a verdict reads and the
+    interval prints: beyond the measured N, only N′ > `max_n` (a low end; a high end is
+    unbounded, inf); below them, only N′ ≤ the smallest N (a low end could be any smaller N′:
+    0); else the end to 0.1 (`_floored`). None is how a JSON file holds an infinite end."""
+    if where == "beyond":
+        return float(max_n) if end == LOW else math.inf
+    if where == "below" and end == LOW:
+        return 0.0
+    return math.inf if value is None else _floored(float(value), 1)
+
+
+def saving_end(value: float | None, where: str | None, end: str) -> float:
+    """What an end (`LOW`, `HIGH`) of the saving's interval `1 − N/N′` proves, as `n_end` of
+    N′'s: 100 % for a high end past the measured N (N′ → ∞), −inf for a low end below them
+    (N′ → 0); else the saving at that end, to 1 % (`_floored`; None: unknown, NaN)."""
+    if where == "beyond" and end == HIGH:
+        return 1.0
+    if where == "below" and end == LOW:
+        return -math.inf
+    return math.nan if value is None else _floored(float(value), 2)
+
+
+def n_bound(value: float | None, where: str | None, max_n: int, end: str = POINT) -> str:
+    """An N′ (`POINT`) or an end of its interval (`LOW`, `HIGH`: the number `n_end` reads, to
+    0.1) in words: a number; beyond the measured N, `> max N` (a high end there is unbounded:
+    ∞); below them, `≤` the smallest N (None: an infinite N′ as JSON holds it)."""
+    if end != POINT and where == "beyond":
+        return f"> {max_n}" if end == LOW else "∞"
+    if value is None or math.isinf(value):
+        number = "∞"
+    else:
+        number = f"{value if end == POINT else _floored(value, 1):.1f}"
     return {"beyond": f"> {max_n}", "below": f"≤ {number}"}.get(where or "", number)
 
 
-def saving_bound(value: float | None, where: str | None) -> str:
-    """An end of the saving's interval, `1 − N/N′` at that end of N′'s (`where`): at least
-    that beyond the measured N, at most that below them."""
-    shown = "?" if value is None else percent(value)
+def saving_bound(value: float | None, where: str | None, end: str = POINT) -> str:
+    """The saving `1 − N/N′` (`POINT`) or an end of its interval (`LOW`, `HIGH`: the number
+    `saving_end` reads, to 1 %) in words: at least that beyond the measured N (a high end
+    there is unbounded: 100 %), at most that below them."""
+    if end == HIGH and where == "beyond":
+        return percent(saving_end(value, where, end))
+    rounded = value if value is None or end == POINT else _floored(value, 2)
+    shown = "?" if rounded is None else percent(rounded)
     return {"beyond": f"≥ {shown}", "below": f"≤ {shown}"}.get(where or "", shown)
 
 
 def equivalent_interval(e: ClaimEvidence, max_n: int) -> str:
-    """N′'s 95 % interval in words: `95 % interval ≤ 2.0 to > 16`."""
-    low = n_bound(e.equivalent_low, e.equivalent_low_range, max_n)
-    high = n_bound(e.equivalent_high, e.equivalent_high_range, max_n)
-    return f"95 % interval {low} to {high}"
+    """N′'s 95 % interval in words, as the verdicts read it: `95 % interval ≤ 2.0 to 9.5`, or
+    `95 % interval 2.6 to ∞, its upper end past N = 4, the largest N measured`."""
+    low = n_bound(e.equivalent_low, e.equivalent_low_range, max_n, LOW)
+    high = n_bound(e.equivalent_high, e.equivalent_high_range, max_n, HIGH)
+    past = (
+        f", its upper end past N = {max_n}, the largest N measured"
+        if e.equivalent_high_range == "beyond"
+        else ""
+    )
+    return f"95 % interval {low} to {high}{past}"
 
 
 def saving_interval(e: ClaimEvidence) -> str:
-    """The saving's 95 % interval in words: `95 % interval ≤ −100 % to ≥ 75 %`."""
-    low = saving_bound(e.token_savings_low, e.equivalent_low_range)
-    high = saving_bound(e.token_savings_high, e.equivalent_high_range)
+    """The saving's 95 % interval in words, as the verdicts read it: `95 % interval ≤ −100 % to
+    100 %` (an upper end past the measured N is unbounded: 100 %)."""
+    low = saving_bound(e.token_savings_low, e.equivalent_low_range, LOW)
+    high = saving_bound(e.token_savings_high, e.equivalent_high_range, HIGH)
     return f"95 % interval {low} to {high}"
 
 

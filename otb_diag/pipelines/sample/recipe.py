@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from otb_diag.errors import InputError
+from otb_diag.errors import InputError, Interrupted
 from otb_diag.io.atomic import write_json, write_jsonl
 from otb_diag.io.prompts import PromptRow, read_prompts, tokenize_prompt
 from otb_diag.io.provenance import file_sha256, library_versions
 from otb_diag.pipelines.inputs import SampleInputs, Say, silent
 from otb_diag.pipelines.results.sample import MANIFEST, ROLLOUTS, SampleResult
-from otb_diag.pipelines.results.schema import Distributed
+from otb_diag.pipelines.results.schema import Distributed, counted, groups_of_one
 from otb_diag.pipelines.sample.settings import SampleSettings as SampleSettings
 from otb_diag.pipelines.sample.verifiers import (
     Verifier,
@@ -89,20 +89,37 @@ def run_sample(
     said through `say`, when none; see the module docstring) into `out`; returns the result,
     manifest.json's content (None on the ranks other than 0 under torchrun). With
     `settings.resume`, finishes a killed run's parts in `out`. Raises `InputError` for bad
-    input, before writing."""
+    input, before writing; Ctrl-C raises `Interrupted`, saying what was kept and how to
+    resume."""
     verifier = settings.check()
     ckpt = inputs.checkpoint(say)
-    result = run_recipe(
-        lambda stage: _run(ckpt, inputs.prompts, out, stage, settings, verifier),
-        out=out,
-        load=settings.load,
-        record=MANIFEST,
-        progress=progress,
-        say=say,
-    )
+    try:
+        result = run_recipe(
+            lambda stage: _run(ckpt, inputs.prompts, out, stage, settings, verifier),
+            out=out,
+            load=settings.load,
+            record=MANIFEST,
+            progress=progress,
+            say=say,
+        )
+    except KeyboardInterrupt:
+        raise Interrupted(how_to_resume(out)) from None
     if result is not None:  # the pools are in `out`: their parts go
         shutil.rmtree(out / PARTS, ignore_errors=True)
     return result
+
+
+def how_to_resume(out: Path) -> str:
+    """What an interrupted run kept in `out` and how to finish it."""
+    parts = out / PARTS
+    if not parts.is_dir():
+        return "Nothing was sampled yet: run the command again."
+    done = len(list(parts.glob("part-*.jsonl")))
+    return (
+        f"{counted(done, 'finished batch', 'finished batches')} of responses kept in {parts}/: "
+        "run the same command with --resume to sample only the rest (the pools are exactly "
+        "those of an uninterrupted run)."
+    )
 
 
 def _run(
@@ -117,6 +134,8 @@ def _run(
     parts = out / PARTS
     # Every rank checks OUT before the parts folder is created (a phase waits for all).
     prompts = _read_and_check(prompts_path, out, settings, verifier)
+    if settings.n == 1:  # groups of one: a group baseline has nothing to compare
+        stage.say(groups_of_one(len(prompts), len(prompts)) or "")
     job = _prepare(ckpt, prompts, prompts_path, settings)
     if not settings.sampling.from_policy:
         stage.say(

@@ -7,9 +7,8 @@ import operator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from otb_diag.errors import InputError
 from otb_diag.io.load_options import LoadOptions
-from otb_diag.knobs import knob
+from otb_diag.knobs import Checked, at_least, knob, named, valid_seed
 from otb_diag.pipelines.measure_knobs import BATCH_TOKENS
 from otb_diag.pipelines.sample.verifiers import verifier_usage
 from otb_diag.policy.sampling_options import Sampling
@@ -19,16 +18,21 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SampleSettings:
+class SampleSettings(Checked):
     """Everything that decides the pools (and so must match on `--resume`), plus how to load."""
 
-    n: int = knob(64, help="Responses per prompt (the pool size M).")
+    n: int = knob(
+        64,
+        at_least(1),
+        help="Responses per prompt (the pool size M; 1 is groups of one, where a group "
+        "baseline has nothing to compare: said as a warning).",
+    )
     sampling: Sampling = field(default_factory=Sampling)
-    seed: int = knob(0, help="Seed; each response draws from (seed, prompt, index).")
+    seed: int = knob(0, valid_seed, help="Seed; each response draws from (seed, prompt, index).")
     verifier: str = knob("last-number", help=lambda: f"Reward: {verifier_usage()}.")
-    prompt_column: str = knob("prompt", help="Column holding the prompt.")
+    prompt_column: str = knob("prompt", named, help="Column holding the prompt.")
     answer_column: str | None = knob(
-        None, help="Column holding the answer. Default: 'answer' when present."
+        None, named, help="Column holding the answer. Default: 'answer' when present."
     )
     chat_template: bool = knob(
         True,
@@ -43,23 +47,9 @@ class SampleSettings:
     resume: bool = knob(False, help="Finish a killed run into the same --out.")
 
     def check(self) -> Verifier:
-        """Raise `InputError` for a bad setting before anything is read; returns the verifier."""
-        s = self.sampling
-        problems = [
-            (self.n < 1, "n", f"--n must be at least 1, got {self.n}"),
-            (
-                not s.temperature > 0,
-                "temperature",
-                f"--temperature must be > 0, got {s.temperature}",
-            ),
-            (not 0 < s.top_p <= 1, "top-p", f"--top-p must lie in (0, 1], got {s.top_p}"),
-            (s.top_k < 0, "top-k", f"--top-k must be ≥ 0 (0 = off), got {s.top_k}"),
-            (s.max_new_tokens < 1, "max-new-tokens", "--max-new-tokens must be at least 1"),
-            (self.batch_tokens < 1, "batch-tokens", "--batch-tokens must be at least 1"),
-        ]
-        for bad, name, message in problems:
-            if bad:
-                raise InputError(message, field=name)
+        """Raise `InputError` for a verifier that cannot run or a device this machine lacks,
+        before anything is read (each knob's own value was checked when the settings were
+        built); returns the verifier."""
         from otb_diag.pipelines.sample.verifiers import get_verifier, require_math_verify
 
         self.load.check()

@@ -49,6 +49,7 @@ from otb_diag.pipelines.variance.conclusions import (
     verdicts,
     write_noise,
 )
+from otb_diag.pipelines.variance.evidence import mode_intervals
 from otb_diag.pipelines.variance.measure import Measured, measure
 from otb_diag.pipelines.variance.settings import VarianceSettings
 from otb_diag.plots.figure_data import VarianceFigures
@@ -218,15 +219,15 @@ def _summary(
     noise = noise.drop(columns="step") if n_checkpoints == 1 else noise
     fid = pd.DataFrame(tables.fidelity_rows)
     blocks = stacked(tables.blocks) if tables.blocks else None
-    outputs = _write(into, variance, fid, tables.fidelity_tokens, settings, blocks)
-    outputs += write_noise(into, noise, last_noise)
+    noise_files = write_noise(into, noise, last_noise)
+    knee = knee_rows(last_noise)
+    rows, claims = verdicts(variance, settings)  # before the figures, which draw its intervals
+    outputs = _write(into, variance, fid, tables.fidelity_tokens, settings, blocks) + noise_files
     if tables.zero_tail:
         zero_tail = pd.DataFrame(tables.zero_tail)
         write_with(into / "zero_tail.csv", lambda p: zero_tail.to_csv(p, index=False))
         outputs.append("zero_tail.csv")
     tables.timings["total_s"] = time.perf_counter() - started
-    knee = knee_rows(last_noise)
-    rows, claims = verdicts(variance, settings)
     return VarianceResult(
         inputs=RunInputs.of(loaded.record, tables.checkpoints),
         settings=settings,
@@ -267,8 +268,11 @@ def _write(
     )
     aggregation = settings.aggregations[0]
     for mode in settings.modes:
-        rows = VarianceFigures(aggregation, variance_rows=final[final["mode"] == mode])
-        files += save_figures("variance-compare", rows, out, mode)
+        # the figures draw the intervals the verdicts read (evidence.py), of the rows they show
+        shown = final[(final["mode"] == mode) & (final["aggregation"] == aggregation)]
+        rows = mode_intervals(shown, mode, settings.sketch_dim)
+        data = VarianceFigures(aggregation, variance_rows=rows)
+        files += save_figures("variance-compare", data, out, mode)
     exact_tokens, last_blocks = None, None
     if fidelity_tokens:
         tokens = pd.concat(fidelity_tokens, ignore_index=True)

@@ -19,6 +19,8 @@ from otb_diag.maths.variance.intervals import REFERENCE
 from otb_diag.pipelines.results.variance import (
     CLAIM_EQUIVALENT_N,
     CLAIM_N,
+    HIGH,
+    LOW,
     PAPER_TOKEN_SAVING,
     ClaimEvidence,
     ClaimVerdict,
@@ -27,7 +29,9 @@ from otb_diag.pipelines.results.variance import (
     KneeRow,
     equivalent_interval,
     n_bound,
+    n_end,
     percent,
+    saving_end,
     saving_interval,
     saving_words,
 )
@@ -161,10 +165,13 @@ def claim_verdict(mode: str, evidence: ClaimEvidence | None, max_n: int) -> Clai
     if evidence is None:
         return ClaimVerdict.no_signal(mode)
     e = evidence
-    low = _end(e.equivalent_low, e.equivalent_low_range, max_n, low=True)
-    high = _end(e.equivalent_high, e.equivalent_high_range, max_n, low=False)
-    saving_at = CLAIM_N / (1 - PAPER_TOKEN_SAVING)  # N′ of a saving of 65 %
-    saving_verdict = interval_verdict.at_least(low, high, saving_at)
+    low = n_end(e.equivalent_low, e.equivalent_low_range, max_n, LOW)
+    high = n_end(e.equivalent_high, e.equivalent_high_range, max_n, HIGH)
+    saving_verdict = interval_verdict.at_least(  # the saving's interval, as printed
+        saving_end(e.token_savings_low, e.equivalent_low_range, LOW),
+        saving_end(e.token_savings_high, e.equivalent_high_range, HIGH),
+        PAPER_TOKEN_SAVING,
+    )
     verdict = interval_verdict.at_least(low, high, CLAIM_EQUIVALENT_N)
     if verdict == interval_verdict.NOT_RESOLVED and max_n < CLAIM_EQUIVALENT_N:
         why = (  # the interval reaches past the largest N the pools show
@@ -203,17 +210,6 @@ def claim_verdict(mode: str, evidence: ClaimEvidence | None, max_n: int) -> Clai
         verdict=verdict,
         text=text,
     )
-
-
-def _end(value: float | None, where: str | None, max_n: int, *, low: bool) -> float:
-    """What an end of N′'s interval proves: beyond the measured N, only N′ > `max_n` (a low
-    end; a high end is unbounded); below it, only N′ ≤ the smallest N (a low end could be any
-    smaller N′). None is how a JSON file holds an infinite end."""
-    if where == "beyond":
-        return float(max_n) if low else math.inf
-    if where == "below" and low:
-        return 0.0
-    return math.inf if value is None else float(value)
 
 
 def _why(verdict: str, line: str) -> str:

@@ -9,11 +9,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from otb_diag.errors import InputError
 from otb_diag.io.loading import RolloutSet, load_rollout_set
 from otb_diag.io.provenance import library_versions
+from otb_diag.knobs import joined
 from otb_diag.maths.noise.knee import no_signal
 from otb_diag.pipelines.inputs import Inputs, Say, silent
-from otb_diag.pipelines.results.schema import Distributed, RewardSignal, RunInputs, build
+from otb_diag.pipelines.results.schema import (
+    Distributed,
+    RewardSignal,
+    RunInputs,
+    build,
+    groups_of_one,
+)
 from otb_diag.pipelines.results.variance import ClaimVerdict, Recommendation, VarianceResult
 from otb_diag.pipelines.shell import Stage, run_recipe
 from otb_diag.pipelines.variance.settings import VarianceSettings as VarianceSettings
@@ -41,8 +49,8 @@ def run_variance(
     groups (`shard_by_tokens`); rank 0 gathers them (k floats per token), draws the groups over
     the whole pool with the same seeds as one process, writes, and returns the result; the other
     ranks return None."""
+    settings.check()  # before a default file is looked up (each knob's when it was built)
     rollouts_path = inputs.rollouts_path(say)
-    settings.check()  # before the default checkpoint is looked up
     checkpoints = inputs.checkpoint_dirs(say)
     return run_recipe(
         lambda stage: _run(checkpoints, rollouts_path, out, stage, settings),
@@ -65,6 +73,7 @@ def _run(
     summary opens with the share of the groups that carry one, when not all do)."""
     started = time.perf_counter()
     loaded = _load(rollouts_path, settings)
+    check_pools(loaded, settings, stage.say)  # before any forward pass
     sizes = [sum(loaded.sizes[i] for i in rows) for rows in loaded.groups.values()]
     shards = shard(list(enumerate(sizes)), what=str(rollouts_path))  # whole groups, by tokens
     signal = RewardSignal.of(loaded.with_signal)
@@ -103,6 +112,35 @@ def _no_signal(
         outputs=["summary.json"],
         out=str(out.resolve()),
     )
+
+
+def check_pools(loaded: RolloutSet, settings: VarianceSettings, say: Say) -> None:
+    """The group sizes against the pools just read, before any model runs: N is drawn from each
+    prompt's pool of M responses and must be at most M/2 of the smallest (`usable_group_sizes`
+    keeps those). A size given that the pools cannot honour is an `InputError`; the default's
+    sizes above it are left out, said through `say`. Groups of one are said too (the pools
+    give a group baseline nothing to compare; the sizes' error follows)."""
+    from otb_diag.maths.variance.paired_draws import DEFAULT_GROUP_SIZES
+
+    pools = [len(rows) for rows in loaded.groups.values()]
+    smallest = min(pools)
+    warning = groups_of_one(sum(m == 1 for m in pools), len(pools))
+    if warning:
+        say(warning)
+    over = [n for n in settings.group_sizes if n > smallest // 2]
+    if not over:
+        return
+    group = next(name for name, rows in loaded.groups.items() if len(rows) == smallest)
+    where = (
+        f"half the smallest pool (group {group} holds M = {smallest} responses, so N ≤ "
+        f"{smallest // 2}: the draws of N from M stay varied)"
+    )
+    if settings.group_sizes != DEFAULT_GROUP_SIZES or len(over) == len(settings.group_sizes):
+        raise InputError(
+            f"--group-sizes: {joined(over)} {'is' if len(over) == 1 else 'are'} above {where}",
+            hint="Sample larger pools (rollouts sample --n), or ask for smaller groups.",
+        )
+    say(f"note: the default group sizes {joined(over)} are left out: above {where}")
 
 
 @agreed

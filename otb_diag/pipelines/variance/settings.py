@@ -4,11 +4,24 @@ this module imports no torch."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from otb_diag.errors import InputError
 from otb_diag.io.load_options import LoadOptions
-from otb_diag.knobs import comma_ints, comma_list, internal, joined, knob
+from otb_diag.knobs import (
+    Checked,
+    above,
+    at_least,
+    comma_ints,
+    comma_list,
+    each,
+    internal,
+    joined,
+    knob,
+    one_of,
+    valid_seed,
+)
 from otb_diag.pipelines.measure_knobs import (
     REWARD_COLUMNS,
     STEPS,
@@ -45,7 +58,7 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def seconds(text: str) -> float:
-    """`90`, `90s`, `30m`, `2h` -> seconds (whether positive, `VarianceSettings.check` says)."""
+    """`90`, `90s`, `30m`, `2h` -> seconds (whether positive, the knob's check says)."""
     value, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
     try:
         return float(value) * _UNITS[unit]
@@ -63,12 +76,22 @@ def duration(value: float) -> str:
     return f"{value:.15g}s"
 
 
+def _compiles(pattern: str) -> str | None:
+    """A regular expression `re` compiles (which parameters it matches, the model says)."""
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        return f"is not a regular expression ({err}), got '{pattern}'"
+    return None
+
+
 @dataclass(frozen=True)
-class VarianceSettings:
+class VarianceSettings(Checked):
     """Every knob of `otb-diag variance-compare` (the CLI's options, same defaults)."""
 
     modes: tuple[str, ...] = knob(
         ("proxy", "head"),
+        each(one_of(MODES)),
         flag="--mode",
         cli=str,
         parse=comma_list,
@@ -78,9 +101,10 @@ class VarianceSettings:
         "parameters, JL-projected by forward- or reverse-mode autodiff; its cost estimate is "
         "printed first).",
     )
-    baselines: tuple[str, ...] = baselines_knob("; must include none and mean")
+    baselines: tuple[str, ...] = baselines_knob("; must include none and mean", ("none", "mean"))
     aggregations: tuple[str, ...] = knob(
         factory=_default_aggregations,
+        check=each(),
         cli=str,
         parse=comma_list,
         show=joined,
@@ -88,16 +112,20 @@ class VarianceSettings:
     )
     group_sizes: tuple[int, ...] = knob(
         factory=_default_group_sizes,
+        check=each(at_least(2, " (a group baseline needs two responses)")),
         cli=str,
         parse=lambda text: comma_ints(text, "group sizes", "group-sizes"),
         show=joined,
-        help="Group sizes N; those above M/2 (M: the smallest pool) are left out, so the default "
-        "measures 2-16 on pools of 32 and 2-64 on pools of 128.",
+        help="Group sizes N, each at least 2 and at most M/2 (M: the smallest pool; the draws "
+        "of N from M stay varied). The default's sizes above M/2 are left out, so it measures "
+        "2-16 on pools of 32 and 2-64 on pools of 128.",
     )
-    draws: int = knob(200, help="Groups drawn per prompt and N.")
-    bootstrap: int = knob(1000, help="Bootstrap resamples.")
-    sketch_dim: int = knob(256, help="Dimension k of the projected score vectors.")
-    seed: int = knob(0, help="Seed of draws and projections.")
+    draws: int = knob(
+        200, at_least(2, " (a variance needs two draws)"), help="Groups drawn per prompt and N."
+    )
+    bootstrap: int = knob(1000, at_least(1), help="Bootstrap resamples.")
+    sketch_dim: int = knob(256, at_least(1), help="Dimension k of the projected score vectors.")
+    seed: int = knob(0, valid_seed, help="Seed of draws and projections.")
     force: bool = knob(False, help="Run full mode even when its estimate exceeds --budget.")
     temperature: float | None = knob(None, TEMPERATURE)
     steps: str | None = knob(None, STEPS)
@@ -115,12 +143,14 @@ class VarianceSettings:
     load: LoadOptions = LoadOptions()
     engine: str = knob(
         "auto",
+        one_of(ENGINES),
         help="Full mode: jvp (forward mode, k passes for all tokens at once; per-token norms "
         "estimated), vjp (reverse mode, one backward per token; exact norms) or auto (the cost "
         "model's choice).",
     )
     params: str | None = knob(
         None,
+        _compiles,
         metavar="REGEX",
         help="Full mode: project only the parameters whose name matches (e.g. 'lm_head', "
         "'layers\\.(2[0-9])\\.', 'lora_').",
@@ -132,11 +162,13 @@ class VarianceSettings:
     )
     directions_per_block: int | None = knob(
         None,
+        at_least(1),
         help="With --by-block: directions per block (default ⌈sketch-dim / blocks⌉). Forward "
         "mode costs one pass per direction and block.",
     )
     budget_s: float | None = knob(
         factory=_default_budget,
+        check=above(0),
         flag="--budget",
         cli=str,
         parse=seconds,
@@ -146,38 +178,59 @@ class VarianceSettings:
     )
     prompts_per_step: int | None = knob(
         None,
-        min=1,
+        at_least(1),
         help="The batch of prompts your trainer takes a step on: the SNR |G|²/(tr Σ/P) is given "
         "there. Default: the prompts of the rollouts.",
     )
     current_n: int = knob(
         8,
-        min=1,
+        at_least(1),
         help="The responses per prompt you train with (verl rollout.n, TRL num_generations): "
         "the recommendation compares against mean at this N.",
     )
 
     def check(self) -> None:
-        """Raise `InputError` now, before anything is read or written, for a mode, engine or
-        budget the run could not honour (the CLI and the API get the same error)."""
-        unknown = [m for m in self.modes if m not in MODES]
-        if unknown or not self.modes:
-            raise InputError(
-                f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}", field="mode"
-            )
-        if self.engine not in ENGINES:
-            raise InputError(
-                f"unknown engine '{self.engine}'; choose {', '.join(ENGINES)}", field="engine"
-            )
-        if self.budget_s is not None and not self.budget_s > 0:
-            raise InputError(f"budget must be positive, got {self.budget_s} s", field="budget")
+        """Raise `InputError`, at the top of the entry point, before anything is read, for what
+        a knob's own check cannot see (each knob's ran when the object was built): a device
+        this machine lacks, a baseline or an aggregation its registry does not know, knobs that
+        contradict each other, a full-mode knob given without full mode (it would be dropped
+        without a word). Not when the object is built: a record read back needs neither the
+        registries (`report` stays free of torch) nor a name a user registered at run time,
+        and a settings object remade on the way (`measure_knobs.planned`) is checked once."""
+        from otb_diag.maths.aggregation import check_aggregation
         from otb_diag.maths.estimators.registry import get_baseline
 
+        self.load.check()  # a device this machine lacks
         for name in self.baselines:
             get_baseline(name)  # an unknown name stops here, listing the known ones
+        for name in self.aggregations:
+            check_aggregation(name)
+        if self.directions_per_block is not None and not self.by_block:
+            raise InputError(
+                "--directions-per-block splits the directions over the blocks of --by-block: "
+                "add --by-block, or leave it out"
+            )
         if self.zero_tail_split and ("otb" not in self.baselines or not self.handle_zero_tail):
             raise InputError(
                 "--zero-tail-split compares OTB with and without verl's zero tail: it needs otb "
-                "among the baselines and the zero tail on.",
-                field="zero-tail-split",
+                "among the baselines and the zero tail on."
+            )
+        if "full" in self.modes:
+            return
+        given = [
+            flag
+            for flag, value, default in (
+                ("--engine", self.engine, "auto"),
+                ("--params", self.params, None),
+                ("--by-block", self.by_block, False),
+                ("--force", self.force, False),
+                ("--budget", self.budget_s, _default_budget()),
+            )
+            if value != default
+        ]
+        if given:
+            raise InputError(
+                f"{', '.join(given)}: only full mode reads {'them' if len(given) > 1 else 'it'}, "
+                f"and --mode is {joined(self.modes)}: add full to --mode, or leave "
+                f"{'them' if len(given) > 1 else 'it'} out"
             )

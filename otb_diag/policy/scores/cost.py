@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import BATCH_TOKENS, pack_by_tokens
 from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores.chunked_attention import SCORES_PER_CHUNK
@@ -330,8 +331,9 @@ def plan_full(
     forward mode's padded tokens per batch (at most `CPU_FORWARD_BATCH_TOKENS` on the CPU).
     head_chunk: forward mode's tokens of fp32 logits at once (default: `head_chunk_for`). Raises
     `InputError` when the chosen engine does not fit in memory, or its estimate exceeds
-    `budget_s` and not `force`.
+    `budget_s` and not `force`. A PEFT wrapper is planned as its causal LM (`causal_lm`).
     """
+    model = causal_lm(model)
     if engine not in ("auto", "jvp", "vjp"):
         raise InputError(f"engine must be auto, jvp or vjp, got {engine!r}", field="engine")
     batch = host_batch(batch)  # its rows read on the host (any device given)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from otb_diag.errors import InputError
+from otb_diag.policy.causal_lm import causal_lm
 
 # Generator stream of the full-mode directions (the head and proxy sketches use 0, 1 and 3).
 STREAM_DIRECTIONS = 2
@@ -84,11 +85,17 @@ def projection_columns(
 
 
 def select_parameters(model: nn.Module, pattern: str | None) -> dict[str, Tensor]:
-    """`{name: detached parameter}` of `model.named_parameters()` (tied tensors once) whose name
-    matches the regular expression `pattern` (`re.search`; None selects all)."""
-    params = {name: p.detach() for name, p in model.named_parameters()}
+    """`{name: detached parameter}` of `model.named_parameters()` (tied tensors once; a PEFT
+    wrapper's causal LM's, `causal_lm`, under its names) whose name matches the regular
+    expression `pattern` (`re.search`). None selects the parameters that train, those that
+    require a gradient: all of a loaded checkpoint, a PEFT policy's adapter (`lora_A`, `lora_B`
+    …, whose gradient is what its optimizer steps along); all where none does. A pattern picks
+    among all of them (`base_layer` selects a LoRA policy's frozen weights)."""
+    named = list(causal_lm(model).named_parameters())
+    params = {name: p.detach() for name, p in named}
     if pattern is None:
-        return params
+        training = {name: p.detach() for name, p in named if p.requires_grad}
+        return training or params
     try:
         regex = re.compile(pattern)
     except re.error as exc:
@@ -139,10 +146,11 @@ def parameter_blocks(
     by_block False: one block `all` with `k` directions. True: blocks from the names of any HF
     causal LM (`block_of`), ordered embeddings, layer.0 … layer.L−1, final_norm, other, head,
     each with `directions_per_block` directions (default `⌈k / n_blocks⌉`, so the total stays
-    about k).
+    about k). A PEFT wrapper's names are its causal LM's (`causal_lm`).
     """
     if not by_block:
         return [Block("all", tuple(names), k, 0)]
+    model = causal_lm(model)
     head = model.get_output_embeddings()
     head_names = frozenset(
         f"{prefix}.{local}"

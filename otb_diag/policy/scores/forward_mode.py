@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import (
     eval_mode,
     final_hidden,
@@ -282,8 +283,10 @@ def forward_scores(
     runs with the `attention` implementation (`forward_mode_attention`), whose query chunks hold
     `attention_scores` scores (default: `chunked_attention.SCORES_PER_CHUNK`). The head's tangent
     products run in `head_dtype` (default: `forward_pass.head_product_dtype` of the output layer
-    on its device: fp32 on the CPU, a half model's own dtype on CUDA; `TargetLogProb`).
+    on its device: fp32 on the CPU, a half model's own dtype on CUDA; `TargetLogProb`). A PEFT
+    wrapper runs as its causal LM (`causal_lm`), whose names `params` uses.
     """
+    model = causal_lm(model)
     batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     n_rows, width = batch.response_ids.shape

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import eval_mode
 from otb_diag.policy.placement import host_batch
 from otb_diag.policy.scores.directions import Block, projection_columns
@@ -83,7 +84,9 @@ def reverse_scores(
     Half-precision models give half-precision gradients, upcast to fp32 before the squares and
     the projection. Memory: one chunk's vectorised backward over one prefix, the pending
     gradients (`PENDING_BYTES`, or one chunk if larger) and the held columns (`HOLD_BYTES`).
+    A PEFT wrapper runs as its causal LM (`causal_lm`), whose names `params` uses.
     """
+    model = causal_lm(model)
     batch = host_batch(batch)  # its rows read on the host (any device given)
     device = next(iter(params.values())).device
     columns = _Columns(params, blocks, seed, device)

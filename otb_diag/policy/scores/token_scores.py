@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.response_batch import ResponseBatch
+from otb_diag.policy.causal_lm import causal_lm
 from otb_diag.policy.forward_pass import (
     BATCH_TOKENS,
     STATS_CHUNK,
@@ -108,7 +109,8 @@ def token_scores(
 ) -> TokenScores:
     """Projected score vectors of every response token of `batch` under `model`.
 
-    model: a Hugging Face causal LM (`*ForCausalLM`), run in eval mode (dropout off).
+    model: a Hugging Face causal LM (`*ForCausalLM`), run in eval mode (dropout off); a PEFT
+    wrapper runs as the causal LM inside it (`causal_lm`: its adapter active).
     mode: `head` (output layer, Kronecker sketch, any model size) or `full` (the selected
     parameters, Gaussian JL directions, any model that fits in memory and the budget).
     k: projection dimension; `head` splits it as `k₁ × k₂` (see `kronecker_split`); `full` with
@@ -127,6 +129,7 @@ def token_scores(
     on_plan: called with the cost estimate before a `full` run starts.
     The batch's tensors may be on any device (read on the host: `placement.host_batch`).
     """
+    model = causal_lm(model)
     batch = host_batch(batch)
     if mode not in _DEFAULT_CHUNK:
         raise InputError(f"mode must be 'head' or 'full', got {mode!r}")
@@ -261,7 +264,8 @@ class HeadSketch:
 def head_sketch_of(model: nn.Module, k: int, seed: int, *, check: bool = True) -> HeadSketch:
     """`model`'s output layer (with `check`, checked against its logits: `check_output_layer`,
     two forward passes of a short probe) and the sketch matrices of dimension `k` and `seed`:
-    what `head_sketch_from_hidden` needs."""
+    what `head_sketch_from_hidden` needs (a PEFT wrapper's causal LM's: `causal_lm`)."""
+    model = causal_lm(model)
     if check:
         check_output_layer(model)
     weight, bias, scale, softcap = output_layer(model)

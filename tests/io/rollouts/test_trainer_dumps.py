@@ -28,10 +28,10 @@ from unwritten_figures import unwritten_figures
 from otb_diag.errors import InputError
 from otb_diag.io.loading import group_rows, load_rollouts
 from otb_diag.io.rollouts.probability_checks import TOLERANCE
-from otb_diag.io.rollouts.scan import parse_steps
 from otb_diag.io.rollouts.sources import expand_rollouts
 from otb_diag.io.rollouts.tokenize import check_vocab
 from otb_diag.io.scenarios import DEFAULT_ROLLOUTS
+from otb_diag.knobs import parse_steps
 
 runner = CliRunner()
 

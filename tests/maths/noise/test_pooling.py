@@ -13,6 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otb_diag.maths.noise.pooling import (
     EmaPool,
@@ -21,6 +23,7 @@ from otb_diag.maths.noise.pooling import (
     ema_step,
     moments_of,
     pooled_estimates,
+    unit_share,
 )
 from otb_diag.maths.noise.step_split import step_split
 
@@ -229,3 +232,54 @@ def test_a_negative_pooled_trace_claims_no_knee() -> None:
     said = found.sentence("params", 40)
     assert "the knee is ~" not in said
     assert f"the pooled tr Σ is {found.total:.3g} after 40 steps (320 prompts): no noise" in said
+
+
+def test_a_pooled_share_above_one_is_clipped_with_its_interval() -> None:
+    """Three steps whose within terms exceed their totals (the between-prompt estimate below
+    0): w̄ / t̄ = 3.3 / 3.0 = 1.1, which no share can be; the pooled share reads 1 and its
+    interval lies in [0, 1], holding it. The same steps with a within under the total keep
+    their share as w̄ / t̄ (0.6)."""
+    above = [(1.0, 0.5, 1.2, 8, 4, 10.0), (1.2, 0.4, 1.1, 8, 4, 10.0), (0.8, 0.6, 1.0, 8, 4, 10.0)]
+    pool = WindowPool(3)
+    for row in above:
+        found = pool.add(row)
+    raw = sum(r[2] for r in above) / sum(r[0] for r in above)
+    assert raw == pytest.approx(1.1)
+    assert found.within_share == 1.0 and found.within_share_high == 1.0
+    assert 0.0 <= found.within_share_low < 1.0
+    below = WindowPool(3)
+    for t, g, _, *shape in above:
+        kept = below.add((t, g, 0.6 * t, *shape))
+    assert kept.within_share == pytest.approx(0.6) and kept.within_share_high < 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1e6, 1e6) | st.sampled_from([math.inf, -math.inf, math.nan]), max_size=3),
+    st.floats(0.0, 1.0),
+)
+def test_clipping_a_share_never_moves_it_from_a_truth_in_zero_to_one(values, truth) -> None:
+    """For any estimate x and any truth θ in [0, 1]: |clip(x) − θ| ≤ |x − θ|, so an interval
+    that held θ still holds it once clipped; NaN stays NaN."""
+    for x, clipped in zip(values, unit_share(*values), strict=True):
+        if math.isnan(x):
+            assert math.isnan(clipped)
+        else:
+            assert 0.0 <= clipped <= 1.0
+            assert abs(clipped - truth) <= abs(x - truth)
+
+
+def test_a_window_whose_ratios_agree_has_a_point_interval_not_a_round_offs() -> None:
+    """A step with noise beside one with all-equal rewards (within 0, its total 0 to a
+    round-off of ±1e-13, as the TRL toy's step 2 logged it): the two steps' within/total ratios
+    agree, so the delta method's form C_ww − 2 r C_wt + r² C_tt is 0, and its three terms
+    cancel to a round-off of either sign. Every such window reads the share's interval as the
+    point (to 1e-6 of it), never [0, 1] (the sign of the round-off read as no spread known):
+    the ZeRO-3 run read the point where its DDP twin read [0, 1]."""
+    first = (0.04359124599329631, -0.004318185391264721, 0.007860239250719669, 3, 4, 4.0)
+    for t2 in np.linspace(-1e-13, 1e-13, 201):
+        found = pooled_estimates(moments_of(np.array([first, (t2, 0.0, 0.0, 3, 4, 4.0)])))
+        share = found.within_share
+        assert share == pytest.approx(first[2] / first[0], rel=1e-9), t2
+        ends = (found.within_share_low, found.within_share_high)
+        assert ends == pytest.approx((share, share), rel=1e-6), t2
