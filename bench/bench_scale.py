@@ -105,7 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
-    add_threads(parser, 2)
+    # 1: what the latest table's `energy --model-free` ran at (then pinned inside the command,
+    # now the count it is given, auto's one where none is)
+    add_threads(parser, 1)
     args = parser.parse_args()
     print(pin_threads(args.threads))  # the commands it times inherit it (torchrun's ranks: 1)
     sizes = (

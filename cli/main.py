@@ -23,6 +23,8 @@ from otb_diag.cli import (
 from otb_diag.cli.common import DEBUG_ENV
 from otb_diag.cli.options import register
 
+from otb_diag.runtime.threads import calm_waits
+
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
     name="otb-diag",
@@ -77,6 +79,7 @@ def _root(
 
 
 def main() -> None:
+    calm_waits(os.environ)  # before anything imports torch (otb_diag/runtime/threads.py)
     app()
 
 

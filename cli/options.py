@@ -5,23 +5,25 @@ themselves that several share (--ckpt, --rollouts, --out, --json, --quiet), decl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import click
 import typer
-from otb_diag.cli.common import friendly_errors
+from otb_diag.cli.common import friendly_errors, note
 from typer.core import TyperCommand
 
 from otb_diag.knobs import KEY, Checked, Knob, knob
 from otb_diag.pipelines.inputs import CKPT as CKPT  # re-exported: train, rollouts
 from otb_diag.pipelines.inputs import ROLLOUTS as ROLLOUTS
 from otb_diag.pipelines.inputs import Inputs
+from otb_diag.runtime.threads import AUTO, THREADS
 
 # Options of the commands themselves (not of a library setting) that several commands share:
 # declared once, so they read and behave the same everywhere (--ckpt and --rollouts beside
@@ -40,6 +42,7 @@ class Measuring(Checked):
     inputs: Inputs = Inputs()  # --ckpt, --rollouts, --scenario: the entry point resolves them
     as_json: bool = knob(False, JSON)
     quiet: bool = knob(False, QUIET)
+    threads: int | None = knob(None, THREADS)  # None: auto
 
 
 def command(fn: Callable[..., None] | None = None, *, skip: tuple[str, ...] = ()) -> Any:
@@ -78,7 +81,9 @@ class Command:
 
         @functools.wraps(fn)
         def run(**values: Any) -> None:  # a value the parsers refuse is bad input too
-            fn(**{name: instance(cls, "", values, skip) for name, cls in self.parts})
+            parts = {name: instance(cls, "", values, skip) for name, cls in self.parts}
+            with _threads(next(iter(parts.values()), None)):
+                fn(**parts)
 
         self.run = friendly_errors(run)
 
@@ -112,6 +117,22 @@ class Command:
 
     def __call__(self, **values: Any) -> None:
         self.run(**values)
+
+
+@contextlib.contextmanager
+def _threads(run: Any) -> Iterator[None]:
+    """A command that runs a model (its first part has the `THREADS` knob, `threads`, and
+    `inputs` that size its model) runs on the torch threads chosen once, before its entry
+    point (`otb_diag/runtime/threads.py:command_threads`), said on stderr where auto chose."""
+    if not hasattr(run, "threads"):
+        yield
+        return
+    from otb_diag.runtime.threads import command_threads
+
+    with command_threads(run.threads, run.inputs.parameters) as chosen:
+        if chosen.source == AUTO:
+            note(chosen.sentence())
+        yield
 
 
 class KnobCommand(TyperCommand):

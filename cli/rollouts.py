@@ -14,6 +14,7 @@ from otb_diag.knobs import Checked, knob
 from otb_diag.pipelines.inputs import Inputs, SampleInputs, one_rollouts
 from otb_diag.pipelines.inspect.settings import InspectSettings
 from otb_diag.pipelines.sample.settings import SampleSettings
+from otb_diag.runtime.threads import THREADS
 
 app = typer.Typer(
     rich_markup_mode=None,  # reflow docstring paragraphs to the terminal's width
@@ -79,6 +80,7 @@ class SampleRun(Checked):
     ckpt: list[Path] | None = knob(None, CKPT)
     quiet: bool = knob(False, QUIET)
     as_json: bool = knob(False, JSON)
+    threads: int | None = knob(None, THREADS)  # None: auto
 
     @property
     def inputs(self) -> SampleInputs:

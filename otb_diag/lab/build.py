@@ -57,7 +57,7 @@ from otb_diag.lab.task import (
     verify,
 )
 from otb_diag.lab.tokenizer import ALPHABET, LONG_ALPHABET, build_tokenizer
-from otb_diag.runtime.devices import torch_threads
+from otb_diag.runtime.threads import torch_threads
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otb_diag.errors import InputError
+from otb_diag.io.model_size import largest_model
 from otb_diag.io.scenarios import default_checkpoint, default_rollouts, scenario_knob
 from otb_diag.knobs import Checked, Knob, knob
+from otb_diag.runtime.threads import NO_MODEL
 
 Say = Callable[[str], None]
 
@@ -53,6 +55,11 @@ class Inputs(Checked):
     def checkpoint_dirs(self, say: Say) -> list[Path]:
         return checkpoint_dirs(self.ckpt, self.scenario, say)
 
+    def parameters(self) -> int | None:
+        """The parameters of the largest model the command runs, the scenario's when no --ckpt
+        is given: what sets its threads (`otb_diag/runtime/threads.py:choose_threads`)."""
+        return largest_model(self.ckpt or [_scenario_checkpoint(self.scenario)])
+
     def refuse(self, names: tuple[str, ...], why: str) -> None:
         """An `InputError` for the first of `names` (`ckpt`, `rollouts`) that was given to a
         command that takes none, saying `why`."""
@@ -69,6 +76,9 @@ class EnergyInputs(Inputs):
     model_free: bool = knob(
         False, help="No checkpoint: use the rollouts' logprobs and sum_pi2 (entropy unavailable)."
     )
+
+    def parameters(self) -> int | None:
+        return NO_MODEL if self.model_free else super().parameters()
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,20 @@ class SampleInputs:
     def checkpoint(self, say: Say) -> Path:
         one = one_checkpoint(self.ckpt, "sample draws from one policy")
         return checkpoint_or_default(one, "default", say)
+
+    def parameters(self) -> int | None:
+        """As `Inputs.parameters`, of the one checkpoint sampled from."""
+        given = [self.ckpt] if isinstance(self.ckpt, Path) else self.ckpt
+        return largest_model(given or [_scenario_checkpoint("default")])
+
+
+def _scenario_checkpoint(scenario: str) -> Path | None:
+    """The scenario's final checkpoint, None where it is not shipped (the entry point, looking
+    it up again, says so)."""
+    try:
+        return default_checkpoint(scenario)
+    except (InputError, OSError):
+        return None
 
 
 def _or_default(value: Path | None, default: Callable[[], Path], what: str, say: Say) -> Path:

@@ -6,11 +6,9 @@ written: a device that this machine does not have is bad input, not a crash."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,17 +26,6 @@ def _cuda_count() -> int:
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op thread count set to `threads` inside the block, restored after it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _env_local_rank() -> int | None:

@@ -36,6 +36,8 @@ SMALLEST = {
     "bench_variance.py": ["--draws", "2", "--sketch-dim", "4"],  # + --rollouts: 4 groups
     "bench_sample.py": ["--rows", "2", "--new", "4", "--reps", "1"],
     "bench_scale.py": ["--tiny"],
+    "bench_threads.py": ["--tiny", "--busy", "no", "--settings", "auto,one", "--models", "toy",
+                         "--reps", "1"],
     "gpu.py": ["--tiny", "--reps", "1", "--in-process"],
     "bench_host.py": ["--k", "2", "--reps", "1", "--plan", "2x2"],
     "bench_live.py": ["--model", "small", "--rounds", "1", "--steps", "1"],
@@ -136,6 +138,12 @@ def test_smallest_path_runs_to_its_json_line(
     if script == "bench_live.py":  # the larger random body, built from the embedded config
         assert record["model"]["name"] == "small"
         assert record["model"]["parameters"] > 3_000_000  # 256 wide, 4 layers; embedded ~0.6M
+    if script == "bench_threads.py":  # the Makefile's demo, each command timed; each setting
+        demo = ["rollouts inspect", "energy", "variance-compare", "train", "dynamics", "report"]
+        assert [(r["command"], r["setting"]) for r in record["demo"]] == [
+            (command, setting) for command in demo for setting in ("auto", "one")
+        ]
+        assert [(r["model"], r["setting"]) for r in record["sweep"]] == [("toy", "one")]
     if script == "bench_train_smollm2.py":  # every arm trained, the comparison over all four
         assert [r["group_size"] for r in record["trained"]] == [4, 4, 4, 16]
         assert len(record["comparison"]) == 4

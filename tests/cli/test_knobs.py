@@ -255,6 +255,7 @@ BAD = {
     "--temperature": ("0", "--temperature: must be above 0, got 0.0"),
     "--batch-tokens": ("0", "--batch-tokens: must be at least 1, got 0"),
     "--chunk-size": ("0", "--chunk-size: must be at least 1, got 0"),
+    "--threads": ("0", "--threads: must be a whole number from 1 up, or auto, got '0'"),
     "--group": (" ", "--group: must name something, got an empty name"),
     "--device": ("tpu", "unknown device 'tpu'. Use auto, cpu, cuda, cuda:N or mps."),
     "--dtype": ("float8", "--dtype: must be one of auto, float32, bfloat16, float16, got 'float8'"),

@@ -49,15 +49,8 @@ from otb_diag.plots import energy as plots
 from otb_diag.plots.figure_data import EnergyFigures
 from otb_diag.plots.registry import save_figures
 from otb_diag.policy.forward_pass import checkpoint_stats
-from otb_diag.runtime.devices import torch_threads
 from otb_diag.runtime.sharded import shard
 from otb_diag.runtime.torchrun import agreed
-
-# Model-free, every torch operation is an element-wise or row-wise pass over a chunk's `[B, T]`
-# tensors (a few MB each): memory-bound, too small to gain from a second thread, and much slower
-# with one when the cores are busy (each parallel region waits for a time slice: 2.5-3x on the
-# shared 2-core machine, bench/README.md). One thread is also what torchrun gives its ranks.
-MODEL_FREE_THREADS = 1
 
 # Figure 5 is a hexbin of every generated token up to this many; beyond, an evenly spaced
 # subset of this size (every k-th token of the file), so its memory stays flat.
@@ -144,8 +137,6 @@ def measure_and_write(
     timings = {"measure_s": 0.0}
     results: list[StepResult] = []  # where the shares are merged; elsewhere none
     with contextlib.ExitStack() as stack:
-        if not checkpoints:
-            stack.enter_context(torch_threads(MODEL_FREE_THREADS))
         writer = TokenWriter(out / "tokens.parquet", stack)
         for i, path in enumerate(checkpoints or [None]):
             ckpt = None if path is None else _load(settings, path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from otb_diag.pipelines.results.train import TrainResult
 from otb_diag.pipelines.rl_training import TrainSettings, train
-from otb_diag.runtime.devices import torch_threads
+from otb_diag.runtime.threads import torch_threads
 
 
 @dataclass(frozen=True)
