@@ -126,9 +126,12 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_demo(settings: list[str], busy: list[bool], tiny: bool, nice: int = 0) -> list[dict]:
-    """One row per command, setting and busy state: wall and CPU seconds, the load before it,
-    and the count the command said it chose (`--threads auto: ...` on stderr). Each setting
+def run_demo(
+    settings: list[str], busy: list[bool], tiny: bool, nice: int = 0, commands: int | None = None
+) -> list[dict]:
+    """One row per command (the first `commands` of the demo's, all where None), setting and
+    busy state: wall and CPU seconds, the load before it, and the count the command said it
+    chose (`--threads auto: ...` on stderr). Each setting
     runs the demo in its own folder, command by command in turn with the other settings (each
     command's settings meet nearly the same load on a shared machine); the busy job, where
     asked, runs through all of them."""
@@ -137,7 +140,7 @@ def run_demo(settings: list[str], busy: list[bool], tiny: bool, nice: int = 0) -
         job = _busy_job(nice) if with_busy else None
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                for args in demo_commands():
+                for args in demo_commands()[:commands]:
                     for name in settings:
                         folder = Path(tmp) / name
                         rows.append(_time_command(folder, args, name, with_busy, tiny, nice))
@@ -339,6 +342,8 @@ def main() -> None:
                         "negative puts them ahead of other jobs)")  # fmt: skip
     parser.add_argument("--models", default=",".join(MODELS), help=", ".join(MODELS))
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--commands", type=int, default=None, help="time the first N of the "
+                        "demo's commands (each needs those before it; default: all)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smallest path (tests/bench/)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,7 +358,7 @@ def main() -> None:
         record["sweep"] = run_sweep(args.models.split(","), settings, busy, args.reps, args.nice)
         print_sweep(record["sweep"])
     if args.part in ("demo", "both"):
-        record["demo"] = run_demo(settings, busy, args.tiny, args.nice)
+        record["demo"] = run_demo(settings, busy, args.tiny, args.nice, args.commands)
         print_demo(record["demo"])
     print(json.dumps(record))
 

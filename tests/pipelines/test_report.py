@@ -314,3 +314,25 @@ def test_the_live_table_says_why_its_negative_values_are_negative() -> None:
     )
     assert "within:" not in text and "below 0" in text
     assert "below 0" not in table(runs[1:])
+
+
+def test_an_unbounded_interval_end_reads_infinite_in_the_verdicts_and_tables(runs: Path) -> None:
+    """summary.json holds an infinite end of an interval as null (strict JSON): a variance run
+    whose OTB/mean interval is open above (a few bootstrap draws on a small pool) reads it back
+    as None, and the report's verdict sentence, its table and variance-compare's own table print
+    it ∞ (the verdict raised a TypeError on `make demo`'s smallest path)."""
+    from otb_diag.pipelines.report.sections import Run, variance_tables
+    from otb_diag.pipelines.report.verdicts import variance_verdicts
+    from otb_diag.pipelines.results.read import read_record, result_from_json
+
+    path = runs / "variance" / "summary.json"
+    data = read_record(path)
+    for row in data["headline"]:
+        row["otb_ratio_to_mean_high"] = None
+    result = result_from_json(json.loads(json.dumps(data)), path)
+    low = result.headline[0].otb_ratio_to_mean_low
+    said = " ".join(v.sentence for v in variance_verdicts(result, "v"))
+    assert re.search(r"\(95 % interval \d+\.\d{3}–∞; OTB below mean", said), said
+    run = Run(path.parent, "variance-compare", result, "v", runs)
+    assert f"{result.headline[0].otb_ratio_to_mean:.3f} [{low:.3g}, ∞]" in variance_tables(run)
+    assert f"[{low:.3g}, ∞]" in result.format()

@@ -20,6 +20,7 @@ from otb_diag.pipelines.results.variance import (
     LOW,
     PAPER_TOKEN_SAVING,
     VarianceResult,
+    interval_end,
     n_bound,
     percent,
     saving_bound,
@@ -61,11 +62,6 @@ def _number(x: Any, fmt: str = "{:.4g}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
-def _end(x: float | None) -> str:
-    """An end of an interval: None is how summary.json holds an infinite one."""
-    return "∞" if x is None or x == float("inf") else f"{x:.3g}"
-
-
 def _step(step: int | None) -> str:
     """A step cell: the whole number, or an em dash."""
     return _number(step, "{}")
@@ -88,7 +84,8 @@ def variance_tables(run: Run) -> str:
                 h.aggregation,
                 h.group_size,
                 _number(h.otb_ratio_to_mean, "{:.3f}")
-                + f" [{_end(h.otb_ratio_to_mean_low)}, {_end(h.otb_ratio_to_mean_high)}]",
+                + f" [{interval_end(h.otb_ratio_to_mean_low)}, "
+                f"{interval_end(h.otb_ratio_to_mean_high)}]",
                 h.otb_below_mean,
                 _number(h.otb_ratio_to_rloo, "{:.3f}"),
                 f"{n_bound(h.equivalent_mean_group_size, h.equivalent_range, max_n)} "

@@ -30,6 +30,7 @@ from otb_diag.pipelines.results.variance import (
     CLAIM_N,
     VarianceResult,
     equivalent_interval,
+    interval_end,
     saving_interval,
     saving_words,
 )
@@ -42,8 +43,9 @@ MODE_NAMES = {
 }
 
 
-def _interval(low: float, high: float, fmt: str) -> str:
-    return f"95 % interval {fmt.format(low)}–{fmt.format(high)}"
+def _interval(low: float | None, high: float | None, fmt: str) -> str:
+    """`low`–`high`, an infinite end (None in summary.json) as ∞."""
+    return f"95 % interval {interval_end(low, fmt)}–{interval_end(high, fmt)}"
 
 
 def budget_verdict(result: VarianceResult, label: str) -> list[Verdict]:
@@ -81,7 +83,7 @@ def variance_verdicts(result: VarianceResult, label: str) -> list[Verdict]:
         sentence = (
             f"With {MODE_NAMES.get(mode, mode)} ({mode} mode, {agg}), OTB at N = {n} has "
             f"{row.otb_ratio_to_mean:.3f}× the gradient variance of the mean baseline "
-            f"({_interval(row.otb_ratio_to_mean_low, row.otb_ratio_to_mean_high, '{:.3f}')}; "
+            f"({_interval(row.otb_ratio_to_mean_low, row.otb_ratio_to_mean_high, '.3f')}; "
             f"OTB below mean: {row.otb_below_mean}): the mean baseline needs "
             + (
                 f"N′ ≈ {row.equivalent_mean_group_size:.1f} responses per prompt to match it"

@@ -572,8 +572,11 @@ def saving_words(saving: float, where: str | None) -> str:
     return f"{flipped}{percent(-saving)} more sampled tokens"
 
 
-def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
-    def one(x: float | None) -> str:  # None: an infinite end, as JSON holds it (null)
-        return "∞" if x is None or x == math.inf else format(x / scale, fmt)
+def interval_end(x: float | None, fmt: str = ".3g", scale: float = 1.0) -> str:
+    """An end of an interval as every summary, page and verdict prints it: None is how a
+    results file holds an infinite end (JSON's null), printed ∞ as inf is."""
+    return "∞" if x is None or x == math.inf else format(x / scale, fmt)
 
-    return f"[{one(low)}, {one(high)}]"
+
+def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
+    return f"[{interval_end(low, fmt, scale)}, {interval_end(high, fmt, scale)}]"
