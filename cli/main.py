@@ -23,6 +23,7 @@ from otb_diag.cli import (
 from otb_diag.cli.common import DEBUG_ENV
 from otb_diag.cli.options import register
 
+from otb_diag.runtime.library_logs import logs_to_stderr
 from otb_diag.runtime.threads import calm_waits
 
 app = typer.Typer(
@@ -74,6 +75,7 @@ def _root(
     ] = False,
 ) -> None:
     """Gradient-variance diagnostics for RL of language models."""
+    logs_to_stderr()  # stdout holds the command's output only (otb_diag/runtime/library_logs.py)
     if debug:
         os.environ[DEBUG_ENV] = "1"
 
