@@ -20,7 +20,7 @@ from otb_diag.pipelines.results.variance import (
     LOW,
     PAPER_TOKEN_SAVING,
     VarianceResult,
-    interval_end,
+    bracketed,
     n_bound,
     percent,
     saving_bound,
@@ -84,8 +84,7 @@ def variance_tables(run: Run) -> str:
                 h.aggregation,
                 h.group_size,
                 _number(h.otb_ratio_to_mean, "{:.3f}")
-                + f" [{interval_end(h.otb_ratio_to_mean_low)}, "
-                f"{interval_end(h.otb_ratio_to_mean_high)}]",
+                + f" {bracketed(h.otb_ratio_to_mean_low, h.otb_ratio_to_mean_high)}",
                 h.otb_below_mean,
                 _number(h.otb_ratio_to_rloo, "{:.3f}"),
                 f"{n_bound(h.equivalent_mean_group_size, h.equivalent_range, max_n)} "

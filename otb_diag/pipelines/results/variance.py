@@ -186,7 +186,7 @@ class ZeroTailRow:
             f"{self.otb_variance:.3g} with verl's zero tail, {self.no_zero_tail_variance:.3g} "
             f"without (×{ratio:.3g}); the tail's part: variance {self.tail_variance:.3g}, "
             f"‖mean‖² {self.tail_mean_square:.3g} "
-            + _interval(self.tail_mean_square_low, self.tail_mean_square_high)
+            + bracketed(self.tail_mean_square_low, self.tail_mean_square_high)
             + f", z {self.tail_bias_z:.2g}: {verdict}"
         )
 
@@ -386,7 +386,7 @@ class VarianceResult(schema.Versioned):
         for h in self.headline:
             equiv, where = h.equivalent_mean_group_size, h.equivalent_range
             shown = f"> {max_n}" if where == "beyond" else (f"{equiv:.1f}")
-            ratio = f"{h.otb_ratio_to_mean:.3f} " + _interval(
+            ratio = f"{h.otb_ratio_to_mean:.3f} " + bracketed(
                 h.otb_ratio_to_mean_low, h.otb_ratio_to_mean_high
             )
             ratio_rloo = h.otb_ratio_to_rloo
@@ -444,7 +444,7 @@ class VarianceResult(schema.Versioned):
             f"{'knee tokens (×1,000)':>26}",
         ]
         for r in knee.rows:
-            share = f"{r.within_share:.0%} " + _interval(
+            share = f"{r.within_share:.0%} " + bracketed(
                 100 * r.within_share_low, 100 * r.within_share_high, fmt=".0f"
             )
             if knee.mode == "proxy":
@@ -453,8 +453,8 @@ class VarianceResult(schema.Versioned):
                 prompts = f"≥ {r.noise_scale_low:.3g} (|G|² ~ 0)"
                 tokens = f"≥ {r.noise_scale_tokens_low / 1e3:.3g} (|G|² ~ 0)"
             else:
-                prompts = f"{r.noise_scale:.3g} " + _interval(r.noise_scale_low, r.noise_scale_high)
-                tokens = f"{r.noise_scale_tokens / 1e3:.3g} " + _interval(
+                prompts = f"{r.noise_scale:.3g} " + bracketed(r.noise_scale_low, r.noise_scale_high)
+                tokens = f"{r.noise_scale_tokens / 1e3:.3g} " + bracketed(
                     r.noise_scale_tokens_low, r.noise_scale_tokens_high, scale=1e3
                 )
             lines.append(
@@ -578,5 +578,6 @@ def interval_end(x: float | None, fmt: str = ".3g", scale: float = 1.0) -> str:
     return "∞" if x is None or x == math.inf else format(x / scale, fmt)
 
 
-def _interval(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
+def bracketed(low: float, high: float, scale: float = 1.0, fmt: str = ".3g") -> str:
+    """`[low, high]` as every table prints an interval (`interval_end`)."""
     return f"[{interval_end(low, fmt, scale)}, {interval_end(high, fmt, scale)}]"
