@@ -23,7 +23,7 @@ from otb_diag.knobs import KEY, Checked, Knob, knob
 from otb_diag.pipelines.inputs import CKPT as CKPT  # re-exported: train, rollouts
 from otb_diag.pipelines.inputs import ROLLOUTS as ROLLOUTS
 from otb_diag.pipelines.inputs import Inputs
-from otb_diag.runtime.threads import AUTO, THREADS
+from otb_diag.runtime.threads import AUTO, THREADS, command_threads
 
 # Options of the commands themselves (not of a library setting) that several commands share:
 # declared once, so they read and behave the same everywhere (--ckpt and --rollouts beside
@@ -127,8 +127,6 @@ def _threads(run: Any) -> Iterator[None]:
     if not hasattr(run, "threads"):
         yield
         return
-    from otb_diag.runtime.threads import command_threads
-
     with command_threads(run.threads, run.inputs.parameters) as chosen:
         if chosen.source == AUTO:
             note(chosen.sentence())
@@ -151,7 +149,7 @@ class KnobCommand(TyperCommand):
 
 
 @dataclass(frozen=True)
-class Option(Checked):
+class Option:
     """One knob field as a command-line option."""
 
     path: str  # dotted, as `load.device`

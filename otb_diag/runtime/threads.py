@@ -107,14 +107,23 @@ def choose_threads(
     without loading the model) count as large: torch's own default, as before the rule."""
     if given is not None:
         return Threads(given, "--threads")
-    for name in reversed(ENV):  # the one torch obeys, where both are set
-        if env.get(name, "").strip():
-            return Threads(None, f"{name}={env[name].strip()}")
+    user = _users_variable(env)
+    if user is not None:
+        return user
     if parameters is not None and parameters < SMALL_MODEL:
         what = "no model" if parameters == NO_MODEL else f"a model of {_millions(parameters)}"
         return Threads(1, AUTO, f"{what}, under {_millions(SMALL_MODEL)} parameters")
     size = "of unknown size" if parameters is None else f"of {_millions(parameters)} parameters"
     return Threads(max(1, cores), AUTO, f"every core this process may use, for a model {size}")
+
+
+def _users_variable(env: Mapping[str, str]) -> Threads | None:
+    """The user's `ENV` variable where set (torch keeps its own count), the one torch obeys
+    where both are; None where neither is."""
+    for name in reversed(ENV):
+        if env.get(name, "").strip():
+            return Threads(None, f"{name}={env[name].strip()}")
+    return None
 
 
 def _millions(count: int) -> str:
@@ -139,7 +148,7 @@ def command_threads(given: int | None, parameters: Callable[[], int | None]) -> 
     import torch
 
     before = torch.get_num_threads()
-    decided = given is not None or any(os.environ.get(name, "").strip() for name in ENV)
+    decided = given is not None or _users_variable(os.environ) is not None
     size = None if decided else parameters()
     chosen = choose_threads(given, size, os.environ, cores_available())
     with torch_threads(chosen.count or before):
