@@ -51,11 +51,11 @@ import time
 from pathlib import Path
 from subprocess import Popen
 
-from otb_diag.runtime.threads import SMALL_MODEL
+from otb_diag.runtime.threads import SMALL_MODEL, allowed_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent / "otb-diag"
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CORES = allowed_cores()
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default when no wait variable is set
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -130,13 +130,18 @@ def _millions(count: int) -> str:
     return f"{count / 1e6:.3g} million"
 
 
+def allowed_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset and container CPU sets
+    narrow it), the machine's count where the platform has none."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, allowed or 1)
+
+
 def cores_available() -> int:
-    """The cores this process may run on (its affinity mask: taskset and container CPU sets
-    narrow it), at most torch's own count (physical cores, hyper-threads not counted)."""
+    """`allowed_cores`, at most torch's own count (physical cores, hyper-threads not counted)."""
     import torch
 
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(allowed or 1, torch.get_num_threads()))
+    return min(allowed_cores(), torch.get_num_threads())
 
 
 @contextlib.contextmanager
