@@ -50,12 +50,8 @@ from torch import Tensor, nn
 
 from otb_diag.errors import InputError
 from otb_diag.maths.noise.step_split import SPLIT_SEED
-from otb_diag.policy.forward_pass import STATS_CHUNK, head_logits
+from otb_diag.policy.forward_pass import FP32_TOL, HALF_TOL, STATS_CHUNK, head_logits
 from otb_diag.policy.scores.token_scores import HeadSketch, head_sketch_of, sketched_on_device
-
-# |rebuilt log p − the loss forward's| allowed, relative to 1 + the largest |z/τ|: for an fp32
-# head, and for one run in half precision (`forward_pass.check_output_layer`'s tolerances)
-FP32_TOL, HALF_TOL = 1e-4, 3e-2
 
 
 class HiddenCatch:
